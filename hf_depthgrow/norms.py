@@ -1,0 +1,94 @@
+"""Normalisation regularity (THEORY §6): every norm of a model, its eps, and the global bound.
+
+`N(z) = gamma * (z - mean) / sqrt(var(z) + eps)` has Jacobian norm at most
+`max|gamma| / sqrt(var(z) + eps)`, so `Lip(N) <= max|gamma| / sqrt(eps)`: finite only because
+of eps (the "engineering epsilon").
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from .families import FAMILIES
+
+
+@dataclass
+class NormInfo:
+    """One norm module: where it is, what it is, and its Lipschitz bound."""
+
+    name: str
+    cls: str
+    eps: float
+    max_gamma: float
+    lipschitz_bound: float
+    gamma_offset: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_norm_eps(eps: float, dtype: torch.dtype = torch.float32) -> None:
+    """Refuse `eps <= 0`; warn where `dtype` cannot represent eps as a normal number."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps):
+        raise ValueError(f"eps must be a finite positive number, got {eps!r}")
+    if eps <= 0:
+        raise ValueError(f"eps must be > 0, got {eps}: without it the norm is singular at z = 0 (THEORY §6).")
+    if dtype.is_floating_point and eps < torch.finfo(dtype).tiny:
+        warnings.warn(
+            f"eps={eps:g} is below the smallest normal {dtype} ({torch.finfo(dtype).tiny:g}): the dtype cannot resolve it, "
+            "so the norm's Lipschitz bound no longer holds as computed.",
+            stacklevel=3,
+        )
+
+
+def _eps_of(module: nn.Module) -> float | None:
+    for attr in ("eps", "variance_epsilon", "epsilon"):
+        value = getattr(module, attr, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _is_norm(module: nn.Module) -> bool:
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)):
+        return True
+    name = type(module).__name__.lower()
+    return "norm" in name and _eps_of(module) is not None
+
+
+def norm_inventory(model: nn.Module) -> list[NormInfo]:
+    """Every norm module of `model` with class, eps, max|gamma| and `max|gamma| / sqrt(eps)`.
+
+    Gemma-family RMSNorms scale by `(1 + w)`; their gamma is reported as `1 + w`.
+
+    Example:
+        ```python
+        >>> rows = norm_inventory(model)
+        >>> max(r.lipschitz_bound for r in rows)
+        ```
+    """
+    spec = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None))
+    offset = spec.gamma_offset if spec else 0.0
+    rows = []
+    for name, module in model.named_modules():
+        if not _is_norm(module):
+            continue
+        eps = _eps_of(module)
+        if eps is None:
+            continue
+        weight = getattr(module, "weight", None)
+        # The family convention applies to the family's own RMSNorm classes, not to torch's
+        # nn.RMSNorm used by hf_depthgrow's adapter blocks.
+        module_offset = offset if (offset and "rms" in type(module).__name__.lower() and type(module) is not nn.RMSNorm) else 0.0
+        if isinstance(weight, torch.Tensor):
+            max_gamma = float((weight.detach().float() + module_offset).abs().max())
+        else:
+            max_gamma = 1.0
+        bound = max_gamma / math.sqrt(eps) if eps > 0 else math.inf
+        rows.append(NormInfo(name, type(module).__name__, eps, max_gamma, bound, module_offset))
+    return rows
