@@ -1,0 +1,80 @@
+"""The model's own head loss, per example: one definition shared by probe, trainer and evaluator.
+
+- Causal LMs: next-token cross-entropy. Labels are shifted inside (as transformers does);
+  `-100` marks unsupervised tokens. An example's loss is the mean over its supervised
+  tokens; a data-set loss is the mean over all supervised tokens (token-weighted), which is
+  what the model's own `outputs.loss` computes for one batch.
+- Classifiers (sequence or image): cross-entropy per example; a data-set loss is the mean
+  over examples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class ExampleLosses:
+    """Per-example summed loss and weight (supervised tokens, or 1 per example for classifiers).
+
+    `per_example = total / weight`; the data-set loss is `total.sum() / weight.sum()`.
+    """
+
+    total: torch.Tensor
+    weight: torch.Tensor
+
+    @property
+    def per_example(self) -> torch.Tensor:
+        return self.total / self.weight.clamp_min(1)
+
+    def mean(self) -> torch.Tensor:
+        return self.total.sum() / self.weight.sum().clamp_min(1)
+
+
+def is_causal_lm(model) -> bool:
+    name = type(model).__name__
+    return name.endswith("ForCausalLM") or name.endswith("LMHeadModel")
+
+
+def labels_of(batch: dict) -> torch.Tensor:
+    labels = batch.get("labels")
+    if labels is None:
+        raise ValueError(f"the batch has no 'labels' (keys: {sorted(batch)}); the loss needs them.")
+    return labels
+
+
+def example_losses(logits: torch.Tensor, labels: torch.Tensor, *, causal: bool) -> ExampleLosses:
+    """Summed loss and weight per example from logits and labels (fp32 arithmetic)."""
+    if causal:
+        shift_logits = logits[:, :-1, :].float()
+        shift_labels = labels[:, 1:].to(shift_logits.device)
+        mask = shift_labels != IGNORE_INDEX
+        token_loss = F.cross_entropy(
+            shift_logits.reshape(-1, shift_logits.size(-1)),
+            shift_labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="none",
+        ).view(shift_labels.shape)
+        return ExampleLosses(token_loss.sum(dim=1), mask.sum(dim=1).to(token_loss.dtype))
+    if logits.dim() != 2:
+        raise ValueError(f"classifier logits must be [batch, classes], got {tuple(logits.shape)}")
+    labels = labels.to(logits.device)
+    loss = F.cross_entropy(logits.float(), labels, reduction="none")
+    return ExampleLosses(loss, torch.ones_like(loss))
+
+
+def model_inputs(batch: dict) -> dict:
+    """The batch without labels (so the model does not compute its own reduced loss)."""
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def batch_example_losses(model, batch: dict) -> ExampleLosses:
+    """Run `model` on `batch` and return its per-example losses."""
+    labels = labels_of(batch)
+    outputs = model(**model_inputs(batch))
+    return example_losses(outputs.logits, labels, causal=is_causal_lm(model))
