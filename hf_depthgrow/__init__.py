@@ -14,6 +14,9 @@ from .growth import (  # noqa: E402
     new_block_parameters,
 )
 from .norms import NormInfo, norm_inventory  # noqa: E402
+from .serialization import load_pretrained, save_pretrained  # noqa: E402
+
+from_pretrained = load_pretrained  # the name peft users reach for
 
 __all__ = [
     "FAMILIES",
@@ -29,4 +32,7 @@ __all__ = [
     "new_block_modules",
     "new_block_parameters",
     "norm_inventory",
+    "from_pretrained",
+    "load_pretrained",
+    "save_pretrained",
 ]

