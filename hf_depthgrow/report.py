@@ -1,0 +1,203 @@
+"""Write an evaluation as `report.json` (everything), `report.md` (what a person reads first) and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .bounds import INTERVALS
+from .evaluate import EvalResult, _json_safe
+
+PLOTS = {"differences": "eval_differences.png", "intervals": "eval_intervals.png"}
+
+
+def _f(x, digits: int = 4) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if not math.isfinite(x):
+        return "∞" if x > 0 else ("-∞" if x < 0 else "nan")
+    return f"{x:.{digits}g}"
+
+
+def render_markdown(
+    result: EvalResult, *, title: str | None = None, command: str | None = None, plots: dict | None = None, extra: dict | None = None
+) -> str:
+    """The report as Markdown: verdict, loss table, intervals, metrics, routes, notes."""
+    r = result
+    conf = f"{r.confidence:.0%}"
+    lm = r.task == "causal_lm"
+    lines = [f"# {title or 'Paired evaluation: new model vs original'}", ""]
+    lines += [f"**Verdict:** {r.verdict}", ""]
+    what = "grown model with its new blocks bypassed" if r.mode == "shared_prefix" else "model A"
+    lines += [
+        f"Old = {r.models.get('old', {}).get('name_or_path') or what}; new = {r.models.get('new', {}).get('name_or_path') or 'the grown model'}. "
+        f"{r.num_examples} test examples" + (f", {r.num_tokens} supervised tokens" if lm else "") + ". "
+        + ("Shared prefix: the layers below stack index "
+           f"{r.prefix_index} ran once per batch for both models." if r.mode == "shared_prefix" else "Both models ran fully (no shared prefix)."),
+        "",
+        "## Losses (delta = old - new; positive = new is better)",
+        "",
+        "| | old | new | delta |",
+        "|---|---:|---:|---:|",
+        f"| loss ({'token-weighted' if lm else 'mean over examples'}) | {_f(r.loss_old)} | {_f(r.loss_new)} | {_f(r.delta)} |",
+    ]
+    if lm:
+        mean_old = sum(r.per_example_old) / r.num_examples
+        mean_new = sum(r.per_example_new) / r.num_examples
+        lines.append(f"| mean per-example loss (the intervals' target) | {_f(mean_old)} | {_f(mean_new)} | {_f(r.mean_delta)} |")
+    for name in r.metrics.get("old", {}):
+        lines.append(
+            f"| {name} | {_f(r.metrics['old'][name])} | {_f(r.metrics['new'][name])} | {_f(r.metrics['delta'][name])} |"
+        )
+    if r.metrics:
+        lines += ["", f"Metrics: {r.metrics['source']}. Metric delta: {r.metrics['delta_convention']}."]
+    bound_note = "given a priori" if r.loss_bound_source == "given" else "**taken from the data (not a valid a-priori bound)**"
+    lines += [
+        "",
+        f"## Intervals for the mean per-example delta (confidence {conf}, delta = {r.level:g})",
+        "",
+        f"Target: {r.interval_target}" + (" (for an LM, each example's loss is the mean over its tokens)." if lm else "."),
+        f"Loss bound B = {_f(r.loss_bound)}, {bound_note}.",
+        "",
+        "| interval | low | high | half-width | certified improvement (low > 0) |",
+        "|---|---:|---:|---:|:---:|",
+    ]
+    for name in INTERVALS:
+        d = r.interval_details[name]
+        label = {"hoeffding": "Hoeffding (losses clipped to [0, B])", "bernstein": "empirical Bernstein (Maurer-Pontil)",
+                 "bootstrap": f"paired bootstrap, percentile ({r.n_bootstrap}, seed {r.seed}; approximate)"}[name]
+        lines.append(f"| {label} | {_f(d['low'])} | {_f(d['high'])} | {_f(d['half_width'])} | {_f(d['certified'])} |")
+    if r.routes:
+        t = r.routes["terms"]
+        lines += ["", "## Route A and Route B (THEORY §7)", ""]
+        lines += ["| term | value | how it was obtained |", "|---|---:|---|"]
+        src = t.get("sources", {})
+        rows = [
+            ("L_T(f_old) (mean per-example loss on T)", t["loss_old_test"], "measured here"),
+            ("Delta_R = L_D(f_old) - L_D(f~_pop)", t["delta_r"], src.get("delta_r", "not given")),
+            ("Delta^R_test = L_T(f_old) - L_T(f~)", t["delta_r_test"], src.get("delta_r_test", "not given")),
+            ("Delta_ERM = L_S(f~_S) - L_S(f_new)", t["delta_erm"], src.get("delta_erm", "not given")),
+            ("rho (estimate)", t["rho"], src.get("rho", "not given")),
+            ("B_W", t["b_w"], src.get("b_w", "not given")),
+            ("B_a", t["b_a"], src.get("b_a", "not given")),
+            ("n (training examples)", t["n_train"], src.get("n_train", "not given")),
+            ("m (test examples)", t["m"], "this test set"),
+            ("B (loss bound)", t["B"], r.loss_bound_source),
+            ("delta", t["delta"], "level of each term"),
+            ("eps_M = 2 rho B_W B_a / sqrt(n) + B sqrt(ln(2/delta)/(2n))", t["eps_M"], "computed"),
+            ("eps_K = B sqrt(ln(2/delta)/(2m))", t["eps_K"], "computed (test-side Hoeffding term)"),
+        ]
+        lines += [f"| {a} | {_f(b)} | {c} |" for a, b, c in rows]
+        for key, name in (("route_a", "A"), ("route_b", "B")):
+            route = r.routes[key]
+            lines += ["", f"**Route {name}:** `{route['formula']}`. {route['sentence']}"]
+            if route.get("complete"):
+                lines.append(
+                    f"Margin {_f(route['margin'])}, statistical cost {_f(route['cost'])}, bound on L_test(f_new) "
+                    f"{_f(route['upper_bound_loss_new'])}."
+                )
+        lines += ["", "Each term holds at level delta on its own; a union bound over the terms a route uses lowers its joint confidence."]
+    if extra:
+        lines += ["", "## Setup", ""] + [f"- {k}: {v}" for k, v in extra.items()]
+    if r.warnings:
+        lines += ["", "## Notes", ""] + [f"- {w}" for w in r.warnings]
+    if plots:
+        lines += ["", "## Figures", ""]
+        lines += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
+    lines += [
+        "",
+        "## How to read this",
+        "",
+        "- The delta is measured on the same examples for both models (paired), so the intervals are for the "
+        "difference, not for each loss separately.",
+        "- Hoeffding and Bernstein are finite-sample guarantees when B is an a-priori bound; the bootstrap is "
+        "approximate (asymptotic) and usually the tightest.",
+        "- An improvement is certified at level delta by an interval whose lower end is above 0.",
+    ]
+    if command:
+        lines += ["", "Command:", "", "```bash", command, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_differences(result: EvalResult, path: str | Path) -> Path:
+    """Histogram of per-example differences `old - new`, with 0 and the mean marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    diffs = [a - b for a, b in zip(result.per_example_old, result.per_example_new)]
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    ax.hist(diffs, bins=min(50, max(5, len(diffs) // 4)), color="#4C72B0", alpha=0.85)
+    ax.axvline(0.0, color="black", lw=1, label="0 (no change)")
+    ax.axvline(result.mean_delta, color="#C44E52", lw=2, label=f"mean = {result.mean_delta:.4g}")
+    ax.set_xlabel("per-example loss difference, old - new (positive = new better)")
+    ax.set_ylabel("examples")
+    ax.set_title(f"Per-example differences ({result.num_examples} examples)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_intervals(result: EvalResult, path: str | Path) -> Path:
+    """The three intervals for the mean per-example delta, with 0 marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 2.8), dpi=110)
+    for y, name in enumerate(INTERVALS):
+        low, high = result.intervals[name]
+        center = result.interval_details[name]["center"]
+        color = "#55A868" if low > 0 else ("#C44E52" if high < 0 else "#4C72B0")
+        ax.plot([low, high], [y, y], color=color, lw=4, solid_capstyle="butt")
+        ax.plot([center], [y], "o", color="black", ms=4)
+    ax.axvline(0.0, color="black", lw=1)
+    ax.set_yticks(range(len(INTERVALS)), list(INTERVALS))
+    ax.set_xlabel(f"mean per-example delta, old - new ({result.confidence:.0%} intervals)")
+    ax.set_title("Green: certified improvement; red: certified degradation")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def write_report(
+    result: EvalResult, out_dir: str | Path, *, title: str | None = None, command: str | None = None, extra: dict | None = None
+) -> dict[str, Path]:
+    """Write `report.json`, `report.md` and the plots into `out_dir`; return their paths.
+
+    Example:
+        ```python
+        >>> paths = write_report(evaluate_delta(grown, test_data), "eval_out", command="hf-depthgrow eval ...")
+        >>> paths["markdown"].name
+        'report.md'
+        ```
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = {
+        "differences": plot_differences(result, out / PLOTS["differences"]),
+        "intervals": plot_intervals(result, out / PLOTS["intervals"]),
+    }
+    data = result.to_dict()
+    if command:
+        data["command"] = command
+    if extra:
+        data["extra"] = _json_safe(extra)
+    from . import __version__
+
+    data["hf_depthgrow_version"] = __version__
+    (out / "report.json").write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    (out / "report.md").write_text(render_markdown(result, title=title, command=command, plots=plots, extra=extra))
+    return {"json": out / "report.json", "markdown": out / "report.md", **plots}

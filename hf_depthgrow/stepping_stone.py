@@ -1,0 +1,282 @@
+"""Stepping-stone ("jumpboard") models (THEORY §3): one first-order step of a new block from zero.
+
+`f~ = f_{theta = eta v}` with `v = -G / ||G||`, where `G` is the probe's gradient of the new
+block's parameters at zero init. With `G` from the training data this is the training stepping
+stone `f~_S`, whose loss is `L_S(f_old) - eta ||G_S|| + O(eta^2)`; with `G` from a held-out
+split it is the population stepping stone `f~_pop`. `eta` comes from a short line search on the
+training loss. Only the zero-initialised output parameters move, and the result is a real grown
+model (`grow_depth`), so it saves with `save_pretrained` like any other.
+
+Example:
+    ```python
+    >>> from hf_depthgrow.stepping_stone import stepping_stone
+    >>> stone, info = stepping_stone(model, 3, train_loader)
+    >>> info.loss_old, info.loss_stone, info.eta
+    ```
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from .growth import GrowthConfig, grow_depth
+from .losses import batch_example_losses
+from .probe import _json_safe, iter_batches, probe
+
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+@dataclass
+class SteppingStoneResult:
+    """What `stepping_stone` did and measured.
+
+    Args:
+        position: Where the block was inserted (counts the original layers).
+        block: `native` or `adapter`.
+        direction: `"train"` (`f~_S`) or `"held-out"` (`f~_pop`): the data `G` came from.
+        eta: Chosen step, `||theta||_F` (0 when no step lowered the training loss).
+        grad_norm: `||G||_F` of the direction's data.
+        slope: Directional derivative of the training loss along `v`, `<G_S, v>`
+            (`-grad_norm` for a training direction).
+        loss_old: `L_S(f_old)`: training loss of the grown model at zero init (= the original).
+        loss_stone: `L_S(f~)` at `eta`.
+        predicted_first_order: `loss_old + eta * slope` (`L_S(f_old) - eta ||G_S||` for `f~_S`).
+        line_search: Every `(eta, training loss)` evaluated, in order.
+    """
+
+    position: int
+    block: str
+    direction: str
+    eta: float
+    grad_norm: float
+    slope: float
+    loss_old: float
+    loss_stone: float
+    predicted_first_order: float
+    line_search: list[tuple[float, float]]
+    num_batches: int
+    config: dict
+    hf_depthgrow_version: str = field(default_factory=_version)
+
+    @property
+    def loss_drop(self) -> float:
+        return self.loss_old - self.loss_stone
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["loss_drop"] = self.loss_drop
+        data["line_search"] = [list(p) for p in self.line_search]
+        return _json_safe(data)
+
+    def to_json(self, path) -> None:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(self.to_dict(), handle, indent=2, sort_keys=True)
+            handle.write("\n")
+
+
+def _new_block(grown: nn.Module, before: set[int]) -> nn.Module:
+    """The smallest module holding exactly the parameters `grow_depth` just added."""
+    new = {id(p) for p in grown.parameters() if id(p) not in before}
+    best = None
+    for name, module in grown.named_modules():
+        if {id(p) for p in module.parameters()} == new and (best is None or name.count(".") >= best[0].count(".")):
+            best = (name, module)
+    if best is None:  # pragma: no cover - grow_depth always adds one module's parameters
+        raise RuntimeError("cannot find the block grow_depth inserted")
+    return best[1]
+
+
+@torch.no_grad()
+def _mean_loss(model: nn.Module, batches: Sequence[dict]) -> float:
+    total, weight = 0.0, 0.0
+    device = next(model.parameters()).device
+    for batch in batches:
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        losses = batch_example_losses(model, batch)
+        total += float(losses.total.sum())
+        weight += float(losses.weight.sum())
+    return total / weight
+
+
+def stepping_stone(
+    model: nn.Module,
+    position: int,
+    train_data,
+    *,
+    direction_data=None,
+    block: str = "auto",
+    init: str = "copy",
+    seed: int = 0,
+    eps: float | None = None,
+    adapter_dim: int | None = None,
+    adapter_act: str = "gelu",
+    etas: Sequence[float] | None = None,
+    expand: float = 4.0,
+    max_expand: int = 12,
+    refine_steps: int = 4,
+    max_batches: int | None = None,
+    collate_fn: Callable | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> tuple[nn.Module, SteppingStoneResult]:
+    """Grow `model` at `position` and take one first-order step of the new block: a stepping-stone model.
+
+    The new block's zero-initialised parameters (exactly those with a non-zero gradient at init)
+    are set to `theta = eta * v`, `v = -G / ||G||`, `G` the gradient of the loss on
+    `direction_data` (default `train_data`) with respect to them at zero init (`probe`). `eta` is
+    chosen on the training loss: with `etas=None`, a geometric search from the step whose
+    first-order gain is 0.1% of the loss (growing by `expand` while the loss falls, shrinking
+    while it does not) followed by `refine_steps` golden-section steps in `log(eta)` around the
+    best; with `etas` given, the best of those. A step that does not lower the training loss is
+    not taken (`eta = 0`: the grown model then equals the original).
+
+    `model` itself is not changed: a deep copy is grown.
+
+    Args:
+        model: As for `probe` / `grow_depth`.
+        position: Insertion point k, 0 <= k <= L.
+        train_data: Training data (as for `probe`); the line search and the reported losses use it.
+        direction_data: Data for `G`; `None` uses `train_data` (`f~_S`), a held-out split gives `f~_pop`.
+        block, init, seed, eps, adapter_dim, adapter_act: As in `GrowthConfig`.
+        etas: Candidate steps; `None` searches.
+        expand, max_expand, refine_steps: Shape of the automatic search.
+        max_batches, collate_fn, batch_size: As for `probe` (applied to both data sets).
+        progress: Progress bars of the probe passes.
+
+    Returns:
+        `(grown_model, SteppingStoneResult)`.
+
+    Example:
+        ```python
+        >>> from hf_depthgrow.testing import tiny_model, tiny_inputs
+        >>> model = tiny_model("llama")
+        >>> batches = [tiny_inputs(model, seed=s) for s in range(4)]
+        >>> stone, info = stepping_stone(model, 2, batches)
+        >>> info.loss_stone < info.loss_old
+        True
+        ```
+    """
+    cfg = GrowthConfig(block=block, init=init, eps=eps, seed=seed, adapter_dim=adapter_dim, adapter_act=adapter_act)
+    if etas is not None and (not len(etas) or any(not (e > 0 and math.isfinite(e)) for e in etas)):
+        raise ValueError(f"etas must be positive finite numbers, got {etas!r}")
+    if expand <= 1:
+        raise ValueError(f"expand must be > 1, got {expand}")
+    options = dict(block=block, init=init, seed=seed, eps=eps, adapter_dim=adapter_dim, adapter_act=adapter_act,
+                   covariance=False, collate_fn=collate_fn, batch_size=batch_size, progress=progress, keep_gradients=True)
+    batches = list(iter_batches(train_data, collate_fn=collate_fn, batch_size=batch_size, max_batches=max_batches))
+    if not batches:
+        raise ValueError("train_data yielded no batches")
+    on_train = probe(model, batches, positions=[position], **options)
+    grad_train = on_train.gradients[0]
+    if direction_data is None:
+        grad_dir, source = grad_train, "train"
+    else:
+        on_dir = probe(model, direction_data, positions=[position], max_batches=max_batches, **options)
+        grad_dir, source = on_dir.gradients[0], "held-out"
+    grad_norm = math.sqrt(sum(float(t.double().square().sum()) for t in grad_dir.values()))
+
+    grown = copy.deepcopy(model)
+    before = {id(p) for p in grown.parameters()}
+    grow_depth(grown, [position], config=cfg)
+    new = _new_block(grown, before)
+    params = {name: new.get_parameter(name) for name in grad_dir}
+    if grad_norm > 0:
+        direction = {name: -t / grad_norm for name, t in grad_dir.items()}
+        slope = sum(float((grad_train[name].double() * direction[name].double()).sum()) for name in direction)
+    else:
+        direction, slope = None, 0.0
+
+    def set_eta(eta: float) -> None:
+        with torch.no_grad():
+            for name, p in params.items():
+                if direction is None or eta == 0:
+                    p.zero_()
+                else:
+                    p.copy_((eta * direction[name]).to(dtype=p.dtype, device=p.device))
+
+    trace: list[tuple[float, float]] = []
+    cache: dict[float, float] = {}
+
+    def loss_at(eta: float) -> float:
+        if eta not in cache:
+            set_eta(eta)
+            cache[eta] = _mean_loss(grown, batches)
+            trace.append((eta, cache[eta]))
+        return cache[eta]
+
+    was_training = grown.training
+    grown.eval()
+    try:
+        loss_old = loss_at(0.0)
+        best = 0.0
+        if direction is not None:
+            if etas is not None:
+                for eta in etas:
+                    loss_at(float(eta))
+            else:
+                _search(loss_at, eta0=1e-3 * max(abs(loss_old), 1e-8) / grad_norm, expand=expand,
+                        max_expand=max_expand, refine_steps=refine_steps)
+            best = min(cache, key=lambda e: (cache[e], e))
+        set_eta(best)
+    finally:
+        grown.train(was_training)
+    result = SteppingStoneResult(
+        position=position,
+        block=on_train.block,
+        direction=source,
+        eta=best,
+        grad_norm=grad_norm,
+        slope=slope,
+        loss_old=loss_old,
+        loss_stone=cache[best],
+        predicted_first_order=loss_old + best * slope,
+        line_search=trace,
+        num_batches=len(batches),
+        config=asdict(cfg),
+    )
+    return grown, result
+
+
+def _search(loss_at: Callable[[float], float], *, eta0: float, expand: float, max_expand: int, refine_steps: int) -> None:
+    """Bracket the best step geometrically, then golden-section search in log(eta)."""
+    base = loss_at(0.0)
+    eta = eta0
+    if loss_at(eta) >= base:
+        # Too far already (strong curvature): shrink until a step helps.
+        for _ in range(max_expand):
+            eta /= expand
+            if loss_at(eta) < base:
+                break
+        else:
+            return
+        lo, hi = eta, eta * expand
+        best = eta
+    else:
+        for _ in range(max_expand):
+            if loss_at(eta * expand) >= loss_at(eta):
+                break
+            eta *= expand
+        best = eta
+        lo, hi = best / expand, best * expand
+    a, b = math.log(lo), math.log(hi)
+    c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+    for _ in range(refine_steps):
+        if loss_at(math.exp(c)) < loss_at(math.exp(d)):
+            b, d = d, c
+            c = b - _GOLDEN * (b - a)
+        else:
+            a, c = c, d
+            d = a + _GOLDEN * (b - a)

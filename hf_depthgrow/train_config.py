@@ -1,0 +1,221 @@
+"""`TrainConfig`: every setting of the trainer in one validated dataclass (trl's `x_config.py` pattern)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+TRAINABLE = ("new", "new+lora", "full")
+SCHEDULERS = ("cosine", "linear", "constant")
+MIXED_PRECISION = ("no", "fp16", "bf16")
+PREFIX_CACHE = ("auto", "memory", "disk", "off")
+CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class TrainConfig:
+    r"""Settings of `hf_depthgrow.train` / `GrownTrainer` and of `hf-depthgrow train`.
+
+    Parameters are grouped as in trl's configs; each field's `help` says the same in one line.
+
+    > Trainable set
+
+    trainable (`str`, defaults to `"new"`):
+        `"new"`: only the inserted blocks train (every original weight stays bit-identical).
+        `"new+lora"`: the new blocks in full plus PEFT LoRA on the original layers above the lowest
+        insertion. `"full"`: every parameter.
+    lora_r, lora_alpha, lora_dropout (`int`, `int`, `float`):
+        LoRA rank, scaling numerator and dropout (only with `"new+lora"`).
+    lora_target_modules (`list[str]` or `None`):
+        Name suffixes of the linear layers to adapt (e.g. `["q_proj", "v_proj"]`); `None` adapts every
+        linear layer of the original layers above the lowest insertion.
+    merge_lora (`bool`, defaults to `True`):
+        Merge LoRA into the weights at the end, so the result is a plain grown model.
+
+    > Optimisation
+
+    learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon:
+        AdamW over the trainable parameters only (no optimizer state for frozen ones). Biases and
+        norm weights get no weight decay.
+    lr_scheduler (`str`): `"cosine"`, `"linear"` or `"constant"`, after `warmup_steps` (or
+        `warmup_ratio` of the steps) of linear warm-up.
+    max_steps (`int`): optimizer steps; `-1` derives them from `num_train_epochs`.
+    per_device_train_batch_size, gradient_accumulation_steps: the global batch is
+        `per_device_train_batch_size * num_processes * gradient_accumulation_steps` examples.
+    max_grad_norm (`float` or `None`): gradient clipping; `None` or `0` switches it off.
+    mixed_precision (`str` or `None`): `"no"`, `"fp16"`, `"bf16"`; `None` takes the
+        `accelerate launch` configuration.
+    seed (`int`): seeds LoRA init, dropout and the data order.
+
+    > Evaluation and logging
+
+    eval_steps (`int`): evaluate on the held-out split every N steps (`0`: only before and after).
+    logging_steps (`int`): log the training loss every N steps.
+    progress_bar (`bool`): a tqdm bar with loss and tokens/s (examples/s for classifiers), main process only.
+
+    > Frozen-prefix cache
+
+    prefix_cache (`str`, defaults to `"auto"`): `"memory"`, `"disk"` or `"off"`. When nothing below the
+        lowest inserted block trains, `z = f_bot(x)` is computed once per example and training runs
+        only the layers from there on. `"auto"`: `"memory"` where valid, else `"off"`.
+    prefix_cache_dtype (`str`): storage dtype of the cache; `"auto"` keeps the dtype the prefix produces
+        (exact); `"bfloat16"`/`"float16"` halve the memory at a rounding of z.
+    prefix_cache_dir (`str` or `None`): where `"disk"` spills (default: `<output_dir>/prefix_cache`, or a temp dir).
+    prefix_cache_batch_size (`int` or `None`): batch size of the up-front prefix pass (default: the eval batch size).
+
+    > Fallback rule (THEORY §4, Condition 2)
+
+    fallback (`bool`, defaults to `True`): after training, compare the training loss `L_S` of the trained
+        model with that of the stepping stone (or of the original model) and return the better one.
+    selection_max_examples (`int` or `None`): compute `L_S` on a fixed seeded subset of this many
+        training examples (`None`: the whole training set).
+
+    > Checkpoints
+
+    output_dir (`str` or `None`): checkpoints, logs and the final model (`<output_dir>/model`).
+    save_steps (`int`): write a checkpoint every N steps (`0`: none). Checkpoints are atomic.
+    save_total_limit (`int` or `None`): keep only the last N checkpoints.
+    save_final_model (`bool`): save the selected model with `save_pretrained` at the end.
+    resume_from_checkpoint (`str` or `None`): a checkpoint folder, or `"latest"` (the newest under output_dir).
+
+    > Distributed and debugging
+
+    ddp_timeout (`int`): seconds before a collective call times out.
+    stop_after_step (`int` or `None`): debugging: hard-exit the process (`os._exit`) right after this step
+        (and its checkpoint, if one is due), as a crash would.
+
+    Example:
+        ```python
+        >>> from hf_depthgrow.train_config import TrainConfig
+        >>> TrainConfig(trainable="new+lora", max_steps=100, learning_rate=1e-4).trainable
+        'new+lora'
+        ```
+    """
+
+    # trainable set
+    trainable: str = field(default="new", metadata={"help": "new, new+lora or full.", "choices": list(TRAINABLE)})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank (new+lora)."})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha (new+lora)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (new+lora)."})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "Name suffixes of linear layers to adapt; default: all above the lowest insertion."}
+    )
+    merge_lora: bool = field(default=True, metadata={"help": "Merge LoRA into the weights at the end."})
+    # optimisation
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate of AdamW."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (not on biases and norms)."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    lr_scheduler: str = field(default="cosine", metadata={"help": "cosine, linear or constant.", "choices": list(SCHEDULERS)})
+    warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
+    warmup_ratio: float = field(default=0.0, metadata={"help": "Warm-up as a share of the steps (if warmup_steps is 0)."})
+    max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; -1: from num_train_epochs."})
+    num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs, when max_steps is -1."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Examples per process per micro-batch."})
+    per_device_eval_batch_size: int | None = field(default=None, metadata={"help": "Eval batch size; default: the train one."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    max_grad_norm: float | None = field(default=1.0, metadata={"help": "Clip gradients to this norm; None/0: off."})
+    mixed_precision: str | None = field(
+        default=None, metadata={"help": "no, fp16 or bf16; default: the accelerate launch config."}
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of LoRA init, dropout and data order."})
+    # evaluation and logging
+    eval_steps: int = field(default=0, metadata={"help": "Evaluate every N steps; 0: before and after only."})
+    logging_steps: int = field(default=10, metadata={"help": "Log the training loss every N steps."})
+    progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar (main process)."})
+    # prefix cache
+    prefix_cache: str = field(default="auto", metadata={"help": "auto, memory, disk or off.", "choices": list(PREFIX_CACHE)})
+    prefix_cache_dtype: str = field(
+        default="auto", metadata={"help": "Storage dtype: auto (exact), float32, bfloat16, float16.", "choices": list(CACHE_DTYPES)}
+    )
+    prefix_cache_dir: str | None = field(default=None, metadata={"help": "Folder for prefix_cache=disk."})
+    prefix_cache_batch_size: int | None = field(default=None, metadata={"help": "Batch size of the prefix pass."})
+    # fallback rule
+    fallback: bool = field(default=True, metadata={"help": "Select the better of trained/stepping-stone/original by L_S."})
+    selection_max_examples: int | None = field(
+        default=None, metadata={"help": "L_S on a seeded subset of this many training examples; None: all."}
+    )
+    # checkpoints
+    output_dir: str | None = field(default=None, metadata={"help": "Checkpoints, logs and <output_dir>/model."})
+    save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps; 0: none."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Keep the last N checkpoints; None: all."})
+    save_final_model: bool = field(default=True, metadata={"help": "save_pretrained the selected model at the end."})
+    resume_from_checkpoint: str | None = field(default=None, metadata={"help": "Checkpoint folder or 'latest'."})
+    # distributed and debugging
+    ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a collective call times out."})
+    stop_after_step: int | None = field(default=None, metadata={"help": "Debug: os._exit right after this step."})
+
+    def __post_init__(self):
+        def check(cond, msg):
+            if not cond:
+                raise ValueError(msg)
+
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        check(self.trainable in TRAINABLE, f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
+        check(self.lr_scheduler in SCHEDULERS, f"lr_scheduler must be one of {SCHEDULERS}, got {self.lr_scheduler!r}")
+        check(
+            self.mixed_precision is None or self.mixed_precision in MIXED_PRECISION,
+            f"mixed_precision must be None or one of {MIXED_PRECISION}, got {self.mixed_precision!r}",
+        )
+        check(self.prefix_cache in PREFIX_CACHE, f"prefix_cache must be one of {PREFIX_CACHE}, got {self.prefix_cache!r}")
+        check(self.prefix_cache_dtype in CACHE_DTYPES, f"prefix_cache_dtype must be one of {CACHE_DTYPES}, got {self.prefix_cache_dtype!r}")
+        check(
+            not (self.trainable == "full" and self.prefix_cache in ("memory", "disk")),
+            "prefix_cache needs a frozen prefix, but trainable='full' trains the layers below the new blocks; "
+            "use prefix_cache='auto' or 'off'.",
+        )
+        for name in ("lora_r", "lora_alpha", "per_device_train_batch_size", "gradient_accumulation_steps", "ddp_timeout"):
+            check(is_int(getattr(self, name)) and getattr(self, name) >= 1, f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        for name in ("warmup_steps", "eval_steps", "save_steps", "seed"):
+            check(is_int(getattr(self, name)) and getattr(self, name) >= 0, f"{name} must be an int >= 0, got {getattr(self, name)!r}")
+        check(is_int(self.logging_steps) and self.logging_steps >= 1, f"logging_steps must be an int >= 1, got {self.logging_steps!r}")
+        for name in ("per_device_eval_batch_size", "prefix_cache_batch_size", "selection_max_examples", "save_total_limit", "stop_after_step"):
+            value = getattr(self, name)
+            check(value is None or (is_int(value) and value >= 1), f"{name} must be None or an int >= 1, got {value!r}")
+        check(is_int(self.max_steps) and (self.max_steps == -1 or self.max_steps >= 1), f"max_steps must be -1 or >= 1, got {self.max_steps!r}")
+        check(is_num(self.num_train_epochs) and self.num_train_epochs > 0, f"num_train_epochs must be > 0, got {self.num_train_epochs!r}")
+        check(is_num(self.learning_rate) and self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate!r}")
+        check(is_num(self.weight_decay) and self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        for name in ("adam_beta1", "adam_beta2"):
+            check(is_num(getattr(self, name)) and 0 <= getattr(self, name) < 1, f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        check(is_num(self.adam_epsilon) and self.adam_epsilon > 0, f"adam_epsilon must be > 0, got {self.adam_epsilon!r}")
+        check(is_num(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        check(not (self.warmup_steps and self.warmup_ratio), "set warmup_steps or warmup_ratio, not both")
+        check(is_num(self.lora_dropout) and 0 <= self.lora_dropout < 1, f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+        check(
+            self.max_grad_norm is None or (is_num(self.max_grad_norm) and self.max_grad_norm >= 0),
+            f"max_grad_norm must be None or >= 0, got {self.max_grad_norm!r}",
+        )
+        check(
+            self.lora_target_modules is None
+            or (isinstance(self.lora_target_modules, (list, tuple)) and self.lora_target_modules and all(isinstance(m, str) and m for m in self.lora_target_modules)),
+            f"lora_target_modules must be None or a non-empty list of names, got {self.lora_target_modules!r}",
+        )
+        if self.lora_target_modules is not None:
+            self.lora_target_modules = list(self.lora_target_modules)
+        check(
+            not (self.save_steps and not self.output_dir),
+            "save_steps > 0 needs output_dir (checkpoints are written there)",
+        )
+        check(
+            not (self.resume_from_checkpoint == "latest" and not self.output_dir),
+            "resume_from_checkpoint='latest' looks under output_dir, which is not set",
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json_string(self) -> str:
+        from . import __version__
+
+        return json.dumps({**self.to_dict(), "hf_depthgrow_version": __version__}, indent=2, sort_keys=True)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
