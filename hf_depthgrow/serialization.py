@@ -104,7 +104,7 @@ def save_pretrained(
             if not base_model:
                 raise ValueError("adapters_only=True needs base_model= (the Hub id or path of the base weights)")
             (tmp / ADAPTER_CONFIG).write_text(
-                json.dumps({"base_model": str(base_model), RECORD_KEY: record, "architectures": model.config.architectures}, indent=2, sort_keys=True)
+                json.dumps({"base_model": str(base_model), RECORD_KEY: record, "architectures": model.config.architectures or [type(model).__name__]}, indent=2, sort_keys=True)
             )
         else:
             with _adapters_detached(model):

