@@ -95,6 +95,16 @@ def _fake_writer(folder):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _single_torch_thread():
+    # A 135M model on ~40-token inputs gains little from more threads, and on a busy machine OpenMP oversubscription
+    # made generation 4x slower with 2 threads than with 1 (measured on 2 cores shared with other test runs).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def gguf_pair():
     return embedded.load_smollm2_gguf()
