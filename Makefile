@@ -2,7 +2,6 @@
 #   make run    install, then run the whole job on the embedded default (SmolLM2-135M + Shakespeare)
 #   make test   install, then run the test-suite (what CI runs)
 PYTHON ?= python3
-export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-data run demo test bench
@@ -29,7 +28,7 @@ demo: install
 	hf-depthgrow demo
 
 test: install
-	$(PYTHON) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q
 
 bench: install
 	$(PYTHON) benchmarks/bench_probe.py

@@ -1,0 +1,339 @@
+"""The model card of a grown model: sections, "not run" sentences, verbatim config, Hub-valid metadata."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from importlib import metadata
+from pathlib import Path
+
+import jinja2
+import jinja2.meta
+import pytest
+import yaml
+from huggingface_hub import ModelCard, ModelCardData
+
+import hf_depthgrow
+from hf_depthgrow.evaluate import EvalResult
+from hf_depthgrow.model_card import (
+    CardInfo,
+    card_context,
+    card_metadata,
+    find_template,
+    render_model_card,
+    template_candidates,
+    validate_card_metadata,
+)
+from hf_depthgrow.probe import ProbeResult
+from hf_depthgrow.train_config import TrainConfig
+
+BASE = "HuggingFaceTB/SmolLM2-135M"
+NATIVE_RECORD = {
+    "base_num_layers": 4,
+    "native_indices": [2],
+    "adapters": [],
+    "history": [{"positions": [2], "num_layers_before": 4, "block": "native", "init": "copy", "eps": 1e-06, "seed": 0, "config": {}}],
+    "num_layers": 5,
+    "hf_depthgrow_version": "0.1.0",
+}
+ADAPTER_RECORD = {
+    "base_num_layers": 4,
+    "native_indices": [],
+    "adapters": [{"host": 1, "where": "pre", "dim": 32, "norm": "layer", "eps": 1e-12, "act": "gelu"}],
+    "history": [{"positions": [1], "num_layers_before": 4, "block": "adapter", "init": "random", "eps": 1e-12, "seed": 0, "config": {}}],
+    "num_layers": 4,
+    "hf_depthgrow_version": "0.1.0",
+}
+# A config with what tends to break a naive dump: nesting, lists, floats, backticks, Jinja-looking text, unicode.
+CONFIG = {
+    "model": BASE,
+    "grow": {"positions": [2], "block": "native", "init": "copy", "eps": None},
+    "train": {"learning_rate": 1.0e-4, "max_steps": 200, "trainable": "new", "data": "shakespeare"},
+    "eval": {"delta": 0.05, "n_bootstrap": 2000},
+    "note": "keep ``` fences and {{ braces }} and {% tags %} as they are — verbatim",
+}
+PROBE = {
+    "positions": [0, 2, 4],
+    "signal": [0.11, 0.52, 0.23],
+    "z": [0.31, 4.27, 1.12],
+    "verdict": ["not observable at this data size (deepest-model regime)", "improvable", "not observable at this data size (deepest-model regime)"],
+    "recommendation": {"grow": True, "positions": [2], "best": 2, "reason": "grow at k=2 (largest z-score, z=4.27)"},
+}
+TRAINING = {"trainable": "new", "steps": 200, "learning_rate": 1e-4, "batch_size": 8, "seq_length": 256, "data": "shakespeare", "time": 73.2}
+EVALUATION = {
+    "loss_old": 2.5, "loss_new": 2.45, "delta": 0.05, "mean_delta": 0.0493,
+    "intervals": {"hoeffding": [-0.1, 0.2], "bernstein": [0.0123, 0.0871]},
+    "certified": {"hoeffding": False, "bernstein": True}, "confidence": 0.95,
+    "verdict": "Certified improvement at level delta = 0.05 (confidence 95%) by: bernstein.",
+    "num_examples": 128, "num_tokens": 32768,
+}  # fmt: skip
+SELECTION = {"selected": "new", "delta_erm": 0.0312, "reference": "old", "train_losses": {"new": 2.1, "old": 2.1312}}
+SECTIONS = ("probe", "training", "evaluation", "selection")
+NOT_RUN = {
+    "probe": "Not run: no probe result was given",
+    "training": "Not run: no training record was given",
+    "evaluation": "Not run: the test-risk delta against the base model was not evaluated",
+    "selection": "Not run: the fallback rule was not applied",
+}
+
+
+def full_info(**overrides) -> dict:
+    info = dict(
+        base_model=BASE, repo_id="me/grown-smollm2", model_type="llama", architectures=["LlamaForCausalLM"],
+        growth_record=NATIVE_RECORD, license="apache-2.0", probe=PROBE, training=TRAINING, evaluation=EVALUATION,
+        selection=SELECTION, config=CONFIG, command="hf-depthgrow run --config run.yaml", datasets=["stanfordnlp/imdb"],
+    )  # fmt: skip
+    info.update(overrides)
+    return info
+
+
+def minimal_info(**overrides) -> dict:
+    info = dict(base_model=BASE, model_type="llama", architectures=["LlamaForCausalLM"], growth_record=NATIVE_RECORD)
+    info.update(overrides)
+    return info
+
+
+def _header(text: str) -> str:
+    return text.split("---", 2)[1]
+
+
+def _no_template_junk(text: str) -> None:
+    assert "{{" not in text.replace(CONFIG["note"], "") and "{%" not in text.replace(CONFIG["note"], "")
+    assert "None" not in text and "\n\n\n" not in text
+    assert not re.search(r"^\s*[-|]\s*\|?\s*$", text, flags=re.M), "an empty list item or table row"
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def test_all_sections_present_when_given():
+    card = render_model_card(full_info())
+    text = card.text
+    for heading in ("## Model details", "## How to load", "## Where the new blocks are and why", "### Probe",
+                    "## Training", "## Evaluation", "## Selection", "## Data", "## Reproduce", "## Growth record",
+                    "## Framework versions"):  # fmt: skip
+        assert heading in text, heading
+    for sentence in NOT_RUN.values():
+        assert sentence not in text
+    assert "Not recorded" not in text
+    # Where and why: the insertion and the probe's evidence.
+    assert "inserted at position(s) k = 2 of a 4-layer stack" in text
+    assert "| 2 | 0.52 | 4.27 | improvable |" in text
+    assert "grow at k=2 (largest z-score, z=4.27)" in text
+    # How it was trained.
+    for row in ("| trainable set | new |", "| optimizer steps | 200 |", "| learning rate | 0.0001 |",
+                "| batch size | 8 |", "| sequence length | 256 |", "| data | shakespeare |", "| training time | 73.2 s |"):  # fmt: skip
+        assert row in text, row
+    # The test-risk delta, its intervals and verdict.
+    assert EVALUATION["verdict"] in text
+    assert "| test loss | 2.5 | 2.45 | 0.05 |" in text
+    assert "| bernstein | 0.0123 | 0.0871 | yes |" in text and "| hoeffding | -0.1 | 0.2 | no |" in text
+    assert "confidence 95%" in text
+    # Delta_ERM and the selected model.
+    assert "Delta_ERM = L_S(old) - L_S(new) = 0.0312" in text
+    assert "selected the trained grown model (`new`)" in text
+    assert "hf-depthgrow run --config run.yaml" in text
+    assert '"native_indices": [\n    2\n  ]' in text  # the growth record, as JSON
+    _no_template_junk(text)
+
+
+def test_missing_sections_say_not_run():
+    text = render_model_card(minimal_info()).text
+    for section, sentence in NOT_RUN.items():
+        assert sentence in text, section
+    assert "Not recorded: no reproducing configuration was given." in text
+    assert "Not recorded: no data set was named." in text
+    assert "inserted at position(s) k = 2" in text  # the growth record is still described
+    _no_template_junk(text)
+    bare = render_model_card({"base_model": BASE}).text  # not even a growth record
+    assert "Not recorded: this model carries no growth record" in bare
+    _no_template_junk(bare)
+
+
+def test_selection_is_taken_from_a_training_result():
+    training = {**TRAINING, "selected": "old", "delta_erm": -0.002, "reference": "old"}
+    text = render_model_card(minimal_info(training=training)).text
+    assert "selected the original model's function (`old`" in text
+    assert "Delta_ERM = L_S(old) - L_S(new) = -0.002" in text
+    assert "| selected |" not in text  # selection keys stay out of the training table
+
+
+def test_reproducing_config_appears_verbatim_as_yaml():
+    text = render_model_card(full_info()).text
+    expected = yaml.safe_dump(CONFIG, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    assert expected in text
+    # The config holds ``` itself, so the fence is longer, and the block parses back to the same dict.
+    block = re.search(r"^(`{4,})yaml\n(.*?)^\1$", text, flags=re.S | re.M)
+    assert block is not None
+    assert block.group(2) == expected
+    assert yaml.safe_load(block.group(2)) == CONFIG
+    assert "{{ braces }} and {% tags %}" in text  # values are data, never re-rendered as Jinja
+
+
+def test_config_dataclass_is_dumped_with_every_field():
+    config = TrainConfig(max_steps=3, learning_rate=3e-4)
+    text = render_model_card(minimal_info(config=config)).text
+    dumped = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, flags=re.S).group(1))
+    assert dumped == config.to_dict()
+
+
+def test_framework_versions_are_listed():
+    text = render_model_card(minimal_info()).text
+    section = text[text.index("## Framework versions"):]
+    import platform
+
+    expected = {"python": platform.python_version(), "hf_depthgrow": hf_depthgrow.__version__}
+    for name in ("torch", "transformers", "accelerate", "peft", "huggingface_hub"):
+        expected[name] = metadata.version(name)
+    for name, version in expected.items():
+        assert f"- {name} {version}\n" in section, name
+
+
+def test_result_objects_render_like_their_dicts():
+    probe = ProbeResult(
+        model_type="llama", num_layers=4, block="native", init="copy", seed=0, eps=None, adapter_dim=None, adapter_act="gelu",
+        positions=[0, 2], signal=[0.1, 0.5], signal_parts=[{}, {}], population=[0.0, 0.2], population_se=[0.1, 0.05],
+        population_signal=[0.0, 0.44], z=[0.0, 4.0], verdict=["not observable", "improvable"], improvable=[False, True],
+        offdiag_share=[0.1, 0.1], spectral_norm=[1.0, 1.0], stable_rank=[2.0, 2.0], trace=[1.0, 1.0], norm_eps=[1e-6, 1e-6],
+        near_singular_share=[0.0, 0.0], mean_var=[1.0, 1.0], min_var=[0.5, 0.5], loss=4.8, num_batches=4, num_examples=16,
+        total_weight=176.0, weight_unit="tokens", num_splits=4, z_threshold=2.0, norm_factor=100.0,
+        recommendation={"grow": True, "positions": [2], "best": 2, "reason": "grow at k=2 (largest z-score, z=4.00)"},
+    )  # fmt: skip
+    evaluation = EvalResult(
+        task="causal_lm", mode="shared_prefix", num_examples=3, num_tokens=30, loss_old=2.0, loss_new=1.9, delta=0.1,
+        mean_delta=0.1, per_example_old=[2.0, 2.0, 2.0], per_example_new=[1.9, 1.9, 1.9], example_ids=[0, 1, 2],
+        example_weights=[10, 10, 10], level=0.05, loss_bound=10.0, loss_bound_source="given",
+        intervals={"hoeffding": (-5.0, 5.2), "bernstein": (0.05, 0.15), "bootstrap": (0.1, 0.1)},
+        interval_details={}, certified={"hoeffding": False, "bernstein": True, "bootstrap": True},
+    )  # fmt: skip
+    from_objects = render_model_card(minimal_info(probe=probe, evaluation=evaluation)).text
+    from_dicts = render_model_card(minimal_info(probe=probe.to_dict(), evaluation=evaluation.to_dict())).text
+    assert from_objects == from_dicts
+    assert "| 2 | 0.5 | 4 | improvable |" in from_objects
+    assert evaluation.verdict in from_objects
+    assert "| bernstein | 0.05 | 0.15 | yes |" in from_objects
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def test_metadata_is_valid_for_the_hub():
+    card = render_model_card(full_info())
+    raw = yaml.safe_load(_header(card.content))
+    assert raw == validate_card_metadata(card)  # parses, round-trips through ModelCardData, right types
+    assert raw["base_model"] == BASE and isinstance(raw["base_model"], str)
+    assert raw["library_name"] == "transformers"
+    assert raw["tags"][:3] == ["hf_depthgrow", "depth-growth", "llama"]
+    assert raw["license"] == "apache-2.0"
+    assert raw["datasets"] == ["stanfordnlp/imdb"]
+    assert raw["pipeline_tag"] == "text-generation"
+    assert ModelCardData(**raw).to_dict() == raw
+    reparsed = ModelCard(card.content)  # what the Hub and `ModelCard.load` would read back
+    assert reparsed.data.to_dict() == raw and reparsed.text == card.text
+
+
+def test_license_is_never_guessed():
+    card = render_model_card(minimal_info())
+    assert "license" not in card.data.to_dict()
+    assert "inherits the license of its base model" in card.text
+    with pytest.raises(ValueError, match="license"):
+        CardInfo(**minimal_info(license="Apache 2.0"))
+
+
+@pytest.mark.parametrize(
+    "architecture, tag",
+    [("LlamaForCausalLM", "text-generation"), ("GPT2LMHeadModel", "text-generation"),
+     ("BertForSequenceClassification", "text-classification"), ("ViTForImageClassification", "image-classification"),
+     ("MysteryModel", None)],
+)  # fmt: skip
+def test_pipeline_tag_is_inferred_where_possible(architecture, tag):
+    assert card_metadata(minimal_info(architectures=[architecture])).pipeline_tag == tag
+
+
+def test_library_name_follows_the_kind_of_blocks():
+    native = render_model_card(minimal_info()).data
+    assert native.library_name == "transformers"
+    adapter = render_model_card(minimal_info(growth_record=ADAPTER_RECORD, model_type="bert", architectures=["BertForSequenceClassification"]))
+    assert adapter.data.library_name == "hf_depthgrow"
+    assert "adapter-blocks" in adapter.data.tags and "load_pretrained" in adapter.text
+    only = render_model_card(minimal_info(growth_record=ADAPTER_RECORD, adapters_only=True, base_model="google-bert/bert-base-uncased"))
+    assert only.data.library_name == "hf_depthgrow"
+    assert only.data.to_dict()["base_model_relation"] == "adapter"
+    assert "holds only the new blocks" in only.text
+    validate_card_metadata(only)
+
+
+def test_local_dataset_paths_stay_out_of_metadata(tmp_path):
+    local_file = tmp_path / "corpus.txt"
+    local_file.write_text("text")
+    datasets = [str(local_file), "stanfordnlp/imdb", "shakespeare", "./data/train.jsonl", str(tmp_path)]
+    card = render_model_card(minimal_info(datasets=datasets))
+    assert card.data.datasets == ["stanfordnlp/imdb"]
+    header = _header(card.content)
+    assert str(tmp_path) not in header and "shakespeare" not in header and "train.jsonl" not in header
+    for name in datasets:
+        assert f"`{name}`" in card.text or name in card.text, name
+    assert "[stanfordnlp/imdb](https://huggingface.co/datasets/stanfordnlp/imdb)" in card.text
+    validate_card_metadata(card)
+
+
+def test_local_base_model_stays_out_of_metadata(tmp_path):
+    card = render_model_card(minimal_info(base_model=str(tmp_path)))
+    assert "base_model" not in card.data.to_dict()
+    assert f"a local checkpoint at `{tmp_path}`" in card.text
+    named = render_model_card(minimal_info(base_model=str(tmp_path), base_model_id=BASE))
+    assert named.data.base_model == BASE and str(tmp_path) in named.text
+
+
+def test_validate_rejects_what_the_hub_would():
+    bad = "---\nbase_model: /home/me/base\ndatasets:\n- ./data/train.txt\ntags: grown\nlicense: Apache 2.0\npipeline_tag: Text Generation\n---\ntext\n"
+    with pytest.raises(ValueError) as err:
+        validate_card_metadata(bad)
+    for key in ("base_model", "datasets", "tags", "license", "pipeline_tag"):
+        assert key in str(err.value), key
+    with pytest.raises(ValueError, match="YAML"):
+        validate_card_metadata("---\nbase_model: [unclosed\n---\n")
+    with pytest.raises(ValueError, match="no YAML metadata"):
+        validate_card_metadata("# just text\n")
+
+
+def test_unknown_fields_are_refused():
+    with pytest.raises(ValueError, match="unknown model-card fields"):
+        render_model_card({"base_model": BASE, "probe_result": PROBE})
+
+
+# --------------------------------------------------------------------------- the template
+
+
+def test_template_is_found_in_the_checkout_and_lists_installed_locations():
+    root = Path(__file__).resolve().parents[1]
+    assert find_template() == root / "model_cards" / "grown_model.md"
+    candidates = [str(p) for p in template_candidates()]
+    assert candidates[0] == str(root / "model_cards" / "grown_model.md")
+    assert any(c.endswith("share/hf_depthgrow/model_cards/grown_model.md") for c in candidates)
+
+
+def test_template_uses_only_variables_it_is_given():
+    source = find_template().read_text(encoding="utf-8")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    used = jinja2.meta.find_undeclared_variables(env.parse(source))
+    for info in (full_info(), minimal_info(), {"base_model": BASE}):
+        context = card_context(info)
+        given = set(context) | set(card_metadata(info).to_dict()) | {"card_data"}
+        assert used <= given, used - given
+        env.from_string(source).render(card_data="x: 1", **context)  # StrictUndefined: no silent blanks
+
+
+def test_custom_template_path(tmp_path):
+    custom = tmp_path / "card.md"
+    custom.write_text("---\n{{ card_data }}\n---\n\n# {{ title }}\n\n{{ evaluation.verdict if evaluation else 'Not run.' }}\n")
+    card = render_model_card(full_info(), template_path=custom)
+    assert card.text.strip() == f"# grown-smollm2\n\n{EVALUATION['verdict']}"
+    assert card.data.library_name == "transformers"
+
+
+def test_card_info_fields_are_documented():
+    doc = CardInfo.__doc__
+    for f in fields(CardInfo):
+        assert f"{f.name}:" in doc, f.name
+        assert f.metadata.get("help"), f.name
