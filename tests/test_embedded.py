@@ -138,6 +138,12 @@ def test_gguf_model_is_flagged_quantised(gguf_pair, tmp_path):
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     with pytest.raises(ValueError, match="not serializable"):
         model.save_pretrained(tmp_path / "refused")
+    # The growth engine refuses it too, and leaves it as it was.
+    from hf_depthgrow import grow_depth, growth_record
+
+    with pytest.raises(ValueError, match="flagged as quantised"):
+        grow_depth(model, [15])
+    assert model.config.num_hidden_layers == 30 and len(model.model.layers) == 30 and growth_record(model) is None
 
 
 @pytest.mark.real_model
