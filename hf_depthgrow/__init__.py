@@ -16,7 +16,36 @@ from .growth import (  # noqa: E402
 from .norms import NormInfo, norm_inventory  # noqa: E402
 from .serialization import load_pretrained, save_pretrained  # noqa: E402
 
+# Bound eagerly: these functions share their module's name, and a lazy binding would be
+# replaced by the submodule the first time anything imports it.
+from .probe import ProbeResult, probe  # noqa: E402
+from .stepping_stone import stepping_stone  # noqa: E402
+
 from_pretrained = load_pretrained  # the name peft users reach for
+
+# Heavier pieces (accelerate, peft, matplotlib) load on first use, so `import hf_depthgrow` stays light.
+_LAZY = {
+    "train": "trainer",
+    "GrownTrainer": "trainer",
+    "TrainConfig": "train_config",
+    "evaluate_delta": "evaluate",
+    "compare_models": "evaluate",
+    "push_to_hub": "hub",
+    "push_model_to_hub": "hub",
+    "render_model_card": "model_card",
+    "CardInfo": "model_card",
+    "run_pipeline": "pipeline",
+    "RunConfig": "pipeline",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'hf_depthgrow' has no attribute {name!r}")
+
 
 __all__ = [
     "FAMILIES",
@@ -35,4 +64,8 @@ __all__ = [
     "from_pretrained",
     "load_pretrained",
     "save_pretrained",
+    "probe",
+    "ProbeResult",
+    "stepping_stone",
+    *_LAZY,
 ]
