@@ -147,8 +147,6 @@ def _iter_batches(data, batch_size: int):
     """A re-iterable of batch dicts: Datasets and lists of rows are batched, loaders used as they are."""
     from torch.utils.data import DataLoader
 
-    from .data import make_loader
-
     if isinstance(data, Mapping):
         return [dict(data)]
     if isinstance(data, DataLoader):
@@ -156,7 +154,10 @@ def _iter_batches(data, batch_size: int):
     if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
         if len(data) == 0:
             raise ValueError("the evaluation data is empty: no example to evaluate.")
-        return make_loader(data, batch_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        # In data order (as `hf_depthgrow.data.make_loader` without shuffling), without importing `datasets`.
+        return DataLoader(data, batch_size=batch_size, shuffle=False)
     if isinstance(data, Iterable):
         return list(data)  # a one-shot iterator: kept, since it is read twice (checks, then the run)
     raise TypeError(f"data must be a datasets.Dataset, a list of rows, a DataLoader or batches, got {type(data).__name__}")
@@ -779,14 +780,16 @@ def _margin(stone, data, *, what: str, **kwargs) -> tuple[float | None, str | No
     if stone is None:
         return None, None
     if isinstance(stone, (int, float)):
-        return float(stone), f"{what}: given as a number"
+        return float(stone), "given as a number"
     if isinstance(stone, nn.Module):
         if data is None:
             raise ValueError(f"{what}: a stepping-stone model needs the data to measure it on")
-        res = evaluate_delta(stone, data, metrics=False, n_bootstrap=1, **kwargs)
-        return res.mean_delta, f"{what}: measured here, mean per-example delta of the stepping stone vs the original on {res.num_examples} examples"
+        with warnings.catch_warnings():  # only the margin is used, not the intervals, so B does not matter
+            warnings.simplefilter("ignore", UserWarning)
+            res = evaluate_delta(stone, data, metrics=False, n_bootstrap=1, **kwargs)
+        return res.mean_delta, f"measured here: mean per-example delta of the stepping stone vs the original on {res.num_examples} examples"
     if hasattr(stone, "loss_old") and hasattr(stone, "loss_stone"):
-        return float(stone.loss_old) - float(stone.loss_stone), f"{what}: loss_old - loss_stone of the stepping-stone result (as measured there)"
+        return float(stone.loss_old) - float(stone.loss_stone), "loss_old - loss_stone of the stepping-stone result (on the data it measured)"
     raise TypeError(f"{what}: expected a model, a number or a SteppingStoneResult, got {type(stone).__name__}")
 
 
@@ -830,7 +833,14 @@ def route_inputs(
         delta_erm = getattr(train_result, "delta_erm", None)
         if delta_erm is not None:
             selected = getattr(train_result, "selected", None)
+            reference = getattr(train_result, "reference", None)
             sources["delta_erm"] = "from the trainer's result" + (f" (selected model: {selected})" if selected else "")
+            if reference == "old":
+                # THEORY §4 measures Delta_ERM against f~_S; against f_old it already holds the stone's margin.
+                sources["delta_erm"] += (
+                    "; measured against f_old, not the stepping stone f~_S (the trainer had none), so the routes "
+                    "count the stone's margin twice: train with stepping_stone= for a valid Delta_ERM"
+                )
     elif delta_erm is not None:
         sources["delta_erm"] = "given"
     if n_train is None and train_result is not None:

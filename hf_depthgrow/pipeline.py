@@ -56,7 +56,7 @@ class RunConfig:
     force: bool = field(default=False, metadata={"help": "Grow at the best signal even when the probe says 'do not grow'."})
     block: str = field(default="auto", metadata={"help": "native, adapter or auto."})
     init: str = field(default="copy", metadata={"help": "copy or random (native blocks)."})
-    probe_max_batches: int | None = field(default=None, metadata={"help": "Probe on at most this many training batches."})
+    probe_max_batches: int | None = field(default=16, metadata={"help": "Probe on at most this many training batches (None: all)."})
     stone_max_batches: int | None = field(default=8, metadata={"help": "Batches for each stepping stone's direction and line search."})
     batch_size: int = field(default=8, metadata={"help": "Batch size of probe, training and evaluation."})
     train_steps: int = field(default=120, metadata={"help": "Optimizer steps."})

@@ -26,7 +26,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from itertools import islice
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -36,6 +36,8 @@ from .families import FamilySpec, model_eps, resolve_family, residual_output_mod
 from .growth import GrowthConfig, _check_positions, _resolve_kind, build_block
 from .losses import example_losses, is_causal_lm, labels_of, model_inputs
 from .norms import _eps_of, _is_norm
+
+__all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "ProbeResult", "iter_batches", "plot_probe", "probe"]
 
 VERDICT_IMPROVABLE = "improvable"
 VERDICT_NOT_OBSERVABLE = "not observable at this data size (deepest-model regime)"
@@ -228,14 +230,17 @@ class _Tap:
     `dl/dz` at every position and nothing upstream of the first wanted position is differentiated.
     """
 
-    def __init__(self, stack: nn.ModuleList, z_positions: set[int], call_layers: set[int]):
+    def __init__(self, stack: nn.ModuleList, z_positions: set[int], call_layers: set[int], *, before_adapters: bool):
         self.num_layers = len(stack)
         self.z: dict[int, torch.Tensor] = {}
         self.calls: dict[int, tuple[tuple, dict]] = {}
         self.handles = []
         for i, layer in enumerate(stack):
             if i in z_positions or i in call_layers:
-                self.handles.append(layer.register_forward_pre_hook(self._pre(i, i in z_positions, i in call_layers), with_kwargs=True))
+                hook = self._pre(i, i in z_positions, i in call_layers)
+                # A native block goes into the layer list before layer k, so ahead of adapter blocks
+                # already hung on layer k's input; a new adapter block is appended after them.
+                self.handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True, prepend=before_adapters))
         if self.num_layers in z_positions:
             self.handles.append(stack[-1].register_forward_hook(self._post))
 
@@ -330,8 +335,8 @@ class _Candidate:
         self.numel = sum(p.numel() for p in self.params)
         self.handles = [m.register_forward_pre_hook(_detach_input, with_kwargs=True) for m in outputs]
 
-    def gradient(self, z: torch.Tensor, g: torch.Tensor, call: tuple[tuple, dict] | None) -> torch.Tensor:
-        """Flat gradient of `<g, block(z)>` over the output parameters: the VJP with upstream `g`."""
+    def gradient(self, z: torch.Tensor, g: torch.Tensor, call: tuple[tuple, dict] | None) -> list[torch.Tensor]:
+        """Gradient of `<g, block(z)>` per output parameter: the VJP with upstream `g`."""
         z = z.detach()
         with torch.enable_grad():
             if self.kind == "native":
@@ -341,7 +346,7 @@ class _Candidate:
                 out = self.module(z)
             out = out[0] if isinstance(out, tuple) else out
             grads = torch.autograd.grad(out, self.params, grad_outputs=g, allow_unused=True)
-        return torch.cat([(torch.zeros_like(p) if gr is None else gr).reshape(-1).float() for gr, p in zip(grads, self.params)])
+        return [torch.zeros_like(p) if gr is None else gr for gr, p in zip(grads, self.params)]
 
     def unflatten(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
         out, start = {}, 0
@@ -371,7 +376,9 @@ class _Stats:
     """
 
     def __init__(self, numel: int, num_splits: int, device, covariance: bool):
-        self.groups = torch.zeros(num_splits, numel, dtype=torch.float32, device=device)
+        # Group sums, allocated on first use (a short run does not pay for unused groups).
+        self.numel, self.device = numel, device
+        self.groups: list[torch.Tensor | None] = [None] * num_splits
         self.group_sq = [0.0] * num_splits  # sum of ||S_b||^2 per group
         self.group_w = [0.0] * num_splits
         self.group_w2 = [0.0] * num_splits
@@ -383,10 +390,18 @@ class _Stats:
         self.var_sum = 0.0
         self.var_min = math.inf
 
-    def add_gradient(self, batch_index: int, vector: torch.Tensor, weight: float) -> None:
-        m = batch_index % self.groups.shape[0]
-        self.groups[m] += vector
-        self.group_sq[m] += float(vector.double().square().sum())
+    def add_gradient(self, batch_index: int, grads: list[torch.Tensor] | torch.Tensor, weight: float) -> None:
+        m = batch_index % len(self.groups)
+        if self.groups[m] is None:
+            self.groups[m] = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
+        start, sq = 0, 0.0
+        for grad in [grads] if isinstance(grads, torch.Tensor) else grads:
+            flat = grad.reshape(-1).float()
+            self.groups[m][start : start + flat.numel()] += flat
+            # Sum of squares in fp32 is accurate to ~1e-6 relative, far below the statistical error.
+            sq += float(torch.dot(flat, flat))
+            start += flat.numel()
+        self.group_sq[m] += sq
         self.group_w[m] += weight
         self.group_w2[m] += weight * weight
         self.group_n[m] += 1
@@ -404,12 +419,17 @@ class _Stats:
             self.var_min = min(self.var_min, float(var.min()))
 
     def total(self) -> torch.Tensor:
-        return self.groups.sum(dim=0)
+        used = [g for g in self.groups if g is not None]
+        return torch.stack(used).sum(dim=0) if used else torch.zeros(self.numel, device=self.device)
 
     def population(self) -> tuple[float, float]:
         """`(U, jackknife standard error)`; NaN where there are too few batches."""
-        used = [m for m in range(self.groups.shape[0]) if self.group_n[m] > 0]
-        gram = (self.groups[used].double() @ self.groups[used].double().T).cpu()
+        used = [m for m in range(len(self.groups)) if self.group_n[m] > 0]
+        if not used:
+            return math.nan, math.nan
+        stacked = torch.stack([self.groups[m] for m in used]).double()
+        gram = (stacked @ stacked.T).cpu()
+        del stacked
         sq = torch.tensor([self.group_sq[m] for m in used], dtype=torch.float64)
         w = torch.tensor([self.group_w[m] for m in used], dtype=torch.float64)
         w2 = torch.tensor([self.group_w2[m] for m in used], dtype=torch.float64)
@@ -439,8 +459,36 @@ class _Stats:
         if fro == 0.0:
             return dict(offdiag_share=0.0, spectral_norm=0.0, stable_rank=math.nan, trace=0.0)
         off = float(torch.linalg.matrix_norm(sigma - torch.diag(torch.diag(sigma))))
-        top = float(torch.linalg.eigvalsh(sigma)[-1])
+        top = _top_eigenvalue(sigma)
         return dict(offdiag_share=off / fro, spectral_norm=top, stable_rank=trace / top if top > 0 else math.nan, trace=trace)
+
+
+def _top_eigenvalue(sigma: torch.Tensor, *, max_iter: int = 50, tol: float = 1e-7) -> float:
+    """Largest eigenvalue of a symmetric PSD matrix.
+
+    Power iteration from a fixed random start, stopped once the residual `||S x - lam x||` is below
+    `tol * lam` (then `lam` is within that of an eigenvalue, and the start makes it the top one): a
+    few matrix-vector products where the top eigenvalue stands out. Otherwise the exact solver, on
+    one thread: a threaded symmetric eigensolver syncs at every small step and can take seconds for
+    d ~ 600 on a busy CPU.
+    """
+    n = sigma.shape[0]
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=sigma.dtype).to(sigma.device)
+    x = x / x.norm()
+    for _ in range(max_iter):
+        y = sigma @ x
+        lam = float(x @ y)
+        if lam <= 0:
+            break
+        if float((y - lam * x).norm()) <= tol * lam:
+            return lam
+        x = y / y.norm()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return float(torch.linalg.eigvalsh(sigma)[-1])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _u_stat(sum_sq_total, sum_sq_batches, w, w2) -> float:
@@ -618,7 +666,7 @@ def probe(
         for p, _ in flags:
             p.requires_grad_(False)
         model.eval()
-        tap = _Tap(stack, set(positions), call_layers)
+        tap = _Tap(stack, set(positions), call_layers, before_adapters=kind == "native")
         batches = _as_batches(data, collate_fn=collate_fn, batch_size=batch_size)
         total = _num_batches(batches, max_batches)
         iterator = islice(iter(batches), max_batches) if max_batches is not None else iter(batches)

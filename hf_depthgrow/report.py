@@ -26,6 +26,10 @@ def _f(x, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")  # a bare | would end the table cell
+
+
 def render_markdown(
     result: EvalResult, *, title: str | None = None, command: str | None = None, plots: dict | None = None, extra: dict | None = None
 ) -> str:
@@ -94,7 +98,7 @@ def render_markdown(
             ("eps_M = 2 rho B_W B_a / sqrt(n) + B sqrt(ln(2/delta)/(2n))", t["eps_M"], "computed"),
             ("eps_K = B sqrt(ln(2/delta)/(2m))", t["eps_K"], "computed (test-side Hoeffding term)"),
         ]
-        lines += [f"| {a} | {_f(b)} | {c} |" for a, b, c in rows]
+        lines += [f"| {a} | {_f(b)} | {_cell(c)} |" for a, b, c in rows]
         for key, name in (("route_a", "A"), ("route_b", "B")):
             route = r.routes[key]
             lines += ["", f"**Route {name}:** `{route['formula']}`. {route['sentence']}"]
@@ -149,23 +153,36 @@ def plot_differences(result: EvalResult, path: str | Path) -> Path:
 
 
 def plot_intervals(result: EvalResult, path: str | Path) -> Path:
-    """The three intervals for the mean per-example delta, with 0 marked."""
+    """The three intervals for the mean per-example delta, 0 marked; the right panel zooms on the narrowest."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6, 2.8), dpi=110)
-    for y, name in enumerate(INTERVALS):
-        low, high = result.intervals[name]
-        center = result.interval_details[name]["center"]
-        color = "#55A868" if low > 0 else ("#C44E52" if high < 0 else "#4C72B0")
-        ax.plot([low, high], [y, y], color=color, lw=4, solid_capstyle="butt")
-        ax.plot([center], [y], "o", color="black", ms=4)
-    ax.axvline(0.0, color="black", lw=1)
-    ax.set_yticks(range(len(INTERVALS)), list(INTERVALS))
-    ax.set_xlabel(f"mean per-example delta, old - new ({result.confidence:.0%} intervals)")
-    ax.set_title("Green: certified improvement; red: certified degradation")
+    finite = {n: result.intervals[n] for n in INTERVALS if all(math.isfinite(v) for v in result.intervals[n])}
+    narrow = min(finite, key=lambda n: finite[n][1] - finite[n][0]) if finite else None
+    fig, axes = plt.subplots(1, 2, figsize=(9, 2.9), dpi=110, sharey=True)
+    for ax in axes:
+        for y, name in enumerate(INTERVALS):
+            low, high = result.intervals[name]
+            center = result.interval_details[name]["center"]
+            color = "#55A868" if low > 0 else ("#C44E52" if high < 0 else "#4C72B0")
+            ax.plot([low, high], [y, y], color=color, lw=5, solid_capstyle="butt")
+            ax.plot([center], [y], "o", color="black", ms=4)
+        ax.axvline(0.0, color="black", lw=1)
+        ax.set_yticks(range(len(INTERVALS)), list(INTERVALS))
+        ax.xaxis.set_major_locator(MaxNLocator(5))
+        ax.tick_params(axis="x", labelsize=7)
+    axes[0].set_title("all intervals", fontsize=9)
+    axes[0].set_xlabel(f"mean per-example delta, old - new ({result.confidence:.0%})", fontsize=8)
+    if narrow is not None:
+        low, high = finite[narrow]
+        pad = max(high - low, abs(result.mean_delta), 1e-12)
+        axes[1].set_xlim(min(low, 0.0) - 0.5 * pad, max(high, 0.0) + 0.5 * pad)
+        axes[1].set_title(f"zoom on the narrowest ({narrow}: [{low:.3g}, {high:.3g}])", fontsize=9)
+    axes[1].set_xlabel("same, zoomed (bars may run off the panel)", fontsize=8)
+    fig.suptitle("Green: certified improvement; red: certified degradation; blue: contains 0", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -30,6 +30,8 @@ from .growth import GrowthConfig, grow_depth
 from .losses import batch_example_losses
 from .probe import _json_safe, iter_batches, probe
 
+__all__ = ["SteppingStoneResult", "stepping_stone"]
+
 _GOLDEN = (math.sqrt(5) - 1) / 2
 
 

@@ -141,7 +141,9 @@ class TrainConfig:
     save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps; 0: none."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep the last N checkpoints; None: all."})
     save_final_model: bool = field(default=True, metadata={"help": "save_pretrained the selected model at the end."})
-    resume_from_checkpoint: str | None = field(default=None, metadata={"help": "Checkpoint folder or 'latest'."})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "Checkpoint folder or 'latest' (also --resume).", "aliases": ["--resume"]}
+    )
     # distributed and debugging
     ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a collective call times out."})
     stop_after_step: int | None = field(default=None, metadata={"help": "Debug: os._exit right after this step."})

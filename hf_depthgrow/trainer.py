@@ -76,6 +76,7 @@ class TrainResult:
         history: One dict per logged step (`step`, `loss`, `lr`, `grad_norm`, `tokens_per_s` or `examples_per_s`).
         eval_history: `{"step", "eval_loss"}` on the held-out split (step 0 is before training).
         eval_loss_selected: Held-out loss of the selected model.
+        num_train_examples: Size `n` of the training set; `num_selection_examples` of the rows `L_S` is taken on.
         prefix_cache: Mode, dtype, index, size and build time of the cache, or `None` if off.
     """
 
@@ -95,6 +96,9 @@ class TrainResult:
     unit: str = "tokens"
     num_trainable_parameters: int = 0
     trainable: str = "new"
+    num_train_examples: int = 0
+    num_selection_examples: int = 0
+    num_processes: int = 1
     prefix_cache: dict | None = None
     stepping_stone: dict | None = None
     resumed_from: str | None = None
@@ -170,27 +174,100 @@ def _input_count(batch: dict, causal: bool) -> int:
 # --------------------------------------------------------------------------- prefix cache
 
 
-class PrefixCache:
-    """`z = f_bot(x)` for every row of a dataset, indexed by row; in memory or memory-mapped on disk.
+class _MemoryRows:
+    """Cache rows in one CPU tensor."""
 
-    Build it with `PrefixCache.build`; `get(rows)` returns the stacked `z` of those rows in the dtype the
-    prefix produced, so a step on cached `z` computes what an uncached step computes.
-    """
+    def __init__(self, shape, dtype):
+        self.tensor = torch.empty(shape, dtype=dtype)
+        self.dtype, self.path = dtype, None
 
-    def __init__(self, storage: torch.Tensor, compute_dtype: torch.dtype, index: int, path: Path | None = None):
-        self.storage, self.compute_dtype, self.index, self.path = storage, compute_dtype, index, path
+    def write(self, ids: torch.Tensor, values: torch.Tensor) -> None:
+        self.tensor.index_copy_(0, ids, values.to(self.dtype))
+
+    def read(self, ids: Sequence[int]) -> torch.Tensor:
+        return self.tensor.index_select(0, torch.as_tensor(list(ids), dtype=torch.long))
 
     @property
     def nbytes(self) -> int:
-        return self.storage.numel() * self.storage.element_size()
-
-    def get(self, rows: Sequence[int], device) -> torch.Tensor:
-        idx = torch.as_tensor(list(rows), dtype=torch.long)
-        return self.storage.index_select(0, idx).to(device=device, dtype=self.compute_dtype)
+        return self.tensor.numel() * self.tensor.element_size()
 
     def close(self) -> None:
-        self.storage = None
-        if self.path is not None:
+        self.tensor = None
+
+
+class _FileRows:
+    """Cache rows in a flat file, read and written with pread/pwrite.
+
+    Not memory-mapped on purpose: mapped pages would count as the process's resident memory, while
+    read pages stay in the kernel's page cache, which gives them back under pressure.
+    """
+
+    def __init__(self, path: Path, shape, dtype, *, create: bool):
+        self.path, self.shape, self.dtype = path, tuple(shape), dtype
+        self.row_bytes = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
+        if create:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        self.fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o600)
+        if create:
+            os.ftruncate(self.fd, shape[0] * self.row_bytes)
+
+    def write(self, ids: torch.Tensor, values: torch.Tensor) -> None:
+        raw = values.to(self.dtype).contiguous().view(torch.uint8).reshape(len(ids), self.row_bytes)
+        for i, row in zip(ids.tolist(), raw):
+            os.pwrite(self.fd, row.numpy().tobytes(), i * self.row_bytes)
+
+    def read(self, ids: Sequence[int]) -> torch.Tensor:
+        buf = bytearray(len(ids) * self.row_bytes)
+        for j, i in enumerate(ids):
+            buf[j * self.row_bytes : (j + 1) * self.row_bytes] = os.pread(self.fd, self.row_bytes, int(i) * self.row_bytes)
+        return torch.frombuffer(buf, dtype=self.dtype).view(len(ids), *self.shape[1:])
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.row_bytes
+
+    def flush(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+_CACHE_COUNTER = iter(range(1_000_000))
+
+
+class PrefixCache:
+    """`z = f_bot(x)` for every row of a dataset, indexed by row; in memory or spilled to a file.
+
+    Build it with `PrefixCache.build`; `get(rows)` returns the stacked `z` of those rows in the dtype the
+    prefix produced, so a step on cached `z` computes what an uncached step computes (exactly, with the
+    default storage dtype).
+    """
+
+    def __init__(self, rows, compute_dtype: torch.dtype, index: int, *, owner: bool = True):
+        self.rows, self.compute_dtype, self.index, self.owner = rows, compute_dtype, index, owner
+
+    @property
+    def path(self) -> Path | None:
+        return self.rows.path
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return self.rows.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.nbytes
+
+    def get(self, rows: Sequence[int], device) -> torch.Tensor:
+        return self.rows.read(rows).to(device=device, dtype=self.compute_dtype)
+
+    def close(self) -> None:
+        """Free the memory, or close and delete the file (its writer deletes it)."""
+        self.rows.close()
+        if self.path is not None and self.owner:
             with contextlib.suppress(OSError):
                 self.path.unlink()
 
@@ -213,7 +290,8 @@ class PrefixCache:
         """Run the frozen prefix once over `dataset` (work shared between processes, rows gathered).
 
         `model` is the unwrapped model; it is run under no_grad and the accelerator's autocast, as a
-        training step would run it.
+        training step would run it. With `storage="disk"` the node's local main process writes the
+        file under `directory`; the other processes of the node read it.
         """
         from tqdm.auto import tqdm
 
@@ -221,7 +299,14 @@ class PrefixCache:
         world, rank = accelerator.num_processes, accelerator.process_index
         device = accelerator.device
         causal = is_causal_lm(model)
-        store = compute_dtype = path = None
+        writer = storage == "memory" or accelerator.is_local_main_process
+        store = compute_dtype = None
+        path = None
+        if storage == "disk":
+            # One name agreed by all processes of a run: the launcher's pid (parent of every rank) or our own.
+            run_id = os.getppid() if world > 1 else os.getpid()
+            path = Path(directory) / f"prefix-{run_id}-{next(_CACHE_COUNTER)}.bin"
+            path.parent.mkdir(parents=True, exist_ok=True)
         bar = tqdm(total=n, desc=desc, unit="ex", disable=not (progress and accelerator.is_main_process), leave=False)
         was_training = model.training
         model.eval()
@@ -239,14 +324,17 @@ class PrefixCache:
                 if world > 1:
                     z, ids = accelerator.gather(z.contiguous()), accelerator.gather(ids)
                 keep = ids >= 0
-                z, ids = z[keep], ids[keep].cpu()
+                z, ids = z[keep].cpu(), ids[keep].cpu()
                 if store is None:
                     compute_dtype = z.dtype
                     store_dtype = compute_dtype if dtype == "auto" else _STORAGE_DTYPES[dtype]
                     shape = (n, *z.shape[1:])
-                    store, path = cls._allocate(shape, store_dtype, storage, directory, accelerator)
-                if storage == "memory" or accelerator.is_local_main_process:
-                    store.index_copy_(0, ids, z.to(device="cpu", dtype=store.dtype))
+                    if storage == "memory":
+                        store = _MemoryRows(shape, store_dtype)
+                    elif writer:
+                        store = _FileRows(path, shape, store_dtype, create=True)
+                if writer:
+                    store.write(ids, z)
                 bar.update(int(keep.sum()))
         except RuntimeError as err:
             if "stack expects each tensor to be equal size" in str(err) or "Sizes of tensors must match" in str(err):
@@ -258,26 +346,12 @@ class PrefixCache:
             bar.close()
             model.train(was_training)
         if storage == "disk":
-            if hasattr(store, "flush"):
+            if writer:
                 store.flush()
             accelerator.wait_for_everyone()
-            if not accelerator.is_local_main_process:
-                # Other processes of the node map the file the local main process wrote.
-                store = torch.from_file(str(path), shared=False, size=math.prod(shape), dtype=store.dtype).view(shape)
-        return cls(store, compute_dtype, index, path)
-
-    @staticmethod
-    def _allocate(shape, dtype, storage, directory, accelerator):
-        if storage == "memory":
-            return torch.empty(shape, dtype=dtype), None
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"prefix-{os.getppid() if accelerator.num_processes > 1 else os.getpid()}-{shape[0]}x{'x'.join(map(str, shape[1:]))}.bin"
-        if accelerator.is_local_main_process:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            return torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype).view(shape), path
-        return torch.empty(0, dtype=dtype), path
+            if not writer:
+                store = _FileRows(path, shape, store_dtype, create=False)
+        return cls(store, compute_dtype, index, owner=writer)
 
 
 def shares_prefix(model: nn.Module, other: nn.Module, index: int) -> bool:
@@ -423,8 +497,8 @@ class GrownTrainer:
             raise ValueError(f"stepping_stone must be a model or (model, result), got {type(stone_model).__name__}")
         summary = None
         if info is not None:
-            summary = {k: v for k, v in (asdict(info) if hasattr(info, "__dataclass_fields__") else vars(info)).items()
-                       if isinstance(v, (int, float, str, bool, type(None), list))}
+            data = info.to_dict() if hasattr(info, "to_dict") else asdict(info) if hasattr(info, "__dataclass_fields__") else vars(info)
+            summary = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool, type(None), list, dict))}
         return stone_model, summary
 
     def _make_accelerator(self):
@@ -552,7 +626,7 @@ class GrownTrainer:
         return example_losses(logits, batch["labels"], causal=self.causal)
 
     @torch.no_grad()
-    def _dataset_loss(self, dataset, rows: Sequence[int], *, which: str = "new", cache: PrefixCache | None = None, desc: str = "") -> float:
+    def _dataset_loss(self, dataset, rows: Sequence[int], *, which: str = "new", cache: PrefixCache | None = None) -> float:
         """Token-weighted (causal LM) or per-example mean loss over `rows`, shared between processes.
 
         `which`: `"new"` (the model as it is), `"old"` (new blocks bypassed, LoRA off) or `"stone"`.
@@ -577,11 +651,14 @@ class GrownTrainer:
             with ctx:
                 for start in range(0, len(rows), bs * world):
                     mine = list(rows[start + rank * bs : start + (rank + 1) * bs])
-                    if not mine:
-                        continue
-                    batch = self._to_device(_fetch(dataset, mine))
-                    el = self._losses(base, base, batch, mine, cache, index)
-                    totals += torch.stack([el.total.sum().double(), el.weight.sum().double()])
+                    # Every process runs the same number of forwards (sharded models gather weights
+                    # in each one): a process without rows runs a repeated row and counts nothing.
+                    valid = len(mine)
+                    run = mine or [rows[0]]
+                    batch = self._to_device(_fetch(dataset, run))
+                    el = self._losses(base, base, batch, run, cache, index)
+                    if valid:
+                        totals += torch.stack([el.total.sum().double(), el.weight.sum().double()])
         finally:
             base.train(was_training)
         totals = acc.reduce(totals, reduction="sum") if world > 1 else totals
@@ -645,14 +722,20 @@ class GrownTrainer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         acc.wait_for_everyone()
-        torch.save(self._rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
-        if acc.is_main_process:
+        if self.sharded:
+            # FSDP: weights and optimizer state are sharded; accelerate writes them (every process
+            # takes part), together with the RNG states, into the same temp folder.
+            acc.save_state(str(tmp))
+        else:
+            torch.save(self._rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
+        if acc.is_main_process and not self.sharded:
             weights = {n: p.detach().cpu().contiguous() for n, p in self.trainable_named}
             save_file(weights, str(tmp / TRAINABLE_WEIGHTS), metadata={"format": "pt", "step": str(step)})
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             if getattr(acc, "scaler", None) is not None:
                 torch.save(acc.scaler.state_dict(), tmp / "scaler.pt")
+        if acc.is_main_process:
             state = {
                 "global_step": step,
                 "micro_batches": step * self.config.gradient_accumulation_steps,
@@ -668,9 +751,10 @@ class GrownTrainer:
             (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2, sort_keys=True))
         acc.wait_for_everyone()
         if acc.is_main_process:
-            for file in tmp.iterdir():
-                with open(file, "rb") as fh:
-                    os.fsync(fh.fileno())
+            for file in tmp.rglob("*"):
+                if file.is_file():
+                    with open(file, "rb") as fh:
+                        os.fsync(fh.fileno())
             if final.exists():  # a resumed run re-saving a step: move the old one out of the way first
                 aside = root / f".{final.name}.old"
                 shutil.rmtree(aside, ignore_errors=True)
@@ -715,6 +799,9 @@ class GrownTrainer:
                 f"{path} was written with a global micro-batch of {state['global_batch']} examples, this run has "
                 f"{self.order.global_batch}: resuming would change the data order and the loss scale."
             )
+        if self.sharded:
+            acc.load_state(str(path))  # weights, optimizer, scheduler (registered) and RNG states
+            return self._restore_trainer_state(state)
         weights = load_file(str(path / TRAINABLE_WEIGHTS))
         names = {n for n, _ in self.trainable_named}
         if set(weights) != names:
@@ -731,6 +818,9 @@ class GrownTrainer:
             warnings.warn("resuming with a different number of processes: RNG streams (dropout) are not restored exactly")
             rng_file = path / "rng_state_0.pt"
         self._set_rng_state(torch.load(rng_file, weights_only=True))
+        return self._restore_trainer_state(state)
+
+    def _restore_trainer_state(self, state: dict) -> int:
         self.history, self.eval_history = state["history"], state["eval_history"]
         self.baseline = state["baseline"]
         self.units_seen = state["units_seen"]
@@ -742,10 +832,13 @@ class GrownTrainer:
 
     # ------------------------------------------------------------------ training
 
-    def train(self) -> TrainResult:
-        """Run the training; returns a `TrainResult` with the selected model."""
+    def setup(self) -> int:
+        """Everything before the first step: accelerator, trainable set, optimizer, caches, baselines, resume.
+
+        Returns the step to start after (0, or the resumed checkpoint's step). `train()` calls it;
+        call it yourself only to drive `training_step` by hand (benchmarks).
+        """
         from accelerate.utils import DistributedType, set_seed
-        from tqdm.auto import tqdm
         from transformers import get_scheduler
 
         cfg = self.config
@@ -761,6 +854,12 @@ class GrownTrainer:
         self.eval_batch_size = cfg.per_device_eval_batch_size or cfg.per_device_train_batch_size
         self.prefix_index = lowest_new_index(self.model) if self.record else None
         self.model.to(acc.device)
+        self.sharded = acc.distributed_type == DistributedType.FSDP
+        if self.sharded and self.record and (self.record.get("adapters") or cfg.trainable == "new+lora"):
+            raise NotImplementedError(
+                "under FSDP this trainer supports native blocks with trainable='new' or 'full' (adapter blocks and "
+                "LoRA are saved and merged from unsharded weights); use a DDP launch config for them."
+            )
 
         self._setup_trainable()
         # The starting weights of the trainable set: restoring them gives back f_old as a function
@@ -772,25 +871,28 @@ class GrownTrainer:
         groups = [g for g in ({"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
         optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon)
 
-        world = acc.num_processes
-        self.order = _DataOrder(len(self.train_dataset), cfg.per_device_train_batch_size, world, cfg.seed)
+        self.order = _DataOrder(len(self.train_dataset), cfg.per_device_train_batch_size, acc.num_processes, cfg.seed)
         accum = cfg.gradient_accumulation_steps
-        total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.num_train_epochs * self.order.batches_per_epoch / accum))
-        warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total_steps)
+        self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.num_train_epochs * self.order.batches_per_epoch / accum))
+        warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * self.total_steps)
         sched_name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
         # Not passed to `prepare`: accelerate's wrapper steps a scheduler once per process.
-        self.scheduler = get_scheduler(sched_name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+        self.scheduler = get_scheduler(sched_name, optimizer, num_warmup_steps=warmup, num_training_steps=self.total_steps)
         self.wrapped, self.optimizer = acc.prepare(self.model, optimizer)
+        if self.sharded:
+            acc.register_for_checkpointing(self.scheduler)
+        # FSDP2 swaps parameters for sharded ones while preparing: look them up again.
+        self.trainable_named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
         mode = self._resolve_prefix_cache()
         t_cache = time.perf_counter()
         self.train_cache = self._build_cache(self.train_dataset, mode, "prefix cache (train)")
         self.eval_cache = self._build_cache(self.eval_dataset, mode, "prefix cache (eval)") if mode != "off" else None
-        cache_info = None
+        self.cache_info = None
         if self.train_cache is not None:
-            cache_info = {
+            self.cache_info = {
                 "mode": "disk" if self.train_cache.path is not None else "memory",
-                "dtype": str(self.train_cache.storage.dtype).replace("torch.", ""),
+                "dtype": str(self.train_cache.storage_dtype).replace("torch.", ""),
                 "index": self.prefix_index,
                 "bytes": self.train_cache.nbytes + (self.eval_cache.nbytes if self.eval_cache is not None else 0),
                 "build_seconds": round(time.perf_counter() - t_cache, 3),
@@ -804,15 +906,15 @@ class GrownTrainer:
             self.selection_rows = sorted(torch.randperm(n_train, generator=gen)[: cfg.selection_max_examples].tolist())
         else:
             self.selection_rows = list(range(n_train))
-        eval_rows = list(range(len(self.eval_dataset))) if self.eval_dataset is not None else []
+        self.eval_rows = list(range(len(self.eval_dataset))) if self.eval_dataset is not None else []
 
-        resume_path = self._resolve_resume()
-        start_step = self._load_checkpoint(resume_path) if resume_path is not None else 0
-        if resume_path is None:
+        self.resume_path = self._resolve_resume()
+        start_step = self._load_checkpoint(self.resume_path) if self.resume_path is not None else 0
+        if self.resume_path is None:
             # Baselines are taken before the first step (the grown model at init *is* f_old), and
             # kept in checkpoints, so a resumed run compares against the same numbers.
             if self.eval_dataset is not None:
-                loss = self._dataset_loss(self.eval_dataset, eval_rows, cache=self.eval_cache, desc="eval")
+                loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache)
                 self.eval_history.append({"step": 0, "eval_loss": loss})
             if cfg.fallback:
                 self.baseline["old"] = self._dataset_loss(self.train_dataset, self.selection_rows, which="old", cache=self.train_cache)
@@ -820,60 +922,77 @@ class GrownTrainer:
                     self.stone.to(acc.device)
                     stone_cache = self.train_cache if self.train_cache is not None and shares_prefix(self.model, self.stone, self.prefix_index) else None
                     self.baseline["stepping_stone"] = self._dataset_loss(self.train_dataset, self.selection_rows, which="stone", cache=stone_cache)
-
-        bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not (cfg.progress_bar and acc.is_main_process))
         self._set_train_mode(True)
-        rank = acc.process_index
+        return start_step
+
+    def training_step(self, step: int) -> dict:
+        """One optimizer step (1-based `step`): its micro-batches, backward, clip, AdamW, scheduler.
+
+        Returns `{"loss", "units", "seconds", "grad_norm"}`; `loss` is the global token-weighted
+        (causal LM) or per-example (classifier) mean of the step's batch.
+        """
+        cfg, acc = self.config, self.accelerator
+        world, rank, accum = acc.num_processes, acc.process_index, cfg.gradient_accumulation_steps
+        t_step = time.perf_counter()
+        rows = [self.order.local_indices(p, rank) for p in range((step - 1) * accum, step * accum)]
+        batches = [self._to_device(_fetch(self.train_dataset, r)) for r in rows]
+        counts = torch.tensor(
+            [sum(_supervised_count(b, self.causal) for b in batches), sum(_input_count(b, self.causal) for b in batches)],
+            dtype=torch.float64,
+            device=acc.device,
+        )
+        counts = acc.reduce(counts, reduction="sum") if world > 1 else counts
+        weight = counts[0].clamp_min(1)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
+        for i, (r, batch) in enumerate(zip(rows, batches)):
+            # Gradients are all-reduced once per optimizer step, on the last micro-batch.
+            sync = contextlib.nullcontext() if i == accum - 1 else acc.no_sync(self.wrapped)
+            with sync:
+                el = self._losses(self.wrapped, self.model, batch, r, self.train_cache, self.prefix_index)
+                total = el.total.sum()
+                # Sum of token losses over the global weight, times the process count because
+                # DDP averages gradients over processes: the gradient of the global mean.
+                acc.backward(total / weight.to(total.dtype) * world)
+            loss_sum += total.detach().double()
+        grad_norm = None
+        if cfg.max_grad_norm:
+            grad_norm = float(acc.clip_grad_norm_([p for _, p in self.trainable_named], cfg.max_grad_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = acc.reduce(loss_sum, reduction="sum") if world > 1 else loss_sum
+        self.units_seen += int(counts[1])
+        return {"loss": float(loss_sum / weight), "units": int(counts[1]), "seconds": time.perf_counter() - t_step, "grad_norm": grad_norm}
+
+    def train(self) -> TrainResult:
+        """Run the training; returns a `TrainResult` with the selected model."""
+        from tqdm.auto import tqdm
+
+        cfg = self.config
+        start_step = self.setup()
+        acc, total_steps = self.accelerator, self.total_steps
+        bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not (cfg.progress_bar and acc.is_main_process))
         window_units, window_time = 0, 0.0
         for step in range(start_step + 1, total_steps + 1):
-            t_step = time.perf_counter()
-            positions = range((step - 1) * accum, step * accum)
-            rows = [self.order.local_indices(p, rank) for p in positions]
-            batches = [self._to_device(_fetch(self.train_dataset, r)) for r in rows]
-            counts = torch.tensor(
-                [sum(_supervised_count(b, self.causal) for b in batches), sum(_input_count(b, self.causal) for b in batches)],
-                dtype=torch.float64,
-                device=acc.device,
-            )
-            counts = acc.reduce(counts, reduction="sum") if world > 1 else counts
-            weight = counts[0].clamp_min(1)
-            loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
-            for i, (r, batch) in enumerate(zip(rows, batches)):
-                # Gradients are all-reduced once per optimizer step, on the last micro-batch.
-                sync = contextlib.nullcontext() if i == accum - 1 else acc.no_sync(self.wrapped)
-                with sync:
-                    el = self._losses(self.wrapped, self.model, batch, r, self.train_cache, self.prefix_index)
-                    total = el.total.sum()
-                    # Sum of token losses over the global weight, times the process count because
-                    # DDP averages gradients over processes: the gradient of the global mean.
-                    acc.backward(total / weight.to(total.dtype) * world)
-                loss_sum += total.detach().double()
-            grad_norm = None
-            if cfg.max_grad_norm:
-                grad_norm = float(acc.clip_grad_norm_([p for _, p in self.trainable_named], cfg.max_grad_norm))
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_sum = acc.reduce(loss_sum, reduction="sum") if world > 1 else loss_sum
-            step_loss = float(loss_sum / weight)
-            self.units_seen += int(counts[1])
-            dt = time.perf_counter() - t_step
-            window_units += int(counts[1])
-            window_time += dt
+            out = self.training_step(step)
+            window_units += out["units"]
+            window_time += out["seconds"]
             rate = window_units / max(window_time, 1e-9)
             if step % cfg.logging_steps == 0 or step == total_steps:
-                entry = {"step": step, "loss": step_loss, "lr": self.scheduler.get_last_lr()[0], f"{self.unit}_per_s": rate}
-                if grad_norm is not None:
-                    entry["grad_norm"] = grad_norm
+                entry = {"step": step, "loss": out["loss"], "lr": self.scheduler.get_last_lr()[0], f"{self.unit}_per_s": rate,
+                         "step_seconds": out["seconds"]}
+                if out["grad_norm"] is not None:
+                    entry["grad_norm"] = out["grad_norm"]
                 self.history.append(entry)
                 window_units, window_time = 0, 0.0
-            bar.set_postfix({"loss": f"{step_loss:.4f}", f"{'tok' if self.causal else 'ex'}/s": f"{rate:.0f}"}, refresh=False)
+            bar.set_postfix({"loss": f"{out['loss']:.4f}", f"{'tok' if self.causal else 'ex'}/s": f"{rate:.0f}"}, refresh=False)
             bar.update(1)
             if self.eval_dataset is not None and cfg.eval_steps and step % cfg.eval_steps == 0 and step != total_steps:
                 self._set_train_mode(False)
-                loss = self._dataset_loss(self.eval_dataset, eval_rows, cache=self.eval_cache)
+                loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache)
                 self.eval_history.append({"step": step, "eval_loss": loss})
-                bar.write(f"step {step}: eval loss {loss:.4f}") if acc.is_main_process and cfg.progress_bar else None
+                if acc.is_main_process and cfg.progress_bar:
+                    bar.write(f"step {step}: eval loss {loss:.4f}")
                 self._set_train_mode(True)
             if cfg.save_steps and step % cfg.save_steps == 0:
                 self._save_checkpoint(step)
@@ -883,7 +1002,7 @@ class GrownTrainer:
                 os._exit(STOP_EXIT_CODE)  # a crash, as far as the run is concerned: no cleanup, no final save
         bar.close()
         self._set_train_mode(False)
-        return self._finish(total_steps, cache_info, resume_path, eval_rows)
+        return self._finish(total_steps, self.cache_info, self.resume_path, self.eval_rows)
 
     # ------------------------------------------------------------------ the end: fallback rule, save
 
@@ -898,6 +1017,9 @@ class GrownTrainer:
             units_seen=self.units_seen,
             num_trainable_parameters=sum(p.numel() for _, p in self.trainable_named),
             trainable=cfg.trainable,
+            num_processes=acc.num_processes,
+            num_train_examples=len(self.train_dataset),
+            num_selection_examples=len(self.selection_rows) if cfg.fallback else 0,
             prefix_cache=cache_info,
             stepping_stone=self.stone_info,
             resumed_from=str(resume_path) if resume_path else None,
@@ -914,8 +1036,10 @@ class GrownTrainer:
             losses = {"new": new, **self.baseline}
             # Condition 2: f_new unless the stepping stone is better; f_old if that is not better either.
             # Ties go to the earlier entry of this order.
+            # A diverged run (NaN/inf loss) counts as worst.
             order = ["new", "stepping_stone", "old"]
-            selected = min((k for k in order if k in losses), key=lambda k: (losses[k], order.index(k)))
+            rank = lambda k: (losses[k] if math.isfinite(losses[k]) else math.inf, order.index(k))  # noqa: E731
+            selected = min((k for k in order if k in losses), key=rank)
             result.train_losses = losses
             result.reference = "stepping_stone" if "stepping_stone" in losses else "old"
             result.delta_erm = losses[result.reference] - new
@@ -931,6 +1055,9 @@ class GrownTrainer:
             if cache is not None:
                 cache.close()
 
+        full_state = None
+        if self.sharded and cfg.output_dir and cfg.save_final_model and result.model is self.model:
+            full_state = acc.get_state_dict(self.wrapped)  # collective: gathers the shards on the main process
         if cfg.output_dir and acc.is_main_process:
             out = Path(cfg.output_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -940,7 +1067,8 @@ class GrownTrainer:
                 to_save = result.model
                 if self.peft_model is not None and result.model is self.peft_model:
                     to_save = copy.deepcopy(self.peft_model).merge_and_unload()
-                save_pretrained(to_save, out / FINAL_MODEL, tokenizer=self.tokenizer)
+                extra = {"state_dict": full_state} if full_state is not None else {}
+                save_pretrained(to_save, out / FINAL_MODEL, tokenizer=self.tokenizer, **extra)
                 result.model_path = str(out / FINAL_MODEL)
             (out / "train_config.json").write_text(cfg.to_json_string())
             _atomic_write(out / "train_result.json", json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
@@ -957,13 +1085,22 @@ class GrownTrainer:
             # the original weights), i.e. a grown model that computes exactly f_old.
             with torch.no_grad():
                 for name, param in self.trainable_named:
-                    param.copy_(self._initial[name].to(param.device, param.dtype))
+                    _assign(param, self._initial[name])
             if self.peft_model is not None:
                 return self.peft_model.unload()
             return self.model
         if self.peft_model is not None:
             return self.peft_model.merge_and_unload() if self.config.merge_lora else self.peft_model
         return self.model
+
+
+def _assign(param: torch.Tensor, value: torch.Tensor) -> None:
+    """`param.copy_(value)` for plain and FSDP2-sharded (DTensor) parameters alike."""
+    if hasattr(param, "device_mesh") and hasattr(param, "placements"):
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(value.to(param.device_mesh.device_type, param.dtype), param.device_mesh, param.placements)
+    param.copy_(value.to(param.device, param.dtype) if not hasattr(value, "placements") else value)
 
 
 def _atomic_write(path: Path, text: str) -> None:

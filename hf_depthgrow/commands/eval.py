@@ -22,8 +22,8 @@ from ..bounds import RouteInputs
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The `eval` arguments (on `parser` where the main CLI passes its sub-parser)."""
     p = parser or argparse.ArgumentParser(prog="hf-depthgrow eval", description=__doc__.splitlines()[0])
-    p.add_argument("model", help="path of the grown model (saved by hf_depthgrow) or, with --base, the candidate model")
-    p.add_argument("--base", default=None, help="a separate reference model to compare with (no shared prefix)")
+    p.add_argument("model", help="folder of the grown model (saved by hf_depthgrow) or, with --base, the candidate model")
+    p.add_argument("--base", default=None, help="a separate reference model (folder, or 'smollm2'): both run fully, no shared prefix")
     p.add_argument("--data", required=True, help="shakespeare, tweets, fashion_mnist, digits, a local file/folder or a Hub id")
     p.add_argument("--tokenizer", default=None, help="tokenizer path (default: the model's folder)")
     p.add_argument("--block-size", type=int, default=256, help="tokens per LM block / padded text length")
@@ -64,16 +64,26 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from ..report import write_report
     from ..serialization import load_pretrained
 
+    from .common import load_tokenizer_if_any
+
     dtype = getattr(torch, args.dtype)
-    model = load_pretrained(args.model, dtype=dtype).eval()
-    base = load_pretrained(args.base, dtype=dtype).eval() if args.base else None
+
+    def load(name: str):
+        if name == "smollm2":  # the embedded SmolLM2-135M-Instruct, as in the other commands
+            from ..embedded import load_smollm2
+
+            return load_smollm2(dtype=dtype)
+        return load_pretrained(name, dtype=dtype).eval(), load_tokenizer_if_any(name)
+
+    model, tokenizer = load(args.model)
+    base, base_tokenizer = load(args.base) if args.base else (None, None)
     if base is None and not growth_record(model):
         raise ValueError(f"{args.model} has no growth record: pass --base to compare it with a separate model")
-    tokenizer = None
-    if infer_task(model) != "image_classification":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    if args.tokenizer:
+        tokenizer = load_tokenizer_if_any(args.tokenizer)
+    tokenizer = tokenizer or base_tokenizer
+    if tokenizer is None and infer_task(model) != "image_classification":
+        raise ValueError(f"no tokenizer beside {args.model}{' or ' + args.base if args.base else ''}: pass --tokenizer")
     data = load_data(args.data, model=model, tokenizer=tokenizer, block_size=args.block_size,
                      max_examples=args.max_examples, split=args.split, seed=args.split_seed)
     splits = {"all": data}

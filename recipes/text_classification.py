@@ -1,0 +1,100 @@
+"""Grow a BERT-style text classifier by one block (default: all-MiniLM-L6-v2 on sentiment tweets).
+
+    accelerate launch recipes/text_classification.py --config recipes/configs/text_classification/minilm_tweets.yaml
+
+all-MiniLM-L6-v2 ships as a sentence encoder without a classification head, so the recipe works in
+two stages, both with the same trainer:
+
+1. base: `BertForSequenceClassification` from the MiniLM folder (`hf_depthgrow.embedded.minilm_path()`;
+   the head is new), fine-tuned in full for `base_steps` -> this is f_old, saved to `<output_dir>/base`.
+   Pass `base_model: <folder>` to reuse a saved base instead.
+2. growth: one adapter block (BERT is post-norm, so `block: auto` picks the exact adapter) at
+   `positions`, trained alone; the fallback rule compares it with f_old on the training loss.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from hf_depthgrow import GrowthConfig, grow_depth
+from hf_depthgrow.commands.train import ScriptArguments, load_dataset_for, parse_args, split
+from hf_depthgrow.train_config import TrainConfig
+from hf_depthgrow.trainer import train
+
+
+@dataclass
+class BaseArguments:
+    """Stage 1: the classifier the new block is grown on."""
+
+    base_model: str | None = field(default=None, metadata={"help": "A saved fine-tuned base; None: fine-tune one first."})
+    num_labels: int = field(default=3, metadata={"help": "Classes (tweets: negative, neutral, positive)."})
+    base_steps: int = field(default=200, metadata={"help": "Full fine-tuning steps of the base."})
+    base_learning_rate: float = field(default=5e-5, metadata={"help": "Learning rate of the base fine-tuning."})
+
+    def __post_init__(self):
+        if not isinstance(self.num_labels, int) or self.num_labels < 2:
+            raise ValueError(f"num_labels must be an int >= 2, got {self.num_labels!r}")
+        if not isinstance(self.base_steps, int) or self.base_steps < 1:
+            raise ValueError(f"base_steps must be an int >= 1, got {self.base_steps!r}")
+
+
+def load_base(args: ScriptArguments, base: BaseArguments):
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from hf_depthgrow.embedded import minilm_path
+
+    if base.base_model:
+        from hf_depthgrow.serialization import load_pretrained
+
+        return load_pretrained(base.base_model), AutoTokenizer.from_pretrained(base.base_model), True
+    folder = minilm_path() if args.model in (None, "minilm") else args.model
+    model = BertForSequenceClassification.from_pretrained(str(folder), num_labels=base.num_labels)
+    return model, AutoTokenizer.from_pretrained(str(folder)), False
+
+
+def parse(argv: list[str] | None = None):
+    """`(ScriptArguments, TrainConfig, BaseArguments)` from the command line and `--config file.yaml`."""
+    return parse_args(argv, BaseArguments)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, config, base = parse(argv)
+    run(args, config, base)
+    return 0
+
+
+def run(args: ScriptArguments, config: TrainConfig, base: BaseArguments):
+    from accelerate import PartialState
+
+    state = PartialState()
+    model, tokenizer, fitted = load_base(args, base)
+    # The tweets file is sorted by label: take a seeded random subset, not the first rows.
+    ds = load_dataset_for(replace(args, max_examples=None), model, tokenizer)  # padded to block_size, integer labels
+    if args.max_examples is not None and args.max_examples < len(ds):
+        ds = ds.shuffle(seed=args.split_seed).select(range(args.max_examples))
+    train_ds, held_out = split(args, ds)
+    if not fitted:
+        # Stage 1: fit head and encoder (an ungrown model trains only with trainable="full").
+        base_cfg = replace(config, trainable="full", max_steps=base.base_steps, learning_rate=base.base_learning_rate,
+                           fallback=False, save_steps=0, resume_from_checkpoint=None, prefix_cache="off",
+                           output_dir=str(Path(config.output_dir) / "base") if config.output_dir else None)
+        fit = train(model, train_ds, config=base_cfg, eval_data=held_out, tokenizer=tokenizer)
+        model = fit.model
+        if state.is_main_process:
+            print(f"base: held-out loss {fit.eval_loss_before:.4f} -> {fit.eval_loss_after:.4f}")
+    if not args.positions:
+        raise ValueError("set positions (where to insert the new block), e.g. positions: [3]")
+    # Stage 2: grow (adapter blocks are exact for post-norm BERT) and train the new block alone.
+    grow_depth(model, args.positions, config=GrowthConfig(block=args.block, init=args.init, seed=args.growth_seed))
+    result = train(model, train_ds, config=config, eval_data=held_out, tokenizer=tokenizer)
+    if state.is_main_process:
+        summary = {k: v for k, v in result.to_dict().items() if k not in ("history", "eval_history")}
+        print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Stepping-stone models (THEORY §3): a first-order step of the new block that lowers the training loss."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from hf_depthgrow.growth import grow_depth, growth_record
+from hf_depthgrow.losses import batch_example_losses
+from hf_depthgrow.probe import probe
+from hf_depthgrow.stepping_stone import stepping_stone
+from hf_depthgrow.testing import model_output, tiny_inputs, tiny_model
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def batches_for(model, n=4, seed=0):
+    return [tiny_inputs(model, seed=seed + s) for s in range(n)]
+
+
+def mean_loss(model, batches):
+    with torch.no_grad():
+        parts = [batch_example_losses(model, b) for b in batches]
+    return float(sum(p.total.sum() for p in parts) / sum(p.weight.sum() for p in parts))
+
+
+@pytest.mark.parametrize("model_type, position", [("llama", 2), ("bert", 4), ("vit", 0)])
+def test_stepping_stone_lowers_training_loss(model_type, position):
+    model = tiny_model(model_type)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    batches = batches_for(model)
+    stone, info = stepping_stone(model, position, batches)
+    assert info.eta > 0 and info.loss_stone < info.loss_old
+    assert abs(info.loss_old - mean_loss(model, batches)) < 1e-6
+    assert abs(info.loss_stone - mean_loss(stone, batches)) < 1e-6
+    assert info.slope == pytest.approx(-info.grad_norm, rel=1e-6)
+    assert growth_record(stone)["history"][0]["positions"] == [position]
+    # The original is untouched.
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    # Only the zero-initialised output parameters moved, by exactly eta.
+    fresh = grow_depth(copy.deepcopy(model), [position], block="auto")
+    moved = {k: v for k, v in stone.state_dict().items() if not torch.equal(v, fresh.state_dict()[k])}
+    assert moved and all(float(fresh.state_dict()[k].abs().max()) == 0.0 for k in moved)
+    assert torch.sqrt(sum(v.double().square().sum() for v in moved.values())) == pytest.approx(info.eta, rel=1e-5)
+
+
+def test_first_order_drop_matches_eta_times_gradient_norm():
+    model = tiny_model("llama").double()
+    batches = [{k: v.double() if v.is_floating_point() else v for k, v in b.items()} for b in batches_for(model)]
+    errors = []
+    for eta in (1e-1, 1e-2, 1e-3):
+        _, info = stepping_stone(model, 2, batches, etas=[eta])
+        assert info.eta == eta
+        assert info.predicted_first_order == pytest.approx(info.loss_old - eta * info.grad_norm)
+        errors.append(abs(info.loss_drop / (eta * info.grad_norm) - 1))
+    assert errors[0] > errors[1] and errors[2] < 0.01  # ratio -> 1 as eta -> 0
+
+
+def test_no_signal_means_no_step():
+    model = tiny_model("llama")
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    batches = batches_for(model, n=3)
+    stone, info = stepping_stone(model, 1, batches)
+    assert info.grad_norm == 0.0 and info.eta == 0.0 and info.loss_stone == info.loss_old
+    assert torch.equal(model_output(stone, batches[0]), model_output(model, batches[0]))
+
+
+def test_held_out_direction_gives_population_stone():
+    model = tiny_model("llama")
+    train, held_out = batches_for(model, n=3), batches_for(model, n=3, seed=10)
+    _, info = stepping_stone(model, 3, train, direction_data=held_out, etas=[1e-2, 1e-1, 1.0])
+    assert info.direction == "held-out"
+    g_train = probe(model, train, positions=[3], progress=False).signal[0]
+    assert abs(info.slope) <= g_train * (1 + 1e-5)  # |<G_S, v>| <= ||G_S|| for a unit v
+    assert info.grad_norm == pytest.approx(probe(model, held_out, positions=[3], progress=False).signal[0], rel=1e-6)
+    data = json.loads(json.dumps(info.to_dict()))
+    assert data["direction"] == "held-out" and len(data["line_search"]) == 4  # eta = 0 and the three given
+
+
+def test_stepping_stone_saves_and_reloads(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model("llama")
+    batches = batches_for(model, n=3)
+    stone, info = stepping_stone(model, 4, batches)
+    stone.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert again.config.num_hidden_layers == model.config.num_hidden_layers + 1
+    assert torch.allclose(model_output(again, batches[0]), model_output(stone, batches[0]), atol=1e-6)
+    assert abs(mean_loss(again, batches) - info.loss_stone) < 1e-5
+
+
+def test_rejects_bad_etas():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="etas"):
+        stepping_stone(model, 1, batches_for(model, n=2), etas=[0.0])
