@@ -637,18 +637,17 @@ class GrownTrainer:
             base, index = self.stone, (self.prefix_index if cache is not None else None)
         else:
             base, index = self.model, self.prefix_index
-        ctx = contextlib.ExitStack()
-        if which == "old":
-            ctx.enter_context(bypass_new_blocks(self.model))
-            if self.peft_model is not None:
-                ctx.enter_context(self.peft_model.disable_adapter())
-            if index is not None:
-                index = num_original_below(self.model, index)  # the same original layer inside the bypass
         totals = torch.zeros(2, dtype=torch.float64, device=acc.device)
         was_training = base.training
         base.eval()
         try:
-            with ctx:
+            with contextlib.ExitStack() as ctx:
+                if which == "old":
+                    if index is not None:
+                        index = num_original_below(self.model, index)  # the same original layer inside the bypass
+                    ctx.enter_context(bypass_new_blocks(self.model))
+                    if self.peft_model is not None:
+                        ctx.enter_context(self.peft_model.disable_adapter())
                 for start in range(0, len(rows), bs * world):
                     mine = list(rows[start + rank * bs : start + (rank + 1) * bs])
                     # Every process runs the same number of forwards (sharded models gather weights
