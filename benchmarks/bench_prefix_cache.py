@@ -284,7 +284,7 @@ def _markdown(results: list[dict], args, command: str) -> str:
         "for the in-memory cache, the cache itself. The disk cache is read with `pread`, so its pages stay in the "
         "kernel's page cache, outside the process. (`tracemalloc` would not see torch's allocations.)",
         "",
-        "| k | peak RSS (a) MB | peak RSS (b), memory cache MB | peak RSS (b), disk cache MB | step increment (a) / (b mem) / (b disk) MB | cache MB | cache build CPU-bound s |",
+        "| k | peak RSS (a) MB | peak RSS (b), memory cache MB | peak RSS (b), disk cache MB | step increment (a) / (b mem) / (b disk) MB | cache MB | cache build s (wall) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
