@@ -1,0 +1,488 @@
+"""Fit the scaling law `L(N, D) = E + A * N**(-alpha) + B * D**(-beta)` to measured test losses.
+
+`N` is the model size (parameter count), `D` the data size (training examples or tokens), `loss`
+the test loss measured for each `(N, D)` pair of a grid of runs (issue 7). The fit is nonlinear
+least squares (`scipy.optimize.least_squares`) made dependable in three ways:
+
+- **Conditioning.** `N` and `D` are divided by their geometric means, and the optimizer works on
+  `(E, log a, alpha, log b, beta)` with `a, b` the coefficients of the normalised sizes; `A` and `B`
+  are converted back to original units afterwards (`A = a * gN**alpha`).
+- **Bounds.** `loss_floor <= E <= min(loss)` (an irreducible loss cannot exceed a measured one) and
+  `alpha, beta` in `(0, 3]`.
+- **Multiple starts.** A grid of `(alpha, beta)` pairs; for each, `E, a, b` enter linearly and are
+  solved exactly (bounded linear least squares), so each start is already the best curve with those
+  exponents. The lowest residual over all starts wins.
+
+Standard errors come from `sigma^2 (J^T J)^-1` at the optimum (`sigma^2 = rss / dof`), carried to
+`(E, A, alpha, B, beta)` by the delta method. They are asymptotic: a parameter sitting on a bound,
+or a rank-deficient Jacobian, makes them meaningless, and the fit says so in `message`. The
+percentile bootstrap (resampling points with replacement) makes no such assumption, but with
+few points it runs narrow (it has no `n / (n - 5)` correction for the fitted parameters).
+
+Only numpy, scipy and (for the plot) matplotlib: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+PARAMS = ("E", "A", "alpha", "B", "beta")
+EXPONENT_BOUNDS = (1e-4, 3.0)  # (0, 3]: no LM scaling exponent measured so far comes near 3
+_LOG_COEF_BOUND = 40.0  # |log a|, |log b| after normalisation: keeps a vanishing term from running off
+_SINGULAR_RTOL = 1e-10  # smallest / largest singular value of the column-scaled Jacobian
+
+
+@dataclass
+class PowerLawFit:
+    r"""Result of `fit_power_law`: `L(N, D) = E + A * N**(-alpha) + B * D**(-beta)`.
+
+    E, A, alpha, B, beta (`float`):
+        The fitted parameters, `A` and `B` in the original units of `N` and `D`.
+    stderr (`dict[str, float]`):
+        Asymptotic standard error of each parameter; `inf` where the Jacobian is singular.
+    covariance (`list[list[float]]`):
+        5x5 covariance in the order `E, A, alpha, B, beta`; `nan` where it is undetermined.
+    rss (`float`): (weighted) residual sum of squares.
+    r2 (`float`): (weighted) coefficient of determination.
+    num_points (`int`), dof (`int`): points fitted, and `num_points - 5`.
+    converged (`bool`), message (`str`): whether the optimizer converged, and every caveat.
+    bootstrap (`dict[str, list[float]]` or `None`):
+        Percentile interval `[low, high]` per parameter, or `None` without (successful) resamples.
+    bootstrap_requested, bootstrap_succeeded (`int`): resamples drawn, and refits that succeeded.
+    confidence (`float`): level of the bootstrap intervals.
+    """
+
+    E: float
+    A: float
+    alpha: float
+    B: float
+    beta: float
+    stderr: dict[str, float]
+    covariance: list[list[float]]
+    rss: float
+    r2: float
+    num_points: int
+    dof: int
+    converged: bool
+    message: str
+    bootstrap: dict[str, list[float]] | None = None
+    bootstrap_requested: int = 0
+    bootstrap_succeeded: int = 0
+    confidence: float = 0.95
+
+    @property
+    def params(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in PARAMS}
+
+    def predict(self, N, D):
+        """Loss predicted at model size `N` and data size `D` (scalars or broadcastable arrays).
+
+        Example:
+            ```python
+            >>> fit.predict(1e6, [1e3, 1e5])  # two data sizes at one model size
+            array([...])
+            ```
+        """
+        N = np.asarray(N, dtype=np.float64)
+        D = np.asarray(D, dtype=np.float64)
+        out = self.E + self.A * N ** (-self.alpha) + self.B * D ** (-self.beta)
+        return float(out) if out.ndim == 0 else out
+
+    def to_dict(self) -> dict:
+        """Plain, strict-JSON data: non-finite numbers (an undetermined stderr) become `None`."""
+        return _json_safe(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PowerLawFit:
+        """Inverse of `to_dict`; a `None` number comes back as `nan`."""
+        data = dict(data)
+        data["stderr"] = {k: _num(v) for k, v in data["stderr"].items()}
+        data["covariance"] = [[_num(v) for v in row] for row in data["covariance"]]
+        for name in (*PARAMS, "rss", "r2"):
+            data[name] = _num(data[name])
+        return cls(**data)
+
+    def summary(self) -> str:
+        """A short markdown table: each parameter with its standard error and bootstrap interval."""
+        level = f"{self.confidence:.0%} bootstrap"
+        if self.bootstrap is not None:
+            level += f" ({self.bootstrap_succeeded}/{self.bootstrap_requested} refits)"
+        lines = [
+            "`L(N, D) = E + A * N^-alpha + B * D^-beta`",
+            "",
+            f"| parameter | value | ± stderr | {level} |",
+            "|---|---|---|---|",
+        ]
+        for name in PARAMS:
+            interval = "n/a"
+            if self.bootstrap is not None:
+                low, high = self.bootstrap[name]
+                interval = f"[{low:.4g}, {high:.4g}]"
+            lines.append(f"| {name} | {getattr(self, name):.4g} | {self.stderr[name]:.2g} | {interval} |")
+        lines += [
+            "",
+            f"{self.num_points} points, dof {self.dof}, rss {self.rss:.3g}, R² {self.r2:.5f}, "
+            f"converged: {self.converged}. {self.message}",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def _num(v) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def _json_safe(obj):
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _as_1d(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64).reshape(-1)
+
+
+def _validate(N, D, loss, weights, loss_floor):
+    N, D, loss = _as_1d(N), _as_1d(D), _as_1d(loss)
+    if not len(N) == len(D) == len(loss):
+        raise ValueError(f"N, D and loss must have the same length, got {len(N)}, {len(D)} and {len(loss)}")
+    if len(N) < len(PARAMS) + 1:
+        raise ValueError(
+            f"need at least {len(PARAMS) + 1} points to fit 5 parameters (E, A, alpha, B, beta) "
+            f"with a residual left over, got {len(N)}"
+        )
+    for name, arr in (("N", N), ("D", D)):
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr <= 0))
+        if bad.size:
+            raise ValueError(f"{name} must be finite and > 0; bad values at positions {bad[:10].tolist()}")
+    bad = np.flatnonzero(~np.isfinite(loss))
+    if bad.size:
+        raise ValueError(f"loss must be finite; non-finite values at positions {bad[:10].tolist()}")
+    for name, arr, term in (("N", N, "A, alpha"), ("D", D, "B, beta")):
+        distinct = np.unique(arr)
+        if distinct.size < 2:
+            raise ValueError(
+                f"{name} takes only {distinct.size} distinct value ({distinct[0]:g}): "
+                f"{term} cannot be told apart from E; measure at least 2 (better 4+) {name} values"
+            )
+    if weights is None:
+        w = np.ones_like(loss)
+    else:
+        w = _as_1d(weights)
+        if len(w) != len(loss):
+            raise ValueError(f"weights must have one entry per point ({len(loss)}), got {len(w)}")
+        if not np.all(np.isfinite(w) & (w > 0)):
+            raise ValueError("weights must be finite and > 0")
+    floor = 0.0 if loss_floor is None else float(loss_floor)
+    if not math.isfinite(floor):
+        raise ValueError(f"loss_floor must be finite, got {loss_floor}")
+    if floor >= loss.min():
+        raise ValueError(
+            f"E is bounded by [loss_floor, min(loss)] = [{floor:g}, {loss.min():g}], which is empty: "
+            "pass a loss_floor below the smallest loss"
+        )
+    return N, D, loss, w, floor
+
+
+class _Problem:
+    """Residuals and Jacobian in the internal parametrisation `(E, log a, alpha, log b, beta)`."""
+
+    def __init__(self, log_n, log_d, loss, w, floor):
+        self.log_n, self.log_d, self.loss = log_n, log_d, loss
+        self.sw = np.sqrt(w)
+        lo_exp, hi_exp = EXPONENT_BOUNDS
+        c = _LOG_COEF_BOUND
+        self.lower = np.array([floor, -c, lo_exp, -c, lo_exp])
+        self.upper = np.array([loss.min(), c, hi_exp, c, hi_exp])
+
+    def terms(self, x):
+        _, la, alpha, lb, beta = x
+        return np.exp(la - alpha * self.log_n), np.exp(lb - beta * self.log_d)
+
+    def residuals(self, x):
+        tn, td = self.terms(x)
+        return self.sw * (x[0] + tn + td - self.loss)
+
+    def jacobian(self, x):
+        tn, td = self.terms(x)
+        cols = [np.ones_like(tn), tn, -tn * self.log_n, td, -td * self.log_d]
+        return self.sw[:, None] * np.stack(cols, axis=1)
+
+    def start(self, alpha, beta):
+        """Best `(E, a, b)` for fixed exponents: the model is linear in them."""
+        from scipy.optimize import lsq_linear
+
+        X = self.sw[:, None] * np.stack(
+            [np.ones_like(self.log_n), np.exp(-alpha * self.log_n), np.exp(-beta * self.log_d)], axis=1
+        )
+        tiny = 1e-12
+        sol = lsq_linear(
+            X, self.sw * self.loss, bounds=([self.lower[0], tiny, tiny], [self.upper[0], np.inf, np.inf])
+        )
+        E, a, b = sol.x
+        x0 = np.array([E, math.log(max(a, tiny)), alpha, math.log(max(b, tiny)), beta])
+        # least_squares wants a start inside the box; the linear solve may sit exactly on it
+        return np.clip(x0, self.lower, self.upper)
+
+    def solve(self, x0, tol):
+        from scipy.optimize import least_squares
+
+        return least_squares(
+            self.residuals, x0, jac=self.jacobian, bounds=(self.lower, self.upper), method="trf",
+            x_scale="jac", ftol=tol, xtol=tol, gtol=tol, max_nfev=2000,
+        )
+
+
+def _start_grid(n_starts: int) -> list[tuple[float, float]]:
+    k = max(1, math.ceil(math.sqrt(n_starts)))
+    # log-spaced: exponents reported for LMs range from ~0.05 to ~1
+    grid = np.geomspace(0.05, 1.5, k) if k > 1 else np.array([0.3])
+    return [(float(a), float(b)) for a in grid for b in grid]
+
+
+def _fit_once(problem: _Problem, starts, tol):
+    best = None
+    for x0 in starts:
+        try:
+            res = problem.solve(x0, tol)
+        except (ValueError, np.linalg.LinAlgError, FloatingPointError):
+            continue
+        if np.isfinite(res.cost) and (best is None or res.cost < best.cost):
+            best = res
+    return best
+
+
+def _to_reported(x, log_gn, log_gd) -> tuple[np.ndarray, np.ndarray]:
+    """Reported parameters `(E, A, alpha, B, beta)` and their Jacobian wrt the internal ones."""
+    E, la, alpha, lb, beta = x
+    # a * (N / gN)**-alpha == (a * gN**alpha) * N**-alpha
+    A, B = math.exp(la + alpha * log_gn), math.exp(lb + beta * log_gd)
+    G = np.zeros((5, 5))
+    G[0, 0] = 1.0
+    G[1, 1], G[1, 2] = A, A * log_gn
+    G[2, 2] = 1.0
+    G[3, 3], G[3, 4] = B, B * log_gd
+    G[4, 4] = 1.0
+    return np.array([E, A, alpha, B, beta]), G
+
+
+def _covariance(J: np.ndarray, sigma2: float) -> np.ndarray | None:
+    """`sigma^2 (J^T J)^-1` through an SVD of the column-scaled `J`; `None` when `J` is rank-deficient."""
+    norms = np.linalg.norm(J, axis=0)
+    if not np.all(np.isfinite(J)) or np.any(norms == 0):
+        return None
+    _, s, vt = np.linalg.svd(J / norms, full_matrices=False)
+    if s[-1] <= _SINGULAR_RTOL * s[0]:
+        return None
+    inv = (vt.T / s**2) @ vt
+    return sigma2 * inv / np.outer(norms, norms)
+
+
+def fit_power_law(
+    N,
+    D,
+    loss,
+    *,
+    weights=None,
+    n_starts: int = 25,
+    bootstrap: int = 200,
+    seed: int = 0,
+    loss_floor: float | None = None,
+    confidence: float = 0.95,
+) -> PowerLawFit:
+    """Fit `L(N, D) = E + A * N**(-alpha) + B * D**(-beta)` to measured losses.
+
+    Args:
+        N: Model sizes (parameter counts), one per measurement; finite and > 0.
+        D: Data sizes (training examples or tokens), one per measurement; finite and > 0.
+        loss: Measured test losses, one per measurement.
+        weights: Optional positive weight per point (e.g. `1 / variance` of each loss); the fit
+            minimises `sum(weights * residual**2)`.
+        n_starts: Starting points, arranged as a square grid of `(alpha, beta)` (rounded up to one).
+        bootstrap: Resamples of the points (with replacement) to refit for percentile intervals;
+            `0` switches the bootstrap off.
+        seed: Seed of the bootstrap resampling.
+        loss_floor: Lower bound of `E` (default 0), e.g. a known entropy of the data.
+        confidence: Level of the bootstrap intervals.
+
+    Returns:
+        `PowerLawFit`. Caveats (parameter on a bound, singular Jacobian, failed refits) are listed in
+        its `message`, never raised.
+
+    Raises:
+        ValueError: on inputs of different lengths, fewer than 6 points, non-finite or non-positive
+            `N`/`D`, non-finite losses, or fewer than 2 distinct `N` or `D` values.
+
+    Example:
+        ```python
+        >>> import numpy as np
+        >>> N, D = (a.ravel() for a in np.meshgrid(np.geomspace(1e4, 1e6, 4), np.geomspace(1e3, 1e5, 4)))
+        >>> loss = 1.7 + 8 * N**-0.34 + 5 * D**-0.28
+        >>> fit = fit_power_law(N, D, loss, bootstrap=0)
+        >>> round(fit.alpha, 3), round(fit.beta, 3)
+        (0.34, 0.28)
+        ```
+    """
+    if n_starts < 1:
+        raise ValueError(f"n_starts must be >= 1, got {n_starts}")
+    if bootstrap < 0:
+        raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    N, D, loss, w, floor = _validate(N, D, loss, weights, loss_floor)
+    log_n, log_d = np.log(N), np.log(D)
+    # Normalising by the geometric means puts a and b on the scale of the losses themselves.
+    log_gn, log_gd = float(log_n.mean()), float(log_d.mean())
+    problem = _Problem(log_n - log_gn, log_d - log_gd, loss, w, floor)
+
+    starts = [problem.start(a, b) for a, b in _start_grid(n_starts)]
+    best = _fit_once(problem, starts, tol=1e-12)
+    if best is None:  # every start raised: report it rather than crash
+        nan = float("nan")
+        return PowerLawFit(
+            nan, nan, nan, nan, nan, {p: float("inf") for p in PARAMS}, [[nan] * 5 for _ in range(5)],
+            nan, nan, len(loss), len(loss) - 5, False, "every start of the optimizer failed",
+        )
+
+    notes = [] if best.success else [f"optimizer did not converge: {best.message}"]
+    x = best.x
+    values, G = _to_reported(x, log_gn, log_gd)
+    n = len(loss)
+    dof = n - len(PARAMS)
+    rss = float(2.0 * best.cost)  # least_squares' cost is half the sum of squares
+    w_mean = float(np.sum(w * loss) / np.sum(w))
+    tss = float(np.sum(w * (loss - w_mean) ** 2))
+    r2 = 1.0 - rss / tss if tss > 0 else float("nan")
+
+    cov_int = _covariance(problem.jacobian(x), rss / dof) if dof > 0 else None
+    if cov_int is None:
+        why = (
+            "no residual degrees of freedom" if dof <= 0
+            else "J^T J is singular (parameters not identifiable from these points)"
+        )
+        notes.append(f"standard errors undetermined: {why}")
+        cov = np.full((5, 5), np.nan)
+        stderr = {p: float("inf") for p in PARAMS}
+    else:
+        cov = G @ cov_int @ G.T
+        stderr = {p: float(math.sqrt(max(cov[i, i], 0.0))) for i, p in enumerate(PARAMS)}
+    # The asymptotic covariance assumes an interior optimum; flag parameters pinned at a bound.
+    span = problem.upper - problem.lower
+    names_int = ("E", "log a", "alpha", "log b", "beta")
+    pinned = [
+        names_int[i] for i in range(5)
+        if min(x[i] - problem.lower[i], problem.upper[i] - x[i]) <= 1e-8 * max(span[i], 1.0)
+    ]
+    if pinned:
+        notes.append(f"at a bound: {', '.join(pinned)} (its standard errors are not meaningful)")
+
+    intervals, succeeded = None, 0
+    if bootstrap:
+        intervals, succeeded = _bootstrap(N, D, loss, w, floor, x, log_gn, log_gd, bootstrap, seed, confidence)
+        if succeeded < bootstrap:
+            notes.append(f"bootstrap: {succeeded} of {bootstrap} refits succeeded")
+
+    return PowerLawFit(
+        *(float(v) for v in values),
+        stderr=stderr,
+        covariance=cov.tolist(),
+        rss=rss,
+        r2=float(r2),
+        num_points=n,
+        dof=dof,
+        converged=bool(best.success),
+        message="; ".join(notes) if notes else "ok",
+        bootstrap=intervals,
+        bootstrap_requested=bootstrap,
+        bootstrap_succeeded=succeeded,
+        confidence=confidence,
+    )
+
+
+def _bootstrap(N, D, loss, w, floor, x_best, log_gn, log_gd, n_boot, seed, confidence):
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(loss), size=(n_boot, len(loss)))
+    samples = []
+    for rows in idx:
+        if np.unique(N[rows]).size < 2 or np.unique(D[rows]).size < 2:
+            continue  # the law is not identifiable from this resample
+        # Same normalisation as the full fit, so its optimum is a good (single) start.
+        problem = _Problem(np.log(N[rows]) - log_gn, np.log(D[rows]) - log_gd, loss[rows], w[rows], floor)
+        if problem.lower[0] >= problem.upper[0]:
+            continue
+        x0 = np.clip(x_best, problem.lower, problem.upper)
+        res = _fit_once(problem, [x0], tol=1e-10)
+        if res is None or not res.success or not np.all(np.isfinite(res.x)):
+            continue
+        samples.append(_to_reported(res.x, log_gn, log_gd)[0])
+    if not samples:
+        return None, 0
+    samples = np.array(samples)
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    low, high = np.percentile(samples, [tail, 100.0 - tail], axis=0)
+    return {p: [float(low[i]), float(high[i])] for i, p in enumerate(PARAMS)}, len(samples)
+
+
+def plot_power_law(fit: PowerLawFit, N, D, loss, path: str | Path) -> Path:
+    """Measured losses against `N`, coloured by `D`, with the fitted curve for each `D`.
+
+    The file is written to a temporary name in the same folder and moved into place, so a reader
+    never sees a half-written image.
+
+    Example:
+        ```python
+        >>> plot_power_law(fit, N, D, loss, "scaling_fit.png")
+        PosixPath('scaling_fit.png')
+        ```
+    """
+    # Figure + Agg canvas instead of pyplot: no global backend switch, no figure registry.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.figure import Figure
+
+    N, D, loss = (np.asarray(a, dtype=np.float64).reshape(-1) for a in (N, D, loss))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    fig = Figure(figsize=(6.4, 4.2), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    norm = LogNorm(D.min(), D.max()) if D.max() > D.min() else Normalize(D.min() - 1, D.max() + 1)
+    cmap = "viridis"
+    ax.scatter(N, loss, c=D, cmap=cmap, norm=norm, s=28, edgecolors="black", linewidths=0.4, zorder=3)
+    distinct = np.unique(D)
+    if distinct.size > 8:  # one curve per D would be unreadable; show 8 spread over the range
+        distinct = np.unique(np.geomspace(distinct.min(), distinct.max(), 8))
+    grid = np.geomspace(N.min(), N.max(), 200)
+    mapper = ScalarMappable(norm=norm, cmap=cmap)
+    for d in distinct:
+        ax.plot(grid, fit.predict(grid, d), color=mapper.to_rgba(d), lw=1.3)
+    ax.set_xscale("log")
+    ax.set_xlabel("N (parameters)")
+    ax.set_ylabel("test loss")
+    ax.set_title(
+        f"L = {fit.E:.3g} + {fit.A:.3g}·N^-{fit.alpha:.3g} + {fit.B:.3g}·D^-{fit.beta:.3g}  (R² {fit.r2:.4f})",
+        fontsize=9,
+    )
+    fig.colorbar(mapper, ax=ax, label="D (training data)")
+    fig.tight_layout()
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix or ".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format=(path.suffix.lstrip(".") or "png"))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
