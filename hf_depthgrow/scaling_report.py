@@ -1,0 +1,332 @@
+"""Aggregate a scaling study's cells into findings, power-law fits, plots and a results table.
+
+Each finding of THEORY.md §8 is decided by a criterion stated next to it (and in the report), so a
+reader can see why it counts as reproduced or not; nothing is tuned to make it reproduce.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+# A covariance is called near-diagonal when less than half of its Frobenius mass is off the diagonal.
+NEAR_DIAGONAL = 0.5
+
+
+def load_cells(cells_dir: str | os.PathLike) -> list[dict]:
+    """Every finished cell, sorted by task, data size, width, depth."""
+    rows = [json.loads(p.read_text()) for p in sorted(Path(cells_dir).glob("*.json"))]
+    return sorted(rows, key=lambda r: (r["name"], r["data_size"], r["width"], r["depth"]))
+
+
+def _spearman(x, y) -> float:
+    """Rank correlation (average ranks for ties); nan with fewer than 2 distinct values."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
+        return float("nan")
+
+    def ranks(v):
+        order = np.argsort(v, kind="mergesort")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for value in np.unique(v):
+            tie = v == value
+            r[tie] = r[tie].mean()
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _best(row: dict, key: str) -> float:
+    values = [v for v in row["probe"][key] if v is not None]
+    return max(values) if values else float("nan")
+
+
+def findings(rows: list[dict]) -> dict:
+    """The four findings, per task, with the numbers behind each verdict."""
+    out: dict = {}
+    for name in sorted({r["name"] for r in rows}):
+        cells = [r for r in rows if r["name"] == name]
+        depths = sorted({r["depth"] for r in cells})
+        widths = sorted({r["width"] for r in cells})
+        sizes = sorted({r["data_size"] for r in cells})
+        get = {(r["depth"], r["width"], r["data_size"]): r for r in cells}
+        task: dict = {}
+
+        shares = [v for r in cells for v in r["probe"]["offdiag_share"] if v is not None]
+        median = float(np.median(shares)) if shares else float("nan")
+        task["covariance_near_diagonal"] = {
+            "criterion": f"median off-diagonal share over every cell and position < {NEAR_DIAGONAL}",
+            "median": median,
+            "quartiles": [float(np.percentile(shares, 25)), float(np.percentile(shares, 75))] if shares else None,
+            "by_width": {str(w): float(np.median([v for r in cells if r["width"] == w for v in r["probe"]["offdiag_share"] if v is not None] or [np.nan])) for w in widths},
+            "reproduced": bool(median < NEAR_DIAGONAL),
+        }
+
+        rhos = []
+        for w in widths:
+            for n in sizes:
+                pts = [(L, _best(get[(L, w, n)], "population")) for L in depths if (L, w, n) in get]
+                if len(pts) >= 2:
+                    rhos.append(_spearman(*zip(*pts)))
+        rhos = [r for r in rhos if math.isfinite(r)]
+        task["signal_decays_with_depth"] = {
+            "criterion": "best-position population signal falls with depth L (Spearman rho < 0) in most (width, data) groups",
+            "rho_by_group": rhos,
+            "share_decreasing": float(np.mean([r < 0 for r in rhos])) if rhos else float("nan"),
+            "reproduced": bool(rhos) and float(np.mean([r < 0 for r in rhos])) > 0.5,
+        }
+
+        n_fixed = sizes[0]
+        rhos = []
+        for L in depths:
+            pts = [(w, _best(get[(L, w, n_fixed)], "z")) for w in widths if (L, w, n_fixed) in get]
+            if len(pts) >= 2:
+                rhos.append(_spearman(*zip(*pts)))
+        rhos = [r for r in rhos if math.isfinite(r)]
+        task["z_grows_with_width"] = {
+            "criterion": f"best-position z-score rises with width at fixed data n={n_fixed} (Spearman rho > 0) for most depths",
+            "data_size": n_fixed,
+            "rho_by_depth": rhos,
+            "share_increasing": float(np.mean([r > 0 for r in rhos])) if rhos else float("nan"),
+            "reproduced": bool(rhos) and float(np.mean([r > 0 for r in rhos])) > 0.5,
+        }
+
+        n_big = sizes[-1]
+        joint = [(depths[i], widths[i]) for i in range(min(len(depths), len(widths)))]
+        narrow = [(L, widths[0]) for L in depths]
+
+        def path_losses(path):
+            return [get[(L, w, n_big)]["test"]["loss_grown"] if (L, w, n_big) in get else None for L, w in path]
+
+        jl, nl = path_losses(joint), path_losses(narrow)
+        joint_monotone = all(a is not None and b is not None and b < a for a, b in zip(jl, jl[1:]))
+        narrow_monotone = all(a is not None and b is not None and b < a for a, b in zip(nl, nl[1:]))
+        task["joint_scaling_beats_depth_alone"] = {
+            "criterion": "test loss after growth falls at every step of the joint (depth, width) path, and rises somewhere "
+            f"along depth alone at width {widths[0]} (data n={n_big})",
+            "joint_path": [list(p) for p in joint],
+            "joint_losses": jl,
+            "narrow_path": [list(p) for p in narrow],
+            "narrow_losses": nl,
+            "joint_monotone": joint_monotone,
+            "narrow_non_monotone": not narrow_monotone,
+            "reproduced": bool(len(joint) >= 2 and joint_monotone and not narrow_monotone),
+        }
+        out[name] = task
+    return out
+
+
+def fits(rows: list[dict], *, bootstrap: int = 200, seed: int = 0) -> dict:
+    """`L(N, D) = E + A N^-alpha + B D^-beta` on the base models' test losses, per task."""
+    from .scaling_fit import fit_power_law
+
+    out = {}
+    for name in sorted({r["name"] for r in rows}):
+        cells = [r for r in rows if r["name"] == name]
+        N = np.array([r["N"] for r in cells], float)
+        D = np.array([r["D"] for r in cells], float)
+        loss = np.array([r["test"]["loss_base"] for r in cells], float)
+        try:
+            fit = fit_power_law(N, D, loss, bootstrap=bootstrap, seed=seed)
+        except ValueError as err:
+            out[name] = {"skipped": str(err)}
+            continue
+        out[name] = {"fit": fit, "N": N, "D": D, "loss": loss}
+    return out
+
+
+def _atomic_fig(fig, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
+    """One figure per finding (each with a panel per task). Returns name -> path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(found)
+    paths = {}
+    cmap = plt.get_cmap("viridis")
+
+    def panels(title):
+        fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 3.8), squeeze=False)
+        fig.suptitle(title)
+        return fig, axes[0]
+
+    def colour(i, n):
+        return cmap(0.15 + 0.7 * i / max(1, n - 1))
+
+    # 1. Covariance off-diagonal share against relative position, largest data.
+    fig, axes = panels("Activation-gradient covariance: off-diagonal share")
+    for ax, name in zip(axes, names):
+        cells = [r for r in rows if r["name"] == name]
+        n_big = max(r["data_size"] for r in cells)
+        widths = sorted({r["width"] for r in cells})
+        for r in cells:
+            if r["data_size"] != n_big:
+                continue
+            ks = np.array(r["probe"]["positions"]) / max(1, r["depth"])
+            ax.plot(ks, r["probe"]["offdiag_share"], "o-", ms=3, alpha=0.8,
+                    color=colour(widths.index(r["width"]), len(widths)), label=f"d={r['width']}, L={r['depth']}")
+        ax.axhline(NEAR_DIAGONAL, color="grey", ls=":", lw=1)
+        ax.set(title=f"{name} (n={n_big})", xlabel="position k / L", ylabel="||Σ - diag Σ||_F / ||Σ||_F", ylim=(0, 1.02))
+        ax.legend(fontsize=6, ncol=2)
+    paths["covariance"] = out / "covariance.png"
+    _atomic_fig(fig, paths["covariance"])
+    plt.close(fig)
+
+    # 2. Best-position population signal against depth.
+    fig, axes = panels("First-order signal against depth (best position, population estimate ± SE)")
+    for ax, name in zip(axes, names):
+        cells = [r for r in rows if r["name"] == name]
+        n_big = max(r["data_size"] for r in cells)
+        widths = sorted({r["width"] for r in cells})
+        for i, w in enumerate(widths):
+            sel = sorted((r for r in cells if r["width"] == w and r["data_size"] == n_big), key=lambda r: r["depth"])
+            ys, es = [], []
+            for r in sel:
+                pop = [v if v is not None else np.nan for v in r["probe"]["population"]]
+                j = int(np.nanargmax(pop))
+                ys.append(pop[j])
+                es.append(r["probe"]["population_se"][j] or 0.0)
+            ax.errorbar([r["depth"] for r in sel], ys, yerr=es, fmt="o-", capsize=2, color=colour(i, len(widths)), label=f"d={w}")
+        ax.set(title=f"{name} (n={n_big})", xlabel="depth L", ylabel="population signal ||G_D||²", yscale="symlog",
+               xscale="log", xticks=sorted({r["depth"] for r in cells}))
+        ax.set_xticklabels([str(t) for t in sorted({r["depth"] for r in cells})])
+        ax.legend(fontsize=7)
+    paths["signal_depth"] = out / "signal_depth.png"
+    _atomic_fig(fig, paths["signal_depth"])
+    plt.close(fig)
+
+    # 3. z against width at fixed (smallest) data.
+    fig, axes = panels("Observability: best-position z-score against width at fixed data")
+    for ax, name in zip(axes, names):
+        cells = [r for r in rows if r["name"] == name]
+        n_fixed = found[name]["z_grows_with_width"]["data_size"]
+        depths = sorted({r["depth"] for r in cells})
+        for i, L in enumerate(depths):
+            sel = sorted((r for r in cells if r["depth"] == L and r["data_size"] == n_fixed), key=lambda r: r["width"])
+            ax.plot([r["width"] for r in sel], [_best(r, "z") for r in sel], "o-", color=colour(i, len(depths)), label=f"L={L}")
+        ax.axhline(2.0, color="grey", ls=":", lw=1)
+        ax.set(title=f"{name} (n={n_fixed})", xlabel="width d", ylabel="max z", xscale="log")
+        ax.legend(fontsize=7)
+    paths["z_width"] = out / "z_width.png"
+    _atomic_fig(fig, paths["z_width"])
+    plt.close(fig)
+
+    # 4. Test loss after growth along the two paths.
+    fig, axes = panels("Test loss after growth: depth and width together vs depth alone")
+    for ax, name in zip(axes, names):
+        f = found[name]["joint_scaling_beats_depth_alone"]
+        for key, label, style in (("joint", "depth + width", "o-"), ("narrow", f"depth alone (d={f['narrow_path'][0][1]})", "s--")):
+            path, losses = f[f"{key}_path"], f[f"{key}_losses"]
+            ax.plot([L + 1 for L, _ in path], losses, style, label=label)
+            for (L, w), y in zip(path, losses):
+                if y is not None:
+                    ax.annotate(f"d={w}", (L + 1, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.set(title=name, xlabel="depth after growth (L + 1)", ylabel="test loss")
+        ax.legend(fontsize=7)
+    paths["growth_paths"] = out / "growth_paths.png"
+    _atomic_fig(fig, paths["growth_paths"])
+    plt.close(fig)
+    return {k: str(v) for k, v in paths.items()}
+
+
+def _fmt(v, digits=4) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "nan"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def results_markdown(config: dict, rows: list[dict], found: dict, fitted: dict, figures: dict, command: str) -> str:
+    """The study's report: findings with verdicts, fits, and one row per cell."""
+    lines = ["# Scaling study results", "", f"Produced by `{command}`.", ""]
+    lines += ["## Findings", "", "| task | finding | criterion | measured | reproduced |", "|---|---|---|---|---|"]
+    for name, task in found.items():
+        c = task["covariance_near_diagonal"]
+        lines.append(f"| {name} | covariance near-diagonal | {c['criterion']} | median {_fmt(c['median'], 3)} "
+                     f"(IQR {_fmt(c['quartiles'][0], 3)}–{_fmt(c['quartiles'][1], 3)}) | {'yes' if c['reproduced'] else '**no**'} |")
+        s = task["signal_decays_with_depth"]
+        lines.append(f"| {name} | signal decays with depth | {s['criterion']} | {_fmt(s['share_decreasing'], 2)} of groups, "
+                     f"rho {', '.join(_fmt(r, 2) for r in s['rho_by_group'])} | {'yes' if s['reproduced'] else '**no**'} |")
+        z = task["z_grows_with_width"]
+        lines.append(f"| {name} | z grows with width | {z['criterion']} | {_fmt(z['share_increasing'], 2)} of depths, "
+                     f"rho {', '.join(_fmt(r, 2) for r in z['rho_by_depth'])} | {'yes' if z['reproduced'] else '**no**'} |")
+        g = task["joint_scaling_beats_depth_alone"]
+        lines.append(f"| {name} | depth+width monotone, depth alone not | {g['criterion']} | joint "
+                     f"{' → '.join(_fmt(v) for v in g['joint_losses'])}; narrow {' → '.join(_fmt(v) for v in g['narrow_losses'])} "
+                     f"| {'yes' if g['reproduced'] else '**no**'} |")
+    lines += ["", "## Power-law fits `L(N, D) = E + A N^-alpha + B D^-beta` (base models' test loss)", ""]
+    for name, item in fitted.items():
+        lines.append(f"### {name}")
+        lines.append("")
+        if "skipped" in item:
+            lines.append(f"Not fitted: {item['skipped']}")
+        else:
+            lines.append(item["fit"].summary())
+        lines.append("")
+    lines += ["## Figures", ""] + [f"- {k}: `{Path(v).name}`" for k, v in figures.items()] + [""]
+    lines += ["## Cells", "",
+              "| task | L | d | n | N | D | base test loss | grown at k | selected | grown test loss | Δ test (95% bootstrap) | max z | median off-diag | s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        boot = r["test"]["bootstrap"]
+        ci = f"[{_fmt(boot[0], 3)}, {_fmt(boot[1], 3)}]" if boot else "–"
+        off = [v for v in r["probe"]["offdiag_share"] if v is not None]
+        lines.append(
+            f"| {r['name']} | {r['depth']} | {r['width']} | {r['data_size']} | {r['N']} | {r['D']} | {_fmt(r['test']['loss_base'])} "
+            f"| {r['growth']['position']} | {r['growth']['selected']} | {_fmt(r['test']['loss_grown'])} | {_fmt(r['test']['delta'], 3)} {ci} "
+            f"| {_fmt(_best(r, 'z'), 3)} | {_fmt(float(np.median(off)) if off else None, 3)} | {r['seconds']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None) -> dict:
+    """Findings, fits, figures and `RESULTS.md` / `summary.json` from the cells on disk."""
+    from .scaling_fit import plot_power_law
+
+    rows = load_cells(cells_dir)
+    if not rows:
+        raise RuntimeError(f"no finished cells in {cells_dir}")
+    found = findings(rows)
+    fitted = fits(rows, bootstrap=config.fit_bootstrap, seed=config.seed)
+    figures = plot_findings(rows, found, out)
+    for name, item in fitted.items():
+        if "fit" in item:
+            figures[f"fit_{name}"] = str(plot_power_law(item["fit"], item["N"], item["D"], item["loss"], out / f"fit_{name}.png"))
+    command = command or os.environ.get("HF_DEPTHGROW_STUDY_COMMAND") or "python recipes/scaling_study.py"
+    text = results_markdown(config.to_dict(), rows, found, fitted, figures, command)
+    fd, tmp = tempfile.mkstemp(dir=out, suffix=".md")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, out / "RESULTS.md")
+    summary = {
+        "findings": found,
+        "fits": {k: (v["fit"].to_dict() if "fit" in v else v) for k, v in fitted.items()},
+        "figures": figures,
+        "num_cells": len(rows),
+        "seconds": sum(r["seconds"] for r in rows),
+    }
+    fd, tmp = tempfile.mkstemp(dir=out, suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(summary, f, indent=1, default=float)
+    os.replace(tmp, out / "summary.json")
+    return summary
