@@ -83,11 +83,13 @@ def _lm_dataset(tokenizer, texts: list[str], block_size: int, max_examples: int 
     return datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": ids})
 
 
-def _classification_dataset(tokenizer, texts, labels, block_size, max_examples):
+def _classification_dataset(tokenizer, texts, labels, block_size, max_examples, seed=0):
     if labels is None:
         raise ValueError("text classification needs labels (a 'label' column, or label_column=)")
-    if max_examples is not None:
-        texts, labels = texts[:max_examples], labels[:max_examples]
+    if max_examples is not None and max_examples < len(texts):
+        # A seeded sample, not the first rows: files are often sorted by label (the tweets corpus is).
+        order = np.random.default_rng(seed).permutation(len(texts))[:max_examples]
+        texts, labels = [texts[i] for i in order], [labels[i] for i in order]
     enc = tokenizer(list(texts), padding="max_length", truncation=True, max_length=block_size)
     return datasets.Dataset.from_dict(
         {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": [int(y) for y in labels]}
@@ -175,7 +177,7 @@ def load_data(
     if task == "causal_lm":
         ds = _lm_dataset(tokenizer, texts, block_size, max_examples)
     else:
-        ds = _classification_dataset(tokenizer, texts, labels, block_size, max_examples)
+        ds = _classification_dataset(tokenizer, texts, labels, block_size, max_examples, seed)
     return ds.with_format("torch")
 
 

@@ -51,11 +51,12 @@ def labels_of(batch: dict) -> torch.Tensor:
 def example_losses(logits: torch.Tensor, labels: torch.Tensor, *, causal: bool) -> ExampleLosses:
     """Summed loss and weight per example from logits and labels (fp32 arithmetic)."""
     if causal:
-        shift_logits = logits[:, :-1, :].float()
-        shift_labels = labels[:, 1:].to(shift_logits.device)
+        # Shift the labels, not the logits: slicing [B, T, V] logits copies them (and their gradient),
+        # which with a 49k vocabulary costs about as much as a layer. The last position gets IGNORE_INDEX.
+        shift_labels = F.pad(labels[:, 1:].to(logits.device), (0, 1), value=IGNORE_INDEX)
         mask = shift_labels != IGNORE_INDEX
         token_loss = F.cross_entropy(
-            shift_logits.reshape(-1, shift_logits.size(-1)),
+            (logits if logits.dtype == torch.float32 else logits.float()).reshape(-1, logits.size(-1)),
             shift_labels.reshape(-1),
             ignore_index=IGNORE_INDEX,
             reduction="none",

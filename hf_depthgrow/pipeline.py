@@ -57,7 +57,7 @@ class RunConfig:
     block: str = field(default="auto", metadata={"help": "native, adapter or auto."})
     init: str = field(default="copy", metadata={"help": "copy or random (native blocks)."})
     probe_max_batches: int | None = field(default=16, metadata={"help": "Probe on at most this many training batches (None: all)."})
-    stone_max_batches: int | None = field(default=8, metadata={"help": "Batches for each stepping stone's direction and line search."})
+    stone_max_batches: int | None = field(default=8, metadata={"help": "Batches of each stepping stone's line search and of f~_pop's held-out direction (f~_S reuses the probe's G_S)."})
     batch_size: int = field(default=8, metadata={"help": "Batch size of probe, training and evaluation."})
     train_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
     learning_rate: float = field(default=5e-4, metadata={"help": "Peak learning rate of the new blocks."})
@@ -195,8 +195,10 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
     # 1. Probe: where can a block help, and can it at all at this data size?
     _log(cfg, f"probing all {num_layers + 1} positions on {len(train_ds)} training examples")
     grow_kwargs = dict(block=cfg.block, init=cfg.init, seed=cfg.seed)
+    # keep_gradients: the stepping stones reuse G_S instead of a second pass over the training data.
     probe_result = probe(
-        model, train_ds, batch_size=cfg.batch_size, max_batches=cfg.probe_max_batches, progress=cfg.progress, **grow_kwargs
+        model, train_ds, batch_size=cfg.batch_size, max_batches=cfg.probe_max_batches, progress=cfg.progress,
+        keep_gradients=True, **grow_kwargs,
     )
     probe_dir = out / "probe"
     probe_dir.mkdir()
@@ -226,8 +228,10 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
     stones, stone_model, pop_model = {}, None, None
     if len(positions) == 1:
         _log(cfg, f"stepping stones at k = {positions[0]}")
+        g_train = probe_result.gradients[probe_result.positions.index(positions[0])]
         stone_model, stone_s = stepping_stone(
-            model, positions[0], train_ds, batch_size=cfg.batch_size, max_batches=cfg.stone_max_batches, **grow_kwargs
+            model, positions[0], train_ds, batch_size=cfg.batch_size, max_batches=cfg.stone_max_batches,
+            gradient=g_train, progress=cfg.progress, **grow_kwargs,
         )
         pop_model, stone_pop = stepping_stone(
             model,
@@ -236,8 +240,11 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
             direction_data=held_ds,
             batch_size=cfg.batch_size,
             max_batches=cfg.stone_max_batches,
+            gradient=g_train,
+            progress=cfg.progress,
             **grow_kwargs,
         )
+    probe_result.gradients = None  # free them before training
         stones = {"train": stone_s.to_dict(), "held_out": stone_pop.to_dict()}
         (out / "stepping_stones.json").write_text(json.dumps(stones, indent=2))
     lap("stepping_stones")

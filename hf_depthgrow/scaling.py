@@ -14,8 +14,8 @@ mechanism's findings show up:
 4. the base losses follow `L(N, D) = E + A N^-alpha + B D^-beta` (fit with uncertainties).
 
 Every finding is checked against a stated criterion and reported as measured, including when it
-does not reproduce. Cells are independent: under `accelerate launch` each process takes every
-`num_processes`-th cell on its own device, so a grid spreads over GPUs (or CPU processes) without
+does not reproduce. Cells are independent: under `torchrun` or `accelerate launch` each process takes every
+`WORLD_SIZE`-th cell on its own device, so a grid spreads over GPUs (or CPU processes) without
 collectives; finished cells are written one file each, so an interrupted study resumes.
 
 Why a lean training loop here rather than `hf_depthgrow.train`: the study trains hundreds of tiny
@@ -506,8 +506,22 @@ def _write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
+def _process_layout() -> tuple[int, int]:
+    """`(rank, world size)` from the launcher's environment (`torchrun` and `accelerate launch` both set it)."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if not 0 <= rank < world:
+        raise ValueError(f"inconsistent launcher environment: RANK={rank}, WORLD_SIZE={world}")
+    return rank, world
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
 def run_study(config: StudyConfig, *, only_aggregate: bool = False) -> dict:
-    """Run every missing cell (this process's share under `accelerate launch`), then aggregate on the main process.
+    """Run every missing cell (this process's share under a launcher), then aggregate on the main process.
 
     Returns the aggregate (findings, fits, file paths) on the main process and `{}` on the others.
 
@@ -518,34 +532,38 @@ def run_study(config: StudyConfig, *, only_aggregate: bool = False) -> dict:
         >>> summary["findings"]["covariance_near_diagonal"]["reproduced"]
         ```
     """
-    from accelerate import PartialState
     from tqdm.auto import tqdm
 
-    state = PartialState()
+    rank, world = _process_layout()
+    device = _device()
     torch.set_num_threads(config.threads)
     out = Path(config.output_dir)
     cells_dir = out / "cells"
-    if state.is_main_process:
-        cells_dir.mkdir(parents=True, exist_ok=True)
+    cells_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
         _write_json(out / "config.json", config.to_dict())
-    state.wait_for_everyone()
+    todo = [(name, grid, cell) for name, grid in config.tasks.items() for cell in grid.cells()]
+
+    def path_of(t):
+        return cells_dir / f"{cell_name(t[0], *t[2])}.json"
 
     if not only_aggregate:
-        todo = [(name, grid, cell) for name, grid in config.tasks.items() for cell in grid.cells()]
-        mine = [t for i, t in enumerate(todo) if i % state.num_processes == state.process_index]
-        mine = [t for t in mine if not (cells_dir / f"{cell_name(t[0], *t[2])}.json").exists()]
+        mine = [t for i, t in enumerate(todo) if i % world == rank and not path_of(t).exists()]
         loaded: dict[str, TaskData] = {}
-        bar = tqdm(mine, desc=f"cells (process {state.process_index})", disable=not config.progress)
+        bar = tqdm(mine, desc=f"cells (process {rank}/{world})", disable=not config.progress)
         for name, grid, (depth, width, n) in bar:
             bar.set_postfix_str(cell_name(name, depth, width, n))
             if name not in loaded:
                 loaded[name] = load_task_data(grid, config.seed)
-            row = run_cell(grid, loaded[name], depth, width, n, seed=config.seed, device=state.device)
+            row = run_cell(grid, loaded[name], depth, width, n, seed=config.seed, device=device)
             row["name"] = name
-            _write_json(cells_dir / f"{cell_name(name, depth, width, n)}.json", row)
-    state.wait_for_everyone()
-    if not state.is_main_process:
+            _write_json(path_of((name, grid, (depth, width, n))), row)
+    if rank != 0:
         return {}
+    # No collective barrier: the main process waits for the other processes' cell files (a crashed
+    # process takes the launcher's whole group down, so this cannot wait forever under a launcher).
+    while not only_aggregate and not all(path_of(t).exists() for t in todo):
+        time.sleep(2.0)
     from .scaling_report import aggregate
 
     return aggregate(config, cells_dir, out)

@@ -7,6 +7,12 @@ split it is the population stepping stone `f~_pop`. `eta` comes from a short lin
 training loss. Only the zero-initialised output parameters move, and the result is a real grown
 model (`grow_depth`), so it saves with `save_pretrained` like any other.
 
+Cost: the line search evaluates the training loss at ~10 step sizes, but nothing below the new
+block changes with `eta`, so the residual stream entering it is computed once per batch
+(`prefix.prefix_hidden`) and every evaluation runs only the layers from the block up
+(`prefix.start_at`). A probe run with `keep_gradients=True` can hand over `G_S` (`gradient=`),
+which saves the probe pass over the training data.
+
 Example:
     ```python
     >>> from hf_depthgrow.stepping_stone import stepping_stone
@@ -26,9 +32,11 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from .growth import GrowthConfig, grow_depth
+from .families import resolve_family
+from .growth import GrowthConfig, _resolve_kind, grow_depth
 from .losses import batch_example_losses
-from .probe import _json_safe, iter_batches, probe
+from .prefix import lowest_new_index, prefix_hidden, start_at
+from .probe import _json_safe, _to_device, iter_batches, probe
 
 __all__ = ["SteppingStoneResult", "stepping_stone"]
 
@@ -102,12 +110,12 @@ def _new_block(grown: nn.Module, before: set[int]) -> nn.Module:
 
 
 @torch.no_grad()
-def _mean_loss(model: nn.Module, batches: Sequence[dict]) -> float:
+def _mean_loss(model: nn.Module, batches: Sequence[dict], prefixes: Sequence[torch.Tensor], index: int) -> float:
+    """Training loss of the grown model, each batch started at stack layer `index` from its cached prefix."""
     total, weight = 0.0, 0.0
-    device = next(model.parameters()).device
-    for batch in batches:
-        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        losses = batch_example_losses(model, batch)
+    for batch, z in zip(batches, prefixes):
+        with start_at(model, index, z):
+            losses = batch_example_losses(model, batch)
         total += float(losses.total.sum())
         weight += float(losses.weight.sum())
     return total / weight
@@ -132,6 +140,7 @@ def stepping_stone(
     max_batches: int | None = None,
     collate_fn: Callable | None = None,
     batch_size: int = 8,
+    gradient: dict[str, torch.Tensor] | None = None,
     progress: bool = False,
 ) -> tuple[nn.Module, SteppingStoneResult]:
     """Grow `model` at `position` and take one first-order step of the new block: a stepping-stone model.
@@ -156,7 +165,10 @@ def stepping_stone(
         etas: Candidate steps; `None` searches.
         expand, max_expand, refine_steps: Shape of the automatic search.
         max_batches, collate_fn, batch_size: As for `probe` (applied to both data sets).
-        progress: Progress bars of the probe passes.
+        gradient: `G_S` of this block on the training data, as `probe(..., keep_gradients=True).gradients[i]`
+            gives it (same block settings); skips the probe pass over `train_data`. It may come from more
+            batches than the line search reads (`max_batches`): a better estimate of the same direction.
+        progress: Progress bars of the probe passes and the line search.
 
     Returns:
         `(grown_model, SteppingStoneResult)`.
@@ -181,8 +193,13 @@ def stepping_stone(
     batches = list(iter_batches(train_data, collate_fn=collate_fn, batch_size=batch_size, max_batches=max_batches))
     if not batches:
         raise ValueError("train_data yielded no batches")
-    on_train = probe(model, batches, positions=[position], **options)
-    grad_train = on_train.gradients[0]
+    if gradient is None:
+        on_train = probe(model, batches, positions=[position], **options)
+        grad_train = on_train.gradients[0]
+    else:
+        if not isinstance(gradient, dict) or not gradient:
+            raise ValueError("gradient must be a non-empty dict of parameter name -> tensor (probe(..., keep_gradients=True))")
+        grad_train = gradient
     if direction_data is None:
         grad_dir, source = grad_train, "train"
     else:
@@ -194,7 +211,16 @@ def stepping_stone(
     before = {id(p) for p in grown.parameters()}
     grow_depth(grown, [position], config=cfg)
     new = _new_block(grown, before)
+    shapes = {name: tuple(p.shape) for name, p in new.named_parameters()}
+    mismatch = [n for n in set(grad_dir) | set(grad_train) if n not in shapes
+                or tuple(grad_dir.get(n, grad_train.get(n)).shape) != shapes[n]]
+    if mismatch or set(grad_dir) != set(grad_train):
+        raise ValueError(
+            f"gradient does not belong to the block inserted at {position} with these settings "
+            f"(unknown or mis-shaped: {sorted(mismatch)[:4]}); pass the probe's gradients for the same position and block"
+        )
     params = {name: new.get_parameter(name) for name in grad_dir}
+    kind = _resolve_kind(cfg, resolve_family(model)[0], model.config)
     if grad_norm > 0:
         direction = {name: -t / grad_norm for name, t in grad_dir.items()}
         slope = sum(float((grad_train[name].double() * direction[name].double()).sum()) for name in direction)
@@ -211,17 +237,31 @@ def stepping_stone(
 
     trace: list[tuple[float, float]] = []
     cache: dict[float, float] = {}
+    device = next(grown.parameters()).device
+    batches = [_to_device(b, device) for b in batches]
+    index = lowest_new_index(grown)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=f"stepping stone k={position} ({source})", unit="step size")
 
     def loss_at(eta: float) -> float:
         if eta not in cache:
             set_eta(eta)
-            cache[eta] = _mean_loss(grown, batches)
+            cache[eta] = _mean_loss(grown, batches, prefixes, index)
             trace.append((eta, cache[eta]))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(eta=f"{eta:.3g}", loss=f"{cache[eta]:.4f}")
         return cache[eta]
 
     was_training = grown.training
     grown.eval()
     try:
+        # The prefix holds only original layers: the same for every eta.
+        with torch.no_grad():
+            prefixes = [prefix_hidden(grown, b, index) for b in batches]
         loss_old = loss_at(0.0)
         best = 0.0
         if direction is not None:
@@ -235,9 +275,11 @@ def stepping_stone(
         set_eta(best)
     finally:
         grown.train(was_training)
+        if bar is not None:
+            bar.close()
     result = SteppingStoneResult(
         position=position,
-        block=on_train.block,
+        block=kind,
         direction=source,
         eta=best,
         grad_norm=grad_norm,

