@@ -58,6 +58,7 @@ class RunConfig:
     init: str = field(default="copy", metadata={"help": "copy or random (native blocks)."})
     probe_max_batches: int | None = field(default=16, metadata={"help": "Probe on at most this many training batches (None: all)."})
     stone_max_batches: int | None = field(default=8, metadata={"help": "Batches of each stepping stone's line search and of f~_pop's held-out direction (f~_S reuses the probe's G_S)."})
+    route_max_examples: int | None = field(default=128, metadata={"help": "Training examples for rho and B_a of the route terms (None: all; a sample maximum either way)."})
     batch_size: int = field(default=8, metadata={"help": "Batch size of probe, training and evaluation."})
     train_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
     learning_rate: float = field(default=5e-4, metadata={"help": "Peak learning rate of the new blocks."})
@@ -80,6 +81,8 @@ class RunConfig:
         fractions = (self.train_fraction, self.held_out_fraction, self.test_fraction)
         if any(not 0 < f < 1 for f in fractions) or sum(fractions) > 1 + 1e-9:
             raise ValueError(f"train/held_out/test fractions must be in (0, 1) and sum to at most 1, got {fractions}")
+        if self.route_max_examples is not None and self.route_max_examples < 1:
+            raise ValueError(f"route_max_examples must be >= 1 or None, got {self.route_max_examples}")
         for name in ("block_size", "batch_size", "train_steps", "num_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -244,9 +247,9 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
             progress=cfg.progress,
             **grow_kwargs,
         )
-    probe_result.gradients = None  # free them before training
         stones = {"train": stone_s.to_dict(), "held_out": stone_pop.to_dict()}
         (out / "stepping_stones.json").write_text(json.dumps(stones, indent=2))
+    probe_result.gradients = None  # free them before training
     lap("stepping_stones")
 
     # 3. Grow and train the new blocks; the fallback rule picks the better of f_new and f~_S.
@@ -283,7 +286,7 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
         held_out=held_ds if stones else None,
         stone=stone_model,
         test_data=test_ds if stone_model is not None else None,
-        block_data=train_ds,
+        block_data=train_ds if cfg.route_max_examples is None else train_ds.select(range(min(len(train_ds), cfg.route_max_examples))),
         batch_size=cfg.batch_size,
     )
     eval_result = evaluate_delta(
