@@ -540,8 +540,10 @@ def run_study(config: StudyConfig, *, only_aggregate: bool = False) -> dict:
     out = Path(config.output_dir)
     cells_dir = out / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
+    if rank == 0 and not only_aggregate:
         _write_json(out / "config.json", config.to_dict())
+        # The report names the command that computed the cells, also when redrawn later with --aggregate-only.
+        (out / "command.txt").write_text(os.environ.get("HF_DEPTHGROW_STUDY_COMMAND", "run_study(StudyConfig(...))") + "\n")
     todo = [(name, grid, cell) for name, grid in config.tasks.items() for cell in grid.cells()]
 
     def path_of(t):

@@ -78,11 +78,20 @@ def findings(rows: list[dict]) -> dict:
                 if len(pts) >= 2:
                     rhos.append(_spearman(*zip(*pts)))
         rhos = [r for r in rhos if math.isfinite(r)]
+        # Second reading of "decays with depth": along the positions k of one model.
+        within = [_spearman(r["probe"]["positions"], r["probe"]["population"]) for r in cells if r["depth"] >= 2]
+        within = [r for r in within if math.isfinite(r)]
         task["signal_decays_with_depth"] = {
             "criterion": "best-position population signal falls with depth L (Spearman rho < 0) in most (width, data) groups",
             "rho_by_group": rhos,
             "share_decreasing": float(np.mean([r < 0 for r in rhos])) if rhos else float("nan"),
             "reproduced": bool(rhos) and float(np.mean([r < 0 for r in rhos])) > 0.5,
+            "within_model": {
+                "criterion": "population signal falls with position k inside a model (Spearman rho < 0), models with L >= 2",
+                "rho_by_cell": within,
+                "share_decreasing": float(np.mean([r < 0 for r in within])) if within else float("nan"),
+                "reproduced": bool(within) and float(np.mean([r < 0 for r in within])) > 0.5,
+            },
         }
 
         n_fixed = sizes[0]
@@ -189,12 +198,15 @@ def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
     _atomic_fig(fig, paths["covariance"])
     plt.close(fig)
 
-    # 2. Best-position population signal against depth.
-    fig, axes = panels("First-order signal against depth (best position, population estimate ± SE)")
-    for ax, name in zip(axes, names):
+    # 2. Population signal against depth: across models (best position vs L) and inside the deepest models (vs k).
+    fig, grid = plt.subplots(2, len(names), figsize=(5.2 * len(names), 7.0), squeeze=False)
+    fig.suptitle("First-order signal against depth (population estimate ± SE)")
+    for col, name in enumerate(names):
         cells = [r for r in rows if r["name"] == name]
         n_big = max(r["data_size"] for r in cells)
         widths = sorted({r["width"] for r in cells})
+        depths = sorted({r["depth"] for r in cells})
+        ax = grid[0][col]
         for i, w in enumerate(widths):
             sel = sorted((r for r in cells if r["width"] == w and r["data_size"] == n_big), key=lambda r: r["depth"])
             ys, es = [], []
@@ -204,10 +216,22 @@ def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
                 ys.append(pop[j])
                 es.append(r["probe"]["population_se"][j] or 0.0)
             ax.errorbar([r["depth"] for r in sel], ys, yerr=es, fmt="o-", capsize=2, color=colour(i, len(widths)), label=f"d={w}")
-        ax.set(title=f"{name} (n={n_big})", xlabel="depth L", ylabel="population signal ||G_D||²", yscale="symlog",
-               xscale="log", xticks=sorted({r["depth"] for r in cells}))
-        ax.set_xticklabels([str(t) for t in sorted({r["depth"] for r in cells})])
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set(title=f"{name} (n={n_big}): best position", xlabel="depth L of the model", ylabel="population signal ||G_D||²",
+               xticks=depths)
         ax.legend(fontsize=7)
+        ax = grid[1][col]
+        for i, w in enumerate(widths):
+            deep = [r for r in cells if r["width"] == w and r["data_size"] == n_big and r["depth"] == depths[-1]]
+            for r in deep:
+                pop = [v if v is not None else np.nan for v in r["probe"]["population"]]
+                se = [v if v is not None else 0.0 for v in r["probe"]["population_se"]]
+                ax.errorbar(r["probe"]["positions"], pop, yerr=se, fmt="o-", capsize=2, color=colour(i, len(widths)), label=f"d={w}")
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set(title=f"{name} (n={n_big}): by position, L={depths[-1]}", xlabel="position k", ylabel="population signal ||G_D||²",
+               xticks=list(range(depths[-1] + 1)))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
     paths["signal_depth"] = out / "signal_depth.png"
     _atomic_fig(fig, paths["signal_depth"])
     plt.close(fig)
@@ -222,7 +246,10 @@ def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
             sel = sorted((r for r in cells if r["depth"] == L and r["data_size"] == n_fixed), key=lambda r: r["width"])
             ax.plot([r["width"] for r in sel], [_best(r, "z") for r in sel], "o-", color=colour(i, len(depths)), label=f"L={L}")
         ax.axhline(2.0, color="grey", ls=":", lw=1)
+        widths = sorted({r["width"] for r in cells})
         ax.set(title=f"{name} (n={n_fixed})", xlabel="width d", ylabel="max z", xscale="log")
+        ax.set_xticks(widths, [str(w) for w in widths])
+        ax.minorticks_off()
         ax.legend(fontsize=7)
     paths["z_width"] = out / "z_width.png"
     _atomic_fig(fig, paths["z_width"])
@@ -267,6 +294,10 @@ def results_markdown(config: dict, rows: list[dict], found: dict, fitted: dict, 
         s = task["signal_decays_with_depth"]
         lines.append(f"| {name} | signal decays with depth | {s['criterion']} | {_fmt(s['share_decreasing'], 2)} of groups, "
                      f"rho {', '.join(_fmt(r, 2) for r in s['rho_by_group'])} | {'yes' if s['reproduced'] else '**no**'} |")
+        w = s["within_model"]
+        lines.append(f"| {name} | signal decays with position | {w['criterion']} | {_fmt(w['share_decreasing'], 2)} of cells, "
+                     f"median rho {_fmt(float(np.median(w['rho_by_cell'])) if w['rho_by_cell'] else None, 2)} "
+                     f"| {'yes' if w['reproduced'] else '**no**'} |")
         z = task["z_grows_with_width"]
         lines.append(f"| {name} | z grows with width | {z['criterion']} | {_fmt(z['share_increasing'], 2)} of depths, "
                      f"rho {', '.join(_fmt(r, 2) for r in z['rho_by_depth'])} | {'yes' if z['reproduced'] else '**no**'} |")
@@ -312,7 +343,8 @@ def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None)
     for name, item in fitted.items():
         if "fit" in item:
             figures[f"fit_{name}"] = str(plot_power_law(item["fit"], item["N"], item["D"], item["loss"], out / f"fit_{name}.png"))
-    command = command or os.environ.get("HF_DEPTHGROW_STUDY_COMMAND") or "python recipes/scaling_study.py"
+    stored = out / "command.txt"
+    command = command or (stored.read_text().strip() if stored.exists() else None) or "python recipes/scaling_study.py"
     text = results_markdown(config.to_dict(), rows, found, fitted, figures, command)
     fd, tmp = tempfile.mkstemp(dir=out, suffix=".md")
     with os.fdopen(fd, "w") as f:
