@@ -46,7 +46,7 @@ class RunConfig:
     data: str = field(default="shakespeare", metadata={"help": "'shakespeare', 'tweets', 'fashion_mnist', 'digits', a local file/folder, or a Hub dataset id."})
     output_dir: str = field(default="runs/smollm2-shakespeare", metadata={"help": "Where every artifact goes."})
     overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output_dir."})
-    block_size: int = field(default=128, metadata={"help": "Tokens per causal-LM example (padded length for classifiers)."})
+    block_size: int = field(default=64, metadata={"help": "Tokens per causal-LM example (padded length for classifiers)."})
     max_examples: int | None = field(default=640, metadata={"help": "Use at most this many examples in all."})
     train_fraction: float = field(default=0.7, metadata={"help": "Share of examples to train on."})
     held_out_fraction: float = field(default=0.15, metadata={"help": "Share for evaluation during training and f~_pop."})
@@ -57,7 +57,9 @@ class RunConfig:
     block: str = field(default="auto", metadata={"help": "native, adapter or auto."})
     init: str = field(default="copy", metadata={"help": "copy or random (native blocks)."})
     probe_max_batches: int | None = field(default=16, metadata={"help": "Probe on at most this many training batches (None: all)."})
-    stone_max_batches: int | None = field(default=8, metadata={"help": "Batches of each stepping stone's line search and of f~_pop's held-out direction (f~_S reuses the probe's G_S)."})
+    stone_max_batches: int | None = field(default=4, metadata={"help": "Batches of each stepping stone's line search and of f~_pop's held-out direction (f~_S reuses the probe's G_S)."})
+    selection_max_examples: int | None = field(default=128, metadata={"help": "Training examples on which the fallback rule compares f_new with f~_S (a seeded sample; None: all)."})
+    stone_refine_steps: int = field(default=2, metadata={"help": "Golden-section steps of each stepping stone's line search after bracketing."})
     route_max_examples: int | None = field(default=128, metadata={"help": "Training examples for rho and B_a of the route terms (None: all; a sample maximum either way)."})
     batch_size: int = field(default=8, metadata={"help": "Batch size of probe, training and evaluation."})
     train_steps: int = field(default=120, metadata={"help": "Optimizer steps."})
@@ -81,8 +83,11 @@ class RunConfig:
         fractions = (self.train_fraction, self.held_out_fraction, self.test_fraction)
         if any(not 0 < f < 1 for f in fractions) or sum(fractions) > 1 + 1e-9:
             raise ValueError(f"train/held_out/test fractions must be in (0, 1) and sum to at most 1, got {fractions}")
-        if self.route_max_examples is not None and self.route_max_examples < 1:
-            raise ValueError(f"route_max_examples must be >= 1 or None, got {self.route_max_examples}")
+        for name in ("route_max_examples", "selection_max_examples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
+        if self.stone_refine_steps < 0:
+            raise ValueError(f"stone_refine_steps must be >= 0, got {self.stone_refine_steps}")
         for name in ("block_size", "batch_size", "train_steps", "num_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -234,7 +239,7 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
         g_train = probe_result.gradients[probe_result.positions.index(positions[0])]
         stone_model, stone_s = stepping_stone(
             model, positions[0], train_ds, batch_size=cfg.batch_size, max_batches=cfg.stone_max_batches,
-            gradient=g_train, progress=cfg.progress, **grow_kwargs,
+            gradient=g_train, refine_steps=cfg.stone_refine_steps, progress=cfg.progress, **grow_kwargs,
         )
         pop_model, stone_pop = stepping_stone(
             model,
@@ -244,6 +249,7 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
             batch_size=cfg.batch_size,
             max_batches=cfg.stone_max_batches,
             gradient=g_train,
+            refine_steps=cfg.stone_refine_steps,
             progress=cfg.progress,
             **grow_kwargs,
         )
@@ -268,6 +274,7 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
         seed=cfg.seed,
         output_dir=str(out / "train"),
         save_final_model=False,
+        selection_max_examples=cfg.selection_max_examples,
         progress_bar=cfg.progress,
     )
     model = train_result.model

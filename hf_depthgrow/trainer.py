@@ -626,11 +626,15 @@ class GrownTrainer:
         return example_losses(logits, batch["labels"], causal=self.causal)
 
     @torch.no_grad()
-    def _dataset_loss(self, dataset, rows: Sequence[int], *, which: str = "new", cache: PrefixCache | None = None) -> float:
+    def _dataset_loss(
+        self, dataset, rows: Sequence[int], *, which: str = "new", cache: PrefixCache | None = None, desc: str = "loss"
+    ) -> float:
         """Token-weighted (causal LM) or per-example mean loss over `rows`, shared between processes.
 
         `which`: `"new"` (the model as it is), `"old"` (new blocks bypassed, LoRA off) or `"stone"`.
         """
+        from tqdm.auto import tqdm
+
         acc = self.accelerator
         world, rank, bs = acc.num_processes, acc.process_index, self.eval_batch_size
         if which == "stone":
@@ -640,6 +644,8 @@ class GrownTrainer:
         totals = torch.zeros(2, dtype=torch.float64, device=acc.device)
         was_training = base.training
         base.eval()
+        bar = tqdm(total=len(rows), desc=desc, unit="ex", leave=False,
+                   disable=not (self.config.progress_bar and acc.is_main_process))
         try:
             with contextlib.ExitStack() as ctx:
                 if which == "old":
@@ -658,8 +664,10 @@ class GrownTrainer:
                     el = self._losses(base, base, batch, run, cache, index)
                     if valid:
                         totals += torch.stack([el.total.sum().double(), el.weight.sum().double()])
+                    bar.update(min(len(rows) - start, bs * world))
         finally:
             base.train(was_training)
+            bar.close()
         totals = acc.reduce(totals, reduction="sum") if world > 1 else totals
         return float(totals[0] / totals[1].clamp_min(1))
 
@@ -913,14 +921,14 @@ class GrownTrainer:
             # Baselines are taken before the first step (the grown model at init *is* f_old), and
             # kept in checkpoints, so a resumed run compares against the same numbers.
             if self.eval_dataset is not None:
-                loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache)
+                loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc="held-out loss (f_old)")
                 self.eval_history.append({"step": 0, "eval_loss": loss})
             if cfg.fallback:
-                self.baseline["old"] = self._dataset_loss(self.train_dataset, self.selection_rows, which="old", cache=self.train_cache)
+                self.baseline["old"] = self._dataset_loss(self.train_dataset, self.selection_rows, which="old", cache=self.train_cache, desc="train loss (f_old)")
                 if self.stone is not None:
                     self.stone.to(acc.device)
                     stone_cache = self.train_cache if self.train_cache is not None and shares_prefix(self.model, self.stone, self.prefix_index) else None
-                    self.baseline["stepping_stone"] = self._dataset_loss(self.train_dataset, self.selection_rows, which="stone", cache=stone_cache)
+                    self.baseline["stepping_stone"] = self._dataset_loss(self.train_dataset, self.selection_rows, which="stone", cache=stone_cache, desc="train loss (stepping stone)")
         self._set_train_mode(True)
         return start_step
 
@@ -1031,7 +1039,7 @@ class GrownTrainer:
             result.eval_loss_selected = result.eval_loss_after
 
         if cfg.fallback:
-            new = self._dataset_loss(self.train_dataset, self.selection_rows, which="new", cache=self.train_cache)
+            new = self._dataset_loss(self.train_dataset, self.selection_rows, which="new", cache=self.train_cache, desc="train loss (f_new)")
             losses = {"new": new, **self.baseline}
             # Condition 2: f_new unless the stepping stone is better; f_old if that is not better either.
             # Ties go to the earlier entry of this order.
