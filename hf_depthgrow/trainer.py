@@ -996,7 +996,7 @@ class GrownTrainer:
             bar.update(1)
             if self.eval_dataset is not None and cfg.eval_steps and step % cfg.eval_steps == 0 and step != total_steps:
                 self._set_train_mode(False)
-                loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache)
+                loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc=f"held-out loss (step {step})")
                 self.eval_history.append({"step": step, "eval_loss": loss})
                 if acc.is_main_process and cfg.progress_bar:
                     bar.write(f"step {step}: eval loss {loss:.4f}")
@@ -1034,7 +1034,7 @@ class GrownTrainer:
         if self.eval_history and self.eval_history[0]["step"] == 0:
             result.eval_loss_before = self.eval_history[0]["eval_loss"]
         if self.eval_dataset is not None:
-            result.eval_loss_after = self._dataset_loss(self.eval_dataset, eval_rows, cache=self.eval_cache)
+            result.eval_loss_after = self._dataset_loss(self.eval_dataset, eval_rows, cache=self.eval_cache, desc="held-out loss (f_new)")
             self.eval_history.append({"step": total_steps, "eval_loss": result.eval_loss_after})
             result.eval_loss_selected = result.eval_loss_after
 
@@ -1056,7 +1056,7 @@ class GrownTrainer:
             result.eval_loss_selected = result.eval_loss_before
         elif result.selected == "stepping_stone" and self.eval_dataset is not None:
             stone_cache = self.eval_cache if self.eval_cache is not None and shares_prefix(self.model, self.stone, self.prefix_index) else None
-            result.eval_loss_selected = self._dataset_loss(self.eval_dataset, eval_rows, which="stone", cache=stone_cache)
+            result.eval_loss_selected = self._dataset_loss(self.eval_dataset, eval_rows, which="stone", cache=stone_cache, desc="held-out loss (stepping stone)")
         result.train_runtime = self._elapsed()
         for cache in (self.train_cache, self.eval_cache):
             if cache is not None:
