@@ -458,5 +458,6 @@ def test_tweets_subsample_is_seeded_and_covers_every_label():
     a = load_data("tweets", model=model, tokenizer=tokenizer, block_size=32, max_examples=120, seed=0)
     b = load_data("tweets", model=model, tokenizer=tokenizer, block_size=32, max_examples=120, seed=0)
     c = load_data("tweets", model=model, tokenizer=tokenizer, block_size=32, max_examples=120, seed=1)
+    a, b, c = (d.with_format(None) for d in (a, b, c))
     assert len(a) == 120 and set(a["labels"]) == {0, 1, 2}
     assert a["input_ids"] == b["input_ids"] and a["input_ids"] != c["input_ids"]

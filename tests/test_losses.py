@@ -17,7 +17,7 @@ def test_causal_losses_match_the_models_own_loss(model_type):
     own = model(**batch).loss
     parts = batch_example_losses(model, batch)
     assert float(parts.total.sum() / parts.weight.sum()) == pytest.approx(float(own), rel=1e-6)
-    assert parts.weight.tolist() == [5.0, 9.0, 6.0]  # supervised next tokens per example
+    assert parts.weight.tolist() == [6.0, 9.0, 6.0]  # supervised next tokens: labels 1..9 minus the masked ones
 
 
 def test_label_shift_equals_logit_shift_with_gradients():

@@ -137,7 +137,7 @@ def test_spearman_and_findings_criteria():
 
     def cell(L, d, n, loss, z, pop, off):
         return {"name": "t", "depth": L, "width": d, "data_size": n, "test": {"loss_grown": loss},
-                "probe": {"z": z, "population": pop, "offdiag_share": off}}
+                "probe": {"positions": list(range(L + 1)), "z": z, "population": pop, "offdiag_share": off}}
 
     rows = [cell(1, 16, 10, 2.0, [1.0, 2.0], [0.5, 0.4], [0.1, 0.2]), cell(2, 16, 10, 2.1, [1.0, 1.5, 0.5], [0.2, 0.1, 0.1], [0.3] * 3),
             cell(1, 32, 10, 1.9, [3.0, 4.0], [0.3, 0.2], [0.2] * 2), cell(2, 32, 10, 1.8, [2.0, 5.0, 1.0], [0.1] * 3, [0.2] * 3)]
