@@ -32,6 +32,7 @@ _NOT_PER_LAYER = {"architectures", "stage_names", "out_features", "out_indices",
 
 
 def _version() -> str:
+    """The package version, read lazily (the package's `__init__` imports this module); shared by every result record."""
     from . import __version__
 
     return __version__

@@ -33,7 +33,7 @@ from torch import nn
 
 from . import blocks as _blocks
 from .families import FamilySpec, model_eps, resolve_family, residual_output_modules
-from .growth import GrowthConfig, _check_positions, _resolve_kind, build_block
+from .growth import GrowthConfig, _check_positions, _resolve_kind, _version, build_block
 from .losses import example_losses, is_causal_lm, labels_of, model_inputs
 from .norms import _eps_of, _is_norm
 
@@ -42,12 +42,6 @@ __all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "ProbeResult", "iter_
 VERDICT_IMPROVABLE = "improvable"
 VERDICT_NOT_OBSERVABLE = "not observable at this data size (deepest-model regime)"
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 # --------------------------------------------------------------------------- result

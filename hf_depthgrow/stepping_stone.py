@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from .families import resolve_family
-from .growth import GrowthConfig, _resolve_kind, grow_depth
+from .growth import GrowthConfig, _resolve_kind, _version, grow_depth
 from .losses import batch_example_losses
 from .prefix import lowest_new_index, prefix_hidden, start_at
 from .probe import _json_safe, _to_device, iter_batches, probe
@@ -41,12 +41,6 @@ from .probe import _json_safe, _to_device, iter_batches, probe
 __all__ = ["SteppingStoneResult", "stepping_stone"]
 
 _GOLDEN = (math.sqrt(5) - 1) / 2
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 @dataclass
