@@ -13,14 +13,6 @@ from hf_depthgrow.probe import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, Probe
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models run fastest on one thread, and a loaded 2-core machine makes more threads thrash.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def batches_for(model, n=3, batch=2, seq=12):
     return [tiny_inputs(model, batch=batch, seq=seq, seed=s) for s in range(n)]

@@ -13,13 +13,6 @@ from hf_depthgrow.stepping_stone import stepping_stone
 from hf_depthgrow.testing import model_output, tiny_inputs, tiny_model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def batches_for(model, n=4, seed=0):
     return [tiny_inputs(model, seed=seed + s) for s in range(n)]

@@ -23,14 +23,6 @@ from hf_depthgrow.trainer import STOP_EXIT_CODE, GrownTrainer, train
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny matmuls on a shared 2-core machine: OpenMP spinning across threads costs more than it gains.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def lm_rows(n: int, seq: int = 16, seed: int = 0, vocab: int = 128) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
