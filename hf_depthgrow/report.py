@@ -26,6 +26,20 @@ def _f(x, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def _model_label(info: dict, fallback: str, *, describe: bool) -> str:
+    """The model's name; with `describe`, also what it is (both sides of a shared-prefix run carry one path)."""
+    name = info.get("name_or_path") or fallback
+    if not describe:
+        return name
+    if info.get("note"):
+        return f"{name}, {info['note']} ({info.get('num_layers')} layers)"
+    growth = info.get("growth")
+    if info.get("grown") and growth:
+        where = list(growth.get("native_indices") or []) + [a["host"] for a in growth.get("adapters") or []]
+        return f"{name}, grown to {info.get('num_layers')} layers (new blocks at stack index {where})"
+    return name
+
+
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")  # a bare | would end the table cell
 
@@ -39,9 +53,10 @@ def render_markdown(
     lm = r.task == "causal_lm"
     lines = [f"# {title or 'Paired evaluation: new model vs original'}", ""]
     lines += [f"**Verdict:** {r.verdict}", ""]
-    what = "grown model with its new blocks bypassed" if r.mode == "shared_prefix" else "model A"
+    old, new = r.models.get("old", {}), r.models.get("new", {})
+    same = old.get("name_or_path") == new.get("name_or_path")
     lines += [
-        f"Old = {r.models.get('old', {}).get('name_or_path') or what}; new = {r.models.get('new', {}).get('name_or_path') or 'the grown model'}. "
+        f"Old = {_model_label(old, 'model A', describe=same)}; new = {_model_label(new, 'the grown model', describe=same)}. "
         f"{r.num_examples} test examples" + (f", {r.num_tokens} supervised tokens" if lm else "") + ". "
         + ("Shared prefix: the layers below stack index "
            f"{r.prefix_index} ran once per batch for both models." if r.mode == "shared_prefix" else "Both models ran fully (no shared prefix)."),

@@ -308,3 +308,15 @@ def test_module_name_does_not_shadow_hf_evaluate():
     spec = importlib.util.find_spec("evaluate")
     assert spec is not None and "hf_depthgrow" not in spec.origin
     assert ev.__name__ == "hf_depthgrow.evaluate"
+
+
+def test_report_says_which_view_of_one_model_each_side_is(grown_llama, lm_rows):
+    # Shared-prefix mode: old and new are the same object (same path); the report must tell them apart.
+    from hf_depthgrow.report import render_markdown
+
+    grown = copy.deepcopy(grown_llama[1])
+    grown.config._name_or_path = "/models/tiny-llama"
+    text = render_markdown(evaluate_delta(grown, lm_rows, n_bootstrap=50, metrics=False))
+    line = next(l for l in text.splitlines() if l.startswith("Old = "))
+    assert "/models/tiny-llama, the grown model with its new blocks bypassed" in line
+    assert "new = /models/tiny-llama, grown to" in line and "new blocks at stack index [" in line
