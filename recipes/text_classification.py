@@ -71,10 +71,8 @@ def run(args: ScriptArguments, config: TrainConfig, base: BaseArguments):
 
     state = PartialState()
     model, tokenizer, fitted = load_base(args, base)
-    # The tweets file is sorted by label: take a seeded random subset, not the first rows.
-    ds = load_dataset_for(replace(args, max_examples=None), model, tokenizer)  # padded to block_size, integer labels
-    if args.max_examples is not None and args.max_examples < len(ds):
-        ds = ds.shuffle(seed=args.split_seed).select(range(args.max_examples))
+    # max_examples is a seeded sample (hf_depthgrow.data), so the label-sorted tweets file gives every class.
+    ds = load_dataset_for(args, model, tokenizer)  # padded to block_size, integer labels
     train_ds, held_out = split(args, ds)
     if not fitted:
         # Stage 1: fit head and encoder (an ungrown model trains only with trainable="full").
