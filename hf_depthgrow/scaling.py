@@ -31,7 +31,6 @@ import json
 import math
 import os
 import random
-import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, fields
@@ -499,11 +498,10 @@ def cell_name(task_name: str, depth: int, width: int, n: int) -> str:
 
 
 def _write_json(path: Path, data) -> None:
+    from .serialization import atomic_write_text
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1))
 
 
 def _process_layout() -> tuple[int, int]:

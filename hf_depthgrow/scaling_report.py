@@ -333,6 +333,7 @@ def results_markdown(config: dict, rows: list[dict], found: dict, fitted: dict, 
 def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None) -> dict:
     """Findings, fits, figures and `RESULTS.md` / `summary.json` from the cells on disk."""
     from .scaling_fit import plot_power_law
+    from .serialization import atomic_write_text
 
     rows = load_cells(cells_dir)
     if not rows:
@@ -346,10 +347,7 @@ def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None)
     stored = out / "command.txt"
     command = command or (stored.read_text().strip() if stored.exists() else None) or "python recipes/scaling_study.py"
     text = results_markdown(config.to_dict(), rows, found, fitted, figures, command)
-    fd, tmp = tempfile.mkstemp(dir=out, suffix=".md")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, out / "RESULTS.md")
+    atomic_write_text(out / "RESULTS.md", text)
     summary = {
         "findings": found,
         "fits": {k: (v["fit"].to_dict() if "fit" in v else v) for k, v in fitted.items()},
@@ -357,8 +355,5 @@ def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None)
         "num_cells": len(rows),
         "seconds": sum(r["seconds"] for r in rows),
     }
-    fd, tmp = tempfile.mkstemp(dir=out, suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(summary, f, indent=1, default=float)
-    os.replace(tmp, out / "summary.json")
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=float))
     return summary

@@ -50,6 +50,20 @@ def _adapters_detached(model: nn.Module):
             module._modules[name] = blocks
 
 
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` through a temp file in the same folder and one `os.replace`: a reader sees the old file or the new one, never half of it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def _atomic_dir(path: Path):
     """A temp folder beside `path`; `_commit` moves it into place so readers never see half a save."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ from .families import resolve_family
 from .growth import bypass_new_blocks, growth_record, new_block_modules, new_block_parameters
 from .losses import IGNORE_INDEX, ExampleLosses, example_losses, is_causal_lm, model_inputs
 from .prefix import lowest_new_index, num_original_below, prefix_hidden, start_at
+from .serialization import atomic_write_text
 from .train_config import TrainConfig
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -1078,7 +1079,7 @@ class GrownTrainer:
                 save_pretrained(to_save, out / FINAL_MODEL, tokenizer=self.tokenizer, **extra)
                 result.model_path = str(out / FINAL_MODEL)
             (out / "train_config.json").write_text(cfg.to_json_string())
-            _atomic_write(out / "train_result.json", json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
+            atomic_write_text(out / "train_result.json", json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
         acc.wait_for_everyone()
         return result
 
@@ -1108,12 +1109,6 @@ def _assign(param: torch.Tensor, value: torch.Tensor) -> None:
 
         value = distribute_tensor(value.to(param.device_mesh.device_type, param.dtype), param.device_mesh, param.placements)
     param.copy_(value.to(param.device, param.dtype) if not hasattr(value, "placements") else value)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def train(
