@@ -14,7 +14,6 @@ and writes everything a person wants to read or reuse into `output_dir`:
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from .growth import BLOCK_KINDS, INITS, grow_depth, growth_record
+from .growth import BLOCK_KINDS, INITS, grow_depth
 
 EMBEDDED_MODELS = ("smollm2",)
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from hf_depthgrow.families import resolve_family
