@@ -71,8 +71,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from hf_depthgrow import grow_depth
-    from hf_depthgrow.embedded import causal_lm_blocks, load_smollm2, shakespeare_texts
-    from hf_depthgrow.evaluate import compare_models, evaluate_delta
+    from hf_depthgrow.data.embedded import causal_lm_blocks, load_smollm2, shakespeare_texts
+    from hf_depthgrow.evaluation.paired import compare_models, evaluate_delta
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

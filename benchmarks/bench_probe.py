@@ -9,7 +9,7 @@ and as CPU time of the process (`time.process_time`, robust to other processes o
 machine when run with `--threads 1`).
 - train step: forward + backward of the base model with weight gradients of every parameter
   (no optimizer step).
-- probe: `hf_depthgrow.probe.probe` at all 31 positions (native blocks, copy init), covariance
+- probe: `hf_depthgrow.probe.signal.probe` at all 31 positions (native blocks, copy init), covariance
   and norm statistics included.
 - naive: for each position k, grow a copy at k (not timed) and time one forward + backward with
   gradients for the new block's parameters only (the cheapest honest naive way); summed over k.
@@ -46,10 +46,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from hf_depthgrow.embedded import causal_lm_blocks, load_smollm2, shakespeare_texts
-    from hf_depthgrow.growth import grow_depth, new_block_parameters
+    from hf_depthgrow.data.embedded import causal_lm_blocks, load_smollm2, shakespeare_texts
+    from hf_depthgrow.growth.engine import grow_depth, new_block_parameters
     from hf_depthgrow.losses import example_losses
-    from hf_depthgrow.probe import probe
+    from hf_depthgrow.probe.signal import probe
 
     model, tokenizer = load_smollm2(dtype=torch.float32)
     model.eval()

@@ -2,8 +2,8 @@
 
 __version__ = "0.1.0"
 
-from .families import FAMILIES, SUPPORTED_FAMILIES, FamilySpec  # noqa: E402
-from .growth import (  # noqa: E402
+from .growth.families import FAMILIES, SUPPORTED_FAMILIES, FamilySpec  # noqa: E402
+from .growth.engine import (  # noqa: E402
     GrowthConfig,
     build_block,
     bypass_new_blocks,
@@ -13,27 +13,27 @@ from .growth import (  # noqa: E402
     new_block_modules,
     new_block_parameters,
 )
-from .norms import NormInfo, norm_inventory  # noqa: E402
-from .serialization import load_pretrained, save_pretrained  # noqa: E402
+from .growth.norms import NormInfo, norm_inventory  # noqa: E402
+from .hub.serialization import load_pretrained, save_pretrained  # noqa: E402
 
 # Bound eagerly: these functions share their module's name, and a lazy binding would be
 # replaced by the submodule the first time anything imports it.
-from .probe import ProbeResult, probe  # noqa: E402
-from .stepping_stone import stepping_stone  # noqa: E402
+from .probe.signal import ProbeResult, probe  # noqa: E402
+from .probe.stepping_stone import stepping_stone  # noqa: E402
 
 from_pretrained = load_pretrained  # the name peft users reach for
 
 # Heavier pieces (accelerate, peft, matplotlib) load on first use, so `import hf_depthgrow` stays light.
 _LAZY = {
-    "train": "trainer",
-    "GrownTrainer": "trainer",
-    "TrainConfig": "train_config",
-    "evaluate_delta": "evaluate",
-    "compare_models": "evaluate",
+    "train": "training",
+    "GrownTrainer": "training",
+    "TrainConfig": "training",
+    "evaluate_delta": "evaluation",
+    "compare_models": "evaluation",
     "push_to_hub": "hub",
     "push_model_to_hub": "hub",
-    "render_model_card": "model_card",
-    "CardInfo": "model_card",
+    "render_model_card": "hub",
+    "CardInfo": "hub",
     "run_pipeline": "pipeline",
     "RunConfig": "pipeline",
 }

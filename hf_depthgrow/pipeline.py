@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from .growth import BLOCK_KINDS, INITS, grow_depth
+from .growth.engine import BLOCK_KINDS, INITS, grow_depth
+from .plots import plot_training
 
 EMBEDDED_MODELS = ("smollm2",)
 
@@ -117,11 +118,11 @@ def load_model(name: str):
     """`(model, tokenizer, base_model_name)` for the embedded default, a local folder or a Hub id."""
     from transformers import AutoConfig
 
-    from .commands.common import load_tokenizer_if_any
-    from .serialization import load_pretrained
+    from .cli.common import load_tokenizer_if_any
+    from .hub.serialization import load_pretrained
 
     if name == "smollm2":
-        from .embedded import load_smollm2, smollm2_path
+        from .data.embedded import load_smollm2, smollm2_path
 
         model, tokenizer = load_smollm2()
         return model, tokenizer, str(smollm2_path())
@@ -166,14 +167,15 @@ class RunResult:
 
 def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
     """Run the whole job; see the module docstring for what lands in `cfg.output_dir`."""
-    from .data import load_data, split_dataset
-    from .evaluate import evaluate_delta, route_inputs
-    from .model_card import CardInfo, render_model_card
-    from .probe import plot_probe, probe
-    from .report import write_report
-    from .serialization import save_pretrained
-    from .stepping_stone import stepping_stone
-    from .trainer import train
+    from .data.sources import load_data, split_dataset
+    from .evaluation.paired import evaluate_delta, route_inputs
+    from .hub.model_card import CardInfo, render_model_card
+    from .plots import plot_probe
+    from .probe.signal import probe
+    from .evaluation.report import write_report
+    from .hub.serialization import save_pretrained
+    from .probe.stepping_stone import stepping_stone
+    from .training.trainer import train
 
     out = Path(cfg.output_dir)
     _prepare_output(out, cfg.overwrite)
@@ -279,7 +281,7 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
     model = train_result.model
     (out / "train").mkdir(exist_ok=True)
     (out / "train" / "train_result.json").write_text(json.dumps(train_result.to_dict(), indent=2, default=str))
-    _plot_training(train_result, out / "train" / "loss.png")
+    plot_training(train_result, out / "train" / "loss.png")
     lap("train")
 
     # 4. Paired evaluation on the test split, with the Route A/B terms.
@@ -351,7 +353,7 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
     }
     lap("save")
     if cfg.push_to_hub:
-        from .hub import push_to_hub
+        from .hub.push import push_to_hub
 
         summary["pushed"] = push_to_hub(model_dir, cfg.push_to_hub, private=cfg.hub_private, endpoint=cfg.hub_endpoint)
     summary["timings_s"] = timings
@@ -370,27 +372,6 @@ def _probe_summary(result) -> dict:
         "num_improvable": int(sum(result.improvable)),
         "num_positions": len(result.positions),
     }
-
-
-def _plot_training(train_result, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    if train_result.history:
-        ax.plot([h["step"] for h in train_result.history], [h["loss"] for h in train_result.history], label="train loss", lw=1)
-    if train_result.eval_history:
-        ax.plot(
-            [h["step"] for h in train_result.eval_history], [h["eval_loss"] for h in train_result.eval_history], "o-", label="held-out loss"
-        )
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _fmt(x, digits: int = 4) -> str:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hf_depthgrow import GrowthConfig, grow_depth
-from hf_depthgrow.commands.train import ScriptArguments, load_dataset_for, load_model_and_tokenizer, parse_args, split
-from hf_depthgrow.train_config import TrainConfig
-from hf_depthgrow.trainer import train
+from hf_depthgrow.cli.train import ScriptArguments, load_dataset_for, load_model_and_tokenizer, parse_args, split
+from hf_depthgrow.training.config import TrainConfig
+from hf_depthgrow.training.trainer import train
 
 
 @dataclass
@@ -76,7 +76,7 @@ def run(args: ScriptArguments, config: TrainConfig, recipe: RecipeArguments):
         raise ValueError("set positions (where to insert the new block), e.g. positions: [24]")
     stone = None
     if args.stepping_stone:
-        from hf_depthgrow.stepping_stone import stepping_stone
+        from hf_depthgrow.probe.stepping_stone import stepping_stone
 
         # f~_S for the fallback rule: one first-order step of the new block, built on a copy.
         stone = stepping_stone(model, args.positions[0], train_ds, block=args.block, init=args.init, seed=args.growth_seed,

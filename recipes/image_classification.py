@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hf_depthgrow import GrowthConfig, grow_depth
-from hf_depthgrow.commands.train import ScriptArguments, load_dataset_for, parse_args, split
-from hf_depthgrow.train_config import TrainConfig
-from hf_depthgrow.trainer import train
+from hf_depthgrow.cli.train import ScriptArguments, load_dataset_for, parse_args, split
+from hf_depthgrow.training.config import TrainConfig
+from hf_depthgrow.training.trainer import train
 
 
 @dataclass
@@ -56,7 +56,7 @@ def build_base(base: BaseArguments):
     from transformers import ViTConfig, ViTForImageClassification
 
     if base.base_model:
-        from hf_depthgrow.serialization import load_pretrained
+        from hf_depthgrow.hub.serialization import load_pretrained
 
         return load_pretrained(base.base_model), True
     config = ViTConfig(

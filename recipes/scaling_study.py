@@ -24,7 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from hf_depthgrow.scaling import StudyConfig, run_study
+from hf_depthgrow.scaling.study import StudyConfig, run_study
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@
 all-MiniLM-L6-v2 ships as a sentence encoder without a classification head, so the recipe works in
 two stages, both with the same trainer:
 
-1. base: `BertForSequenceClassification` from the MiniLM folder (`hf_depthgrow.embedded.minilm_path()`;
+1. base: `BertForSequenceClassification` from the MiniLM folder (`hf_depthgrow.data.embedded.minilm_path()`;
    the head is new), fine-tuned in full for `base_steps` -> this is f_old, saved to `<output_dir>/base`.
    Pass `base_model: <folder>` to reuse a saved base instead.
 2. growth: one adapter block (BERT is post-norm, so `block: auto` picks the exact adapter) at
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hf_depthgrow import GrowthConfig, grow_depth
-from hf_depthgrow.commands.train import ScriptArguments, load_dataset_for, parse_args, split
-from hf_depthgrow.train_config import TrainConfig
-from hf_depthgrow.trainer import train
+from hf_depthgrow.cli.train import ScriptArguments, load_dataset_for, parse_args, split
+from hf_depthgrow.training.config import TrainConfig
+from hf_depthgrow.training.trainer import train
 
 
 @dataclass
@@ -44,10 +44,10 @@ class BaseArguments:
 def load_base(args: ScriptArguments, base: BaseArguments):
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from hf_depthgrow.embedded import minilm_path
+    from hf_depthgrow.data.embedded import minilm_path
 
     if base.base_model:
-        from hf_depthgrow.serialization import load_pretrained
+        from hf_depthgrow.hub.serialization import load_pretrained
 
         return load_pretrained(base.base_model), AutoTokenizer.from_pretrained(base.base_model), True
     folder = minilm_path() if args.model in (None, "minilm") else args.model
@@ -71,7 +71,7 @@ def run(args: ScriptArguments, config: TrainConfig, base: BaseArguments):
 
     state = PartialState()
     model, tokenizer, fitted = load_base(args, base)
-    # max_examples is a seeded sample (hf_depthgrow.data), so the label-sorted tweets file gives every class.
+    # max_examples is a seeded sample (hf_depthgrow.data.sources), so the label-sorted tweets file gives every class.
     ds = load_dataset_for(args, model, tokenizer)  # padded to block_size, integer labels
     train_ds, held_out = split(args, ds)
     if not fitted:

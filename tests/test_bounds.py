@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hf_depthgrow.bounds import (
+from hf_depthgrow.evaluation.bounds import (
     RouteInputs,
     bernstein_interval,
     bootstrap_interval,

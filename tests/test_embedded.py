@@ -1,4 +1,4 @@
-"""Tests for hf_depthgrow.embedded: real models and data shipped inside installed packages (CPU, offline).
+"""Tests for hf_depthgrow.data.embedded: real models and data shipped inside installed packages (CPU, offline).
 
 The SmolLM2 GGUF is parsed once per module (about 40 s: transformers reads its metadata in pure Python); the cache
 build reuses that load through a memoised `load_smollm2_gguf`, so the real builder runs without a second parse.
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_depthgrow import embedded
-from hf_depthgrow.embedded import (
+from hf_depthgrow.data import embedded
+from hf_depthgrow.data.embedded import (
     FASHION_MNIST_DIR,
     TWEET_LABELS,
     causal_lm_blocks,
@@ -451,7 +451,7 @@ def test_tweets_subsample_is_seeded_and_covers_every_label():
     # The tweets file is sorted by label: taking the first rows would give one class only.
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from hf_depthgrow.data import load_data
+    from hf_depthgrow.data.sources import load_data
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True)
     model = AutoModelForSequenceClassification.from_pretrained(minilm_path(), num_labels=3, local_files_only=True)

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from hf_depthgrow import bypass_new_blocks, grow_depth, new_block_modules, new_block_parameters
-from hf_depthgrow import evaluate as ev
-from hf_depthgrow.bounds import RouteInputs
-from hf_depthgrow.evaluate import NonFiniteLossError, block_norm_terms, compare_models, evaluate_delta
+from hf_depthgrow.evaluation import paired as ev
+from hf_depthgrow.evaluation.bounds import RouteInputs
+from hf_depthgrow.evaluation.paired import NonFiniteLossError, block_norm_terms, compare_models, evaluate_delta
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:loss_bound not given")
@@ -241,8 +241,8 @@ def test_block_norm_terms_match_direct_autograd():
 
 
 def test_routes_in_result_and_report(grown_llama, lm_rows, tmp_path):
-    from hf_depthgrow.evaluate import route_inputs
-    from hf_depthgrow.report import write_report
+    from hf_depthgrow.evaluation.paired import route_inputs
+    from hf_depthgrow.evaluation.report import write_report
 
     base, grown = grown_llama
     stone = copy.deepcopy(grown)
@@ -279,7 +279,7 @@ def _char_tokenizer(chars: str):
 
 def test_cli_writes_report_and_rejects_vocab_mismatch(grown_llama, tmp_path, capsys):
     from hf_depthgrow import save_pretrained
-    from hf_depthgrow.commands.eval import main
+    from hf_depthgrow.cli.eval import main
 
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
@@ -302,17 +302,17 @@ def test_cli_writes_report_and_rejects_vocab_mismatch(grown_llama, tmp_path, cap
 
 
 def test_module_name_does_not_shadow_hf_evaluate():
-    """`hf_depthgrow/evaluate.py` is only `hf_depthgrow.evaluate`; `import evaluate` still finds Hugging Face's."""
+    """`hf_depthgrow/evaluate.py` is only `hf_depthgrow.evaluation.paired`; `import evaluate` still finds Hugging Face's."""
     import importlib.util
 
     spec = importlib.util.find_spec("evaluate")
     assert spec is not None and "hf_depthgrow" not in spec.origin
-    assert ev.__name__ == "hf_depthgrow.evaluate"
+    assert ev.__name__ == "hf_depthgrow.evaluation.paired"
 
 
 def test_report_says_which_view_of_one_model_each_side_is(grown_llama, lm_rows):
     # Shared-prefix mode: old and new are the same object (same path); the report must tell them apart.
-    from hf_depthgrow.report import render_markdown
+    from hf_depthgrow.evaluation.report import render_markdown
 
     grown = copy.deepcopy(grown_llama[1])
     grown.config._name_or_path = "/models/tiny-llama"

@@ -19,7 +19,7 @@ from hf_depthgrow import (
     new_block_parameters,
     norm_inventory,
 )
-from hf_depthgrow.families import FAMILIES, resolve_family
+from hf_depthgrow.growth.families import FAMILIES, resolve_family
 from hf_depthgrow.testing import DECODERS, SLIDING, SLIDING_WINDOW, TINY, model_output, tiny_inputs, tiny_model
 
 TOL = 1e-6
@@ -295,7 +295,7 @@ def test_no_layer_stack_is_a_clear_error():
 def test_failure_midway_rolls_back(monkeypatch):
     model = tiny_model("qwen2")
     fingerprint = _fingerprint(model)
-    import hf_depthgrow.growth as growth
+    import hf_depthgrow.growth.engine as growth
 
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")

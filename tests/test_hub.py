@@ -13,9 +13,9 @@ from huggingface_hub import ModelCard, constants
 from huggingface_hub.utils import _runtime
 
 from hf_depthgrow import grow_depth, save_pretrained
-from hf_depthgrow.hub import HubUnreachableError, push_model_to_hub, push_to_hub
-from hf_depthgrow.model_card import CardInfo, render_model_card, validate_card_metadata
-from hf_depthgrow.serialization import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from hf_depthgrow.hub.push import HubUnreachableError, push_model_to_hub, push_to_hub
+from hf_depthgrow.hub.model_card import CardInfo, render_model_card, validate_card_metadata
+from hf_depthgrow.hub.serialization import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from hf_depthgrow.testing import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parent))  # fake_hub.py sits beside this file, whatever pytest's import mode

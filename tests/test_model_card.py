@@ -14,8 +14,8 @@ import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
 import hf_depthgrow
-from hf_depthgrow.evaluate import EvalResult
-from hf_depthgrow.model_card import (
+from hf_depthgrow.evaluation.paired import EvalResult
+from hf_depthgrow.hub.model_card import (
     CardInfo,
     card_context,
     card_metadata,
@@ -24,8 +24,8 @@ from hf_depthgrow.model_card import (
     template_candidates,
     validate_card_metadata,
 )
-from hf_depthgrow.probe import ProbeResult
-from hf_depthgrow.train_config import TrainConfig
+from hf_depthgrow.probe.signal import ProbeResult
+from hf_depthgrow.training.config import TrainConfig
 
 BASE = "HuggingFaceTB/SmolLM2-135M"
 NATIVE_RECORD = {

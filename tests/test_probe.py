@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from hf_depthgrow.growth import grow_depth, new_block_parameters
+from hf_depthgrow.growth.engine import grow_depth, new_block_parameters
 from hf_depthgrow.losses import batch_example_losses
-from hf_depthgrow.probe import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult, _Stats, plot_probe, probe
+from hf_depthgrow.plots import plot_probe
+from hf_depthgrow.probe.signal import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult, _Stats, probe
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
 
@@ -338,8 +339,8 @@ def _tiny_tokenizer(path):
 
 
 def test_cli_writes_json_and_plot(tmp_path, capsys):
-    pytest.importorskip("hf_depthgrow.data")
-    from hf_depthgrow.commands.probe import main, parse_positions
+    pytest.importorskip("hf_depthgrow.data.sources")
+    from hf_depthgrow.cli.probe import main, parse_positions
 
     model = tiny_model("llama")
     model.save_pretrained(tmp_path / "model")

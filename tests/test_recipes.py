@@ -33,8 +33,8 @@ def test_every_task_has_a_recipe_and_configs():
 
 @pytest.mark.parametrize("path", RECIPE_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_config_validates(path):
-    from hf_depthgrow.commands.train import ScriptArguments
-    from hf_depthgrow.train_config import TrainConfig
+    from hf_depthgrow.cli.train import ScriptArguments
+    from hf_depthgrow.training.config import TrainConfig
 
     task = path.parent.name
     recipe = load_recipe(task)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hf_depthgrow.families import resolve_family
-from hf_depthgrow.scaling import StudyConfig, TaskGrid, build_model, load_task_data, run_study
-from hf_depthgrow.scaling_report import _spearman, findings
+from hf_depthgrow.growth.families import resolve_family
+from hf_depthgrow.scaling.study import StudyConfig, TaskGrid, build_model, load_task_data, run_study
+from hf_depthgrow.scaling.report import _spearman, findings
 
 REPO = Path(__file__).resolve().parents[1]
 

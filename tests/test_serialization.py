@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from hf_depthgrow import grow_depth, growth_record, load_pretrained, new_block_parameters, save_pretrained
-from hf_depthgrow.serialization import ADAPTER_WEIGHTS
+from hf_depthgrow.hub.serialization import ADAPTER_WEIGHTS
 from hf_depthgrow.testing import TINY, model_output, tiny_inputs, tiny_model
 
 

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from hf_depthgrow.growth import grow_depth, growth_record
+from hf_depthgrow.growth.engine import grow_depth, growth_record
 from hf_depthgrow.losses import batch_example_losses
-from hf_depthgrow.probe import probe
-from hf_depthgrow.stepping_stone import stepping_stone
+from hf_depthgrow.probe.signal import probe
+from hf_depthgrow.probe.stepping_stone import stepping_stone
 from hf_depthgrow.testing import model_output, tiny_inputs, tiny_model
 
 

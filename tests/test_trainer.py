@@ -17,8 +17,8 @@ import torch
 
 from hf_depthgrow import grow_depth, new_block_parameters
 from hf_depthgrow.testing import model_output, tiny_inputs, tiny_model
-from hf_depthgrow.train_config import TrainConfig
-from hf_depthgrow.trainer import STOP_EXIT_CODE, GrownTrainer, train
+from hf_depthgrow.training.config import TrainConfig
+from hf_depthgrow.training.trainer import STOP_EXIT_CODE, GrownTrainer, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -223,7 +223,7 @@ def test_fallback_returns_the_original_after_a_bad_run(fitted_llama_state, lr):
 
 
 def test_fallback_with_stepping_stone_both_directions(fitted_llama_state):
-    from hf_depthgrow.stepping_stone import stepping_stone
+    from hf_depthgrow.probe.stepping_stone import stepping_stone
 
     data = bigram_rows(16, seed=1)
     batch = {k: torch.stack([r[k] for r in data]) for k in data[0]}
@@ -272,7 +272,7 @@ def _fixture_files(root: Path, dropout: float = 0.0) -> tuple[Path, Path]:
     """A saved (ungrown) tiny Llama, and a pre-tokenised data set on disk."""
     import datasets
 
-    from hf_depthgrow.serialization import save_pretrained
+    from hf_depthgrow.hub.serialization import save_pretrained
 
     base, ds = root / "base", root / "ds"
     save_pretrained(tiny_model("llama", attention_dropout=dropout), base)
@@ -302,7 +302,7 @@ def _common_args(base: Path, ds: Path, out: Path) -> list[str]:
 
 
 def test_killed_run_resumes_to_the_same_weights(tmp_path):
-    from hf_depthgrow.commands.train import main
+    from hf_depthgrow.cli.train import main
 
     # Dropout in the new block and in LoRA: the resumed run must restore the RNG streams too.
     base, ds = _fixture_files(tmp_path, dropout=0.1)
@@ -314,7 +314,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     # A real process that hard-exits (os._exit, no cleanup) after step 3: the work of step 3 is lost,
     # checkpoint-2 is the last one on disk.
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_depthgrow.commands.train", *args(crashed), "--stop_after_step", "3"],
+        [sys.executable, "-m", "hf_depthgrow.cli.train", *args(crashed), "--stop_after_step", "3"],
         env=_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == STOP_EXIT_CODE, proc.stderr[-3000:]
@@ -345,14 +345,14 @@ def test_two_processes_match_one(tmp_path):
     need an MPI hostfile), so two CPU processes come from the torchrun-based `--multi_gpu` launcher
     with `ACCELERATE_USE_CPU=true`, which makes accelerate pick the gloo backend (MULTI_CPU).
     """
-    from hf_depthgrow.commands.train import main
+    from hf_depthgrow.cli.train import main
 
     base, ds = _fixture_files(tmp_path)  # no dropout: random streams differ between layouts
     two, one = tmp_path / "two", tmp_path / "one"
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29731",
-        "-m", "hf_depthgrow.commands.train", *_common_args(base, ds, two),
+        "-m", "hf_depthgrow.cli.train", *_common_args(base, ds, two),
         "--per_device_train_batch_size", "2", "--ddp_timeout", "120", "--fallback", "true",
     ]  # fmt: skip
     proc = subprocess.run(cmd, env={**_env(), "ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=400)

@@ -15,7 +15,7 @@ which saves the probe pass over the training data.
 
 Example:
     ```python
-    >>> from hf_depthgrow.stepping_stone import stepping_stone
+    >>> from hf_depthgrow.probe.stepping_stone import stepping_stone
     >>> stone, info = stepping_stone(model, 3, train_loader)
     >>> info.loss_old, info.loss_stone, info.eta
     ```
@@ -32,11 +32,12 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from .families import resolve_family
-from .growth import GrowthConfig, _resolve_kind, _version, grow_depth
-from .losses import batch_example_losses
-from .prefix import lowest_new_index, prefix_hidden, start_at
-from .probe import _json_safe, _to_device, iter_batches, probe
+from ..growth.families import resolve_family
+from ..growth.engine import GrowthConfig, _resolve_kind, grow_depth
+from ..losses import batch_example_losses
+from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
+from ..utils import json_safe, package_version
+from .signal import _to_device, iter_batches, probe
 
 __all__ = ["SteppingStoneResult", "stepping_stone"]
 
@@ -73,7 +74,7 @@ class SteppingStoneResult:
     line_search: list[tuple[float, float]]
     num_batches: int
     config: dict
-    hf_depthgrow_version: str = field(default_factory=_version)
+    hf_depthgrow_version: str = field(default_factory=package_version)
 
     @property
     def loss_drop(self) -> float:
@@ -83,7 +84,7 @@ class SteppingStoneResult:
         data = asdict(self)
         data["loss_drop"] = self.loss_drop
         data["line_search"] = [list(p) for p in self.line_search]
-        return _json_safe(data)
+        return json_safe(data, nonfinite="null")
 
     def to_json(self, path) -> None:
         with open(path, "w", encoding="utf-8") as handle:

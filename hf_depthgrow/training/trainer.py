@@ -42,12 +42,12 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
-from .families import resolve_family
-from .growth import bypass_new_blocks, growth_record, new_block_modules, new_block_parameters
-from .losses import IGNORE_INDEX, ExampleLosses, example_losses, is_causal_lm, model_inputs
-from .prefix import lowest_new_index, num_original_below, prefix_hidden, start_at
-from .serialization import atomic_write_text
-from .train_config import TrainConfig
+from ..growth.families import resolve_family
+from ..growth.engine import bypass_new_blocks, growth_record, new_block_modules, new_block_parameters
+from ..losses import IGNORE_INDEX, ExampleLosses, example_losses, is_causal_lm, model_inputs
+from ..growth.prefix import lowest_new_index, num_original_below, prefix_hidden, start_at
+from ..utils import atomic_write_text
+from .config import TrainConfig
 
 CHECKPOINT_PREFIX = "checkpoint-"
 TRAINABLE_WEIGHTS = "trainable.safetensors"
@@ -433,11 +433,11 @@ class GrownTrainer:
         model: A grown transformers model (`growth_record(model)` is set). `trainable="full"` also takes
             an ungrown model (used to train a base model first).
         config: A `TrainConfig`.
-        train_dataset: Rows of model inputs with `labels` (e.g. from `hf_depthgrow.data.load_data`);
+        train_dataset: Rows of model inputs with `labels` (e.g. from `hf_depthgrow.data.sources.load_data`);
             anything indexable returning dicts of tensors.
         eval_dataset: Held-out rows for evaluation every `eval_steps`.
         stepping_stone: The stepping-stone model `f~_S` for the fallback rule, or the
-            `(model, SteppingStoneResult)` pair `hf_depthgrow.stepping_stone` returns.
+            `(model, SteppingStoneResult)` pair `hf_depthgrow.probe.stepping_stone` returns.
         tokenizer: Saved beside the final model.
         accelerator: An `accelerate.Accelerator` to use; by default one is made from the config.
 
@@ -447,8 +447,8 @@ class GrownTrainer:
     Example:
         ```python
         >>> from hf_depthgrow import grow_depth
-        >>> from hf_depthgrow.trainer import GrownTrainer
-        >>> from hf_depthgrow.train_config import TrainConfig
+        >>> from hf_depthgrow.training.trainer import GrownTrainer
+        >>> from hf_depthgrow.training.config import TrainConfig
         >>> grow_depth(model, [2])
         >>> result = GrownTrainer(model, TrainConfig(max_steps=50), train_ds, eval_ds).train()
         >>> result.selected, result.delta_erm
@@ -1070,7 +1070,7 @@ class GrownTrainer:
             out = Path(cfg.output_dir)
             out.mkdir(parents=True, exist_ok=True)
             if cfg.save_final_model:
-                from .serialization import save_pretrained
+                from ..hub.serialization import save_pretrained
 
                 to_save = result.model
                 if self.peft_model is not None and result.model is self.peft_model:
@@ -1126,7 +1126,7 @@ def train(
 
     Args:
         model: A model grown with `grow_depth` (changed in place).
-        train_data: Training rows (inputs + `labels`), e.g. from `hf_depthgrow.data.load_data`.
+        train_data: Training rows (inputs + `labels`), e.g. from `hf_depthgrow.data.sources.load_data`.
         config: A `TrainConfig`; or pass its fields as keyword arguments.
         eval_data: Held-out rows, evaluated before, every `eval_steps`, and after.
         stepping_stone: `f~_S` (a model or `stepping_stone(...)`'s `(model, result)`) for the fallback rule;
@@ -1140,7 +1140,7 @@ def train(
     Example:
         ```python
         >>> from hf_depthgrow import grow_depth
-        >>> from hf_depthgrow.trainer import train
+        >>> from hf_depthgrow.training.trainer import train
         >>> from hf_depthgrow.testing import tiny_model
         >>> model = grow_depth(tiny_model("llama"), [2])
         >>> result = train(model, train_ds, eval_data=eval_ds, max_steps=20, learning_rate=1e-3)

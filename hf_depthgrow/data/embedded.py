@@ -17,7 +17,7 @@ itself imports `llm` and `llama_cpp`, which are not needed (and usually not inst
 Example:
 
 ```python
->>> from hf_depthgrow.embedded import load_smollm2, shakespeare_texts, causal_lm_blocks
+>>> from hf_depthgrow.data.embedded import load_smollm2, shakespeare_texts, causal_lm_blocks
 >>> model, tokenizer = load_smollm2()  # builds a float32 safetensors cache on first use (~1 min)
 >>> blocks = causal_lm_blocks(tokenizer, shakespeare_texts(max_chars=200_000), block_size=128)
 >>> blocks.shape

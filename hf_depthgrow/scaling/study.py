@@ -41,9 +41,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .families import resolve_family
-from .growth import grow_depth, new_block_parameters
-from .losses import batch_example_losses
+from ..growth.families import resolve_family
+from ..growth.engine import grow_depth, new_block_parameters
+from ..losses import batch_example_losses
 
 TASKS = ("vit", "lm")
 VISION_DATASETS = ("fashion_mnist", "digits")
@@ -202,7 +202,7 @@ def load_task_data(grid: TaskGrid, seed: int) -> TaskData:
     """Rows for the largest training size; smaller sizes are prefixes of the same seeded order."""
     n_train = max(grid.data_sizes)
     if grid.task == "vit":
-        from .embedded import digits, fashion_mnist
+        from ..data.embedded import digits, fashion_mnist
 
         if grid.dataset == "fashion_mnist":
             x_tr, y_tr = fashion_mnist("train")
@@ -243,7 +243,7 @@ def load_task_data(grid: TaskGrid, seed: int) -> TaskData:
         return TaskData(rows(train_idx), rows(held_idx), rows(test_idx), num_labels=int(y.max()) + 1,
                         image_size=int(x.shape[-1]), unit="images")
 
-    from .embedded import shakespeare_texts
+    from ..data.embedded import shakespeare_texts
 
     works = shakespeare_texts()
     vocab = "".join(sorted(set("".join(works))))
@@ -419,8 +419,8 @@ def fit_model(
 
 def run_cell(grid: TaskGrid, data: TaskData, depth: int, width: int, n: int, *, seed: int, device="cpu") -> dict:
     """Train, probe, grow, train the new block, select, evaluate: one grid cell, as a JSON-ready dict."""
-    from .evaluate import compare_models
-    from .probe import probe
+    from ..evaluation.paired import compare_models
+    from ..probe.signal import probe
 
     start = time.perf_counter()
     train_rows = data.train[:n]
@@ -498,7 +498,7 @@ def cell_name(task_name: str, depth: int, width: int, n: int) -> str:
 
 
 def _write_json(path: Path, data) -> None:
-    from .serialization import atomic_write_text
+    from ..utils import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(data, indent=1))
@@ -564,6 +564,6 @@ def run_study(config: StudyConfig, *, only_aggregate: bool = False) -> dict:
     # process takes the launcher's whole group down, so this cannot wait forever under a launcher).
     while not only_aggregate and not all(path_of(t).exists() for t in todo):
         time.sleep(2.0)
-    from .scaling_report import aggregate
+    from .report import aggregate
 
     return aggregate(config, cells_dir, out)

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     if argv[0] in ("-V", "--version"):
-        from . import __version__
+        from .. import __version__
 
         print(f"hf_depthgrow {__version__}")
         return 0
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"hf-depthgrow: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"hf_depthgrow.commands.{name}")
+    module = importlib.import_module(f"hf_depthgrow.cli.{name}")
     return int(module.main(rest) or 0)
 
 

@@ -1,7 +1,7 @@
 """Confidence intervals for a paired test-risk delta, and the terms of Route A and Route B (THEORY §7).
 
 Everything here is plain arithmetic on numbers and numpy arrays; the evaluator
-(`hf_depthgrow.evaluate`) feeds it per-example losses and the quantities it measured.
+(`hf_depthgrow.evaluation.paired`) feeds it per-example losses and the quantities it measured.
 
 Intervals are for the **mean of per-example differences** `d_i = l_i(f_old) - l_i(f_new)` over the
 test examples (positive = the grown model is better). For a causal LM an example's loss is the

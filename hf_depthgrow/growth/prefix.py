@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from .families import resolve_family
-from .growth import growth_record
-from .losses import model_inputs
+from .engine import growth_record
+from ..losses import model_inputs
 
 
 class _Stop(Exception):

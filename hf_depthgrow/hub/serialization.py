@@ -24,8 +24,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .blocks import POST, PRE
-from .growth import RECORD_KEY, growth_record, reattach_adapters
+from ..growth.adapter import POST, PRE
+from ..growth.engine import RECORD_KEY, growth_record, reattach_adapters
 
 ADAPTER_WEIGHTS = "depthgrow_adapters.safetensors"
 ADAPTER_CONFIG = "depthgrow_adapters.json"
@@ -48,20 +48,6 @@ def _adapters_detached(model: nn.Module):
     finally:
         for module, name, blocks in taken:
             module._modules[name] = blocks
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` through a temp file in the same folder and one `os.replace`: a reader sees the old file or the new one, never half of it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _atomic_dir(path: Path):

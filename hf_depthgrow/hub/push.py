@@ -150,7 +150,7 @@ def push_to_hub(
     Example:
         ```python
         >>> from hf_depthgrow import save_pretrained
-        >>> from hf_depthgrow.hub import push_to_hub
+        >>> from hf_depthgrow.hub.push import push_to_hub
         >>> save_pretrained(model, "grown", tokenizer=tokenizer)
         >>> push_to_hub("grown", "your-name/grown-smollm2", private=True)
         'https://huggingface.co/your-name/grown-smollm2/commit/...'
@@ -177,7 +177,7 @@ def push_to_hub(
         raise ValueError(
             "no Hugging Face token: pass token=..., set the HF_TOKEN environment variable, or run `hf auth login`"
         )
-    from . import __version__
+    from .. import __version__
 
     api = HfApi(endpoint=hub, token=token, library_name="hf_depthgrow", library_version=__version__)
     try:
@@ -272,7 +272,7 @@ def push_model_to_hub(
     Example:
         ```python
         >>> from hf_depthgrow import grow_depth
-        >>> from hf_depthgrow.hub import push_model_to_hub
+        >>> from hf_depthgrow.hub.push import push_model_to_hub
         >>> grow_depth(model, [15])
         >>> push_model_to_hub(model, "your-name/grown-smollm2", tokenizer=tokenizer,
         ...                   card={"evaluation": eval_result, "config": run_config, "license": "apache-2.0"},

@@ -8,7 +8,7 @@ Single process:
 Several processes (DDP/FSDP from an accelerate config):
 
     accelerate launch --config_file recipes/accelerate_configs/multi_gpu.yaml \
-        -m hf_depthgrow.commands.train --config recipes/configs/causal_lm/smollm2_shakespeare.yaml
+        -m hf_depthgrow.cli.train --config recipes/configs/causal_lm/smollm2_shakespeare.yaml
 
 Every `TrainConfig` field is an option; `--config file.yaml` sets any of them (and the
 `ScriptArguments` below), and options on the command line override the file.
@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..train_config import TrainConfig
+from ..training.config import TrainConfig
 
 
 @dataclass
@@ -126,10 +126,10 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
 
     torch_dtype = getattr(torch, _DTYPES[dtype])
     if name == "smollm2":
-        from ..embedded import load_smollm2
+        from ..data.embedded import load_smollm2
 
         return load_smollm2(dtype=torch_dtype)
-    from ..serialization import load_pretrained
+    from ..hub.serialization import load_pretrained
     from .common import load_tokenizer_if_any
 
     return load_pretrained(name, dtype=torch_dtype), load_tokenizer_if_any(name)
@@ -145,7 +145,7 @@ def load_dataset_for(args: ScriptArguments, model, tokenizer):
         if args.max_examples is not None:
             ds = ds.select(range(min(args.max_examples, len(ds))))
         return ds.with_format("torch")
-    from ..data import load_data
+    from ..data.sources import load_data
 
     return load_data(args.dataset, model=model, tokenizer=tokenizer, block_size=args.block_size,
                      max_examples=args.max_examples, seed=args.split_seed)
@@ -155,7 +155,7 @@ def split(args: ScriptArguments, ds):
     """`(train, held_out or None)` by `args.eval_fraction`."""
     if not args.eval_fraction:
         return ds, None
-    from ..data import split_dataset
+    from ..data.sources import split_dataset
 
     parts = split_dataset(ds, {"train": 1 - args.eval_fraction, "held_out": args.eval_fraction}, seed=args.split_seed)
     return parts["train"], parts["held_out"]
@@ -163,8 +163,8 @@ def split(args: ScriptArguments, ds):
 
 def run(args: ScriptArguments, config: TrainConfig):
     """Load, grow, split, train: what `main` does after parsing. Returns the `TrainResult`."""
-    from ..growth import GrowthConfig, grow_depth, growth_record
-    from ..trainer import train
+    from ..growth.engine import GrowthConfig, grow_depth, growth_record
+    from ..training.trainer import train
 
     if not args.model or not args.dataset:
         raise ValueError("--model and --dataset are required (on the command line or in --config)")
@@ -176,7 +176,7 @@ def run(args: ScriptArguments, config: TrainConfig):
         if growth_record(model) and config.trainable != "full":
             print(f"[hf-depthgrow train] {args.model} is already grown; growing again at {args.positions}", file=sys.stderr)
         if args.stepping_stone:
-            from ..stepping_stone import stepping_stone
+            from ..probe.stepping_stone import stepping_stone
 
             # Built from the original model before it is grown (stepping_stone grows a copy).
             stone = stepping_stone(model, args.positions[0], train_ds, block=args.block, init=args.init,

@@ -13,7 +13,7 @@ and the norm regime at every position, and a recommendation.
 
 Example:
     ```python
-    >>> from hf_depthgrow.probe import probe
+    >>> from hf_depthgrow.probe.signal import probe
     >>> result = probe(model, loader)  # loader yields dicts with labels
     >>> result.recommendation["positions"], result.z
     ```
@@ -31,13 +31,14 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from . import blocks as _blocks
-from .families import FamilySpec, model_eps, resolve_family, residual_output_modules
-from .growth import GrowthConfig, _check_positions, _resolve_kind, _version, build_block
-from .losses import example_losses, is_causal_lm, labels_of, model_inputs
-from .norms import _eps_of, _is_norm
+from ..growth import adapter as _blocks
+from ..growth.families import FamilySpec, model_eps, resolve_family, residual_output_modules
+from ..growth.engine import GrowthConfig, _check_positions, _resolve_kind, build_block
+from ..utils import json_safe, package_version
+from ..losses import example_losses, is_causal_lm, labels_of, model_inputs
+from ..growth.norms import _eps_of, _is_norm
 
-__all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "ProbeResult", "iter_batches", "plot_probe", "probe"]
+__all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "ProbeResult", "iter_batches", "probe"]
 
 VERDICT_IMPROVABLE = "improvable"
 VERDICT_NOT_OBSERVABLE = "not observable at this data size (deepest-model regime)"
@@ -111,14 +112,14 @@ class ProbeResult:
     z_threshold: float
     norm_factor: float
     recommendation: dict
-    hf_depthgrow_version: str = field(default_factory=_version)
+    hf_depthgrow_version: str = field(default_factory=package_version)
     gradients: list[dict[str, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict (non-finite numbers become `None`); gradients are left out."""
         data = asdict(self)
         data.pop("gradients", None)
-        return _json_safe(data)
+        return json_safe(data, nonfinite="null")
 
     def to_json(self, path) -> None:
         """Write `to_dict()` as sorted, indented JSON."""
@@ -153,16 +154,6 @@ class ProbeResult:
             )
         lines.append(f"recommendation: {self.recommendation['reason']}")
         return "\n".join(lines)
-
-
-def _json_safe(value):
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 # --------------------------------------------------------------------------- data
@@ -787,43 +778,3 @@ def _assemble(model, spec, kind, cfg, positions, candidates, stats, norm_eps, to
 # --------------------------------------------------------------------------- plot
 
 
-def plot_probe(result: ProbeResult, path, *, title: str | None = None) -> None:
-    """Save a two-panel PNG: the signals with error bars vs depth, and the z-scores.
-
-    Top: the empirical `||G_S||^2` and the unbiased population estimate of `||G_D||^2` with
-    +-2 standard errors (symmetric-log scale, since the estimate can be negative). Bottom: z-scores
-    with the threshold; improvable positions are filled.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    k = result.positions
-    emp = [s * s for s in result.signal]
-    pop = [math.nan if v is None else v for v in result.population]
-    se = [0.0 if v is None or math.isnan(v) else v for v in result.population_se]
-    z = [math.nan if v is None else v for v in result.z]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    top.plot(k, emp, "o-", color="tab:gray", label=r"empirical $\|G_S\|^2$ (all data)")
-    top.errorbar(k, pop, yerr=[2 * s for s in se], fmt="s", color="tab:blue", capsize=3,
-                 label=r"population $\widehat{\|G_D\|^2}$ $\pm$ 2 se")
-    finite = [abs(v) for v in pop + emp if v == v and v != 0]
-    scale = [2 * s for s in se if s > 0]
-    linthresh = min(scale) if scale else (min(finite) if finite else 1.0)
-    top.set_yscale("symlog", linthresh=max(linthresh, 1e-30))
-    top.axhline(0.0, color="black", lw=0.6)
-    top.set_ylabel("squared signal")
-    top.legend(loc="best", fontsize=8)
-    colors = ["tab:green" if ok else "white" for ok in result.improvable]
-    bottom.bar(k, [0 if v != v else v for v in z], color=colors, edgecolor="tab:green")
-    bottom.axhline(result.z_threshold, color="tab:red", ls="--", lw=1, label=f"threshold z = {result.z_threshold:g}")
-    bottom.axhline(0.0, color="black", lw=0.6)
-    bottom.set_ylabel("z-score")
-    bottom.set_xlabel("insertion position k (0 = after embeddings, L = before final norm)")
-    bottom.legend(loc="best", fontsize=8)
-    fig.suptitle(title or f"{result.model_type}: first-order signal of a {result.block} block "
-                 f"({result.num_batches} batches, {result.total_weight:.0f} {result.weight_unit})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .losses import is_causal_lm
+from ..losses import is_causal_lm
 
 EMBEDDED_SOURCES = ("shakespeare", "tweets", "fashion_mnist", "digits")
 

@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..bounds import RouteInputs
+from ..evaluation.bounds import RouteInputs
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -58,11 +58,11 @@ def _fractions(text: str) -> dict[str, float]:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
 
-    from ..data import infer_task, load_data, split_dataset
-    from ..evaluate import compare_models, evaluate_delta, route_inputs
-    from ..growth import growth_record
-    from ..report import write_report
-    from ..serialization import load_pretrained
+    from ..data.sources import infer_task, load_data, split_dataset
+    from ..evaluation.paired import compare_models, evaluate_delta, route_inputs
+    from ..growth.engine import growth_record
+    from ..evaluation.report import write_report
+    from ..hub.serialization import load_pretrained
 
     from .common import load_tokenizer_if_any
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     def load(name: str):
         if name == "smollm2":  # the embedded SmolLM2-135M-Instruct, as in the other commands
-            from ..embedded import load_smollm2
+            from ..data.embedded import load_smollm2
 
             return load_smollm2(dtype=dtype)
         return load_pretrained(name, dtype=dtype).eval(), load_tokenizer_if_any(name)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..growth import bypass_new_blocks, grow_depth, growth_record
-from ..norms import norm_inventory
+from ..growth.engine import bypass_new_blocks, grow_depth, growth_record
+from ..growth.norms import norm_inventory
 
 PROMPT = "Write one sentence about the sea."
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_demo(position: int | None = None, max_new_tokens: int = 32) -> dict:
-    from ..embedded import load_smollm2
+    from ..data.embedded import load_smollm2
 
     start = time.perf_counter()
     model, tokenizer = load_smollm2()
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     bound = result["largest_norm_lipschitz_bound"]
     print(f"  {result['norms']} norms; largest Lipschitz bound {bound['bound']:.3g} at {bound['name']} (eps {bound['eps']:g})")
     if args.save:
-        from ..serialization import save_pretrained
+        from ..hub.serialization import save_pretrained
 
         save_pretrained(model, args.save, tokenizer=tokenizer)
         print(f"  saved to {args.save}")

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from .. import plots
 
 # A covariance is called near-diagonal when less than half of its Frobenius mass is off the diagonal.
 NEAR_DIAGONAL = 0.5
@@ -45,7 +46,7 @@ def _spearman(x, y) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def _best(row: dict, key: str) -> float:
+def best_value(row: dict, key: str) -> float:
     values = [v for v in row["probe"][key] if v is not None]
     return max(values) if values else float("nan")
 
@@ -74,7 +75,7 @@ def findings(rows: list[dict]) -> dict:
         rhos = []
         for w in widths:
             for n in sizes:
-                pts = [(L, _best(get[(L, w, n)], "population")) for L in depths if (L, w, n) in get]
+                pts = [(L, best_value(get[(L, w, n)], "population")) for L in depths if (L, w, n) in get]
                 if len(pts) >= 2:
                     rhos.append(_spearman(*zip(*pts)))
         rhos = [r for r in rhos if math.isfinite(r)]
@@ -97,7 +98,7 @@ def findings(rows: list[dict]) -> dict:
         n_fixed = sizes[0]
         rhos = []
         for L in depths:
-            pts = [(w, _best(get[(L, w, n_fixed)], "z")) for w in widths if (L, w, n_fixed) in get]
+            pts = [(w, best_value(get[(L, w, n_fixed)], "z")) for w in widths if (L, w, n_fixed) in get]
             if len(pts) >= 2:
                 rhos.append(_spearman(*zip(*pts)))
         rhos = [r for r in rhos if math.isfinite(r)]
@@ -136,7 +137,7 @@ def findings(rows: list[dict]) -> dict:
 
 def fits(rows: list[dict], *, bootstrap: int = 200, seed: int = 0) -> dict:
     """`L(N, D) = E + A N^-alpha + B D^-beta` on the base models' test losses, per task."""
-    from .scaling_fit import fit_power_law
+    from .fit import fit_power_law
 
     out = {}
     for name in sorted({r["name"] for r in rows}):
@@ -151,126 +152,6 @@ def fits(rows: list[dict], *, bootstrap: int = 200, seed: int = 0) -> dict:
             continue
         out[name] = {"fit": fit, "N": N, "D": D, "loss": loss}
     return out
-
-
-def _atomic_fig(fig, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
-
-
-def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
-    """One figure per finding (each with a panel per task). Returns name -> path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = sorted(found)
-    paths = {}
-    cmap = plt.get_cmap("viridis")
-
-    def panels(title):
-        fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 3.8), squeeze=False)
-        fig.suptitle(title)
-        return fig, axes[0]
-
-    def colour(i, n):
-        return cmap(0.15 + 0.7 * i / max(1, n - 1))
-
-    # 1. Covariance off-diagonal share against relative position, largest data.
-    fig, axes = panels("Activation-gradient covariance: off-diagonal share")
-    for ax, name in zip(axes, names):
-        cells = [r for r in rows if r["name"] == name]
-        n_big = max(r["data_size"] for r in cells)
-        widths = sorted({r["width"] for r in cells})
-        for r in cells:
-            if r["data_size"] != n_big:
-                continue
-            ks = np.array(r["probe"]["positions"]) / max(1, r["depth"])
-            ax.plot(ks, r["probe"]["offdiag_share"], "o-", ms=3, alpha=0.8,
-                    color=colour(widths.index(r["width"]), len(widths)), label=f"d={r['width']}, L={r['depth']}")
-        ax.axhline(NEAR_DIAGONAL, color="grey", ls=":", lw=1)
-        ax.set(title=f"{name} (n={n_big})", xlabel="position k / L", ylabel="||Σ - diag Σ||_F / ||Σ||_F", ylim=(0, 1.02))
-        ax.legend(fontsize=6, ncol=2)
-    paths["covariance"] = out / "covariance.png"
-    _atomic_fig(fig, paths["covariance"])
-    plt.close(fig)
-
-    # 2. Population signal against depth: across models (best position vs L) and inside the deepest models (vs k).
-    fig, grid = plt.subplots(2, len(names), figsize=(5.2 * len(names), 7.0), squeeze=False)
-    fig.suptitle("First-order signal against depth (population estimate ± SE)")
-    for col, name in enumerate(names):
-        cells = [r for r in rows if r["name"] == name]
-        n_big = max(r["data_size"] for r in cells)
-        widths = sorted({r["width"] for r in cells})
-        depths = sorted({r["depth"] for r in cells})
-        ax = grid[0][col]
-        for i, w in enumerate(widths):
-            sel = sorted((r for r in cells if r["width"] == w and r["data_size"] == n_big), key=lambda r: r["depth"])
-            ys, es = [], []
-            for r in sel:
-                pop = [v if v is not None else np.nan for v in r["probe"]["population"]]
-                j = int(np.nanargmax(pop))
-                ys.append(pop[j])
-                es.append(r["probe"]["population_se"][j] or 0.0)
-            ax.errorbar([r["depth"] for r in sel], ys, yerr=es, fmt="o-", capsize=2, color=colour(i, len(widths)), label=f"d={w}")
-        ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set(title=f"{name} (n={n_big}): best position", xlabel="depth L of the model", ylabel="population signal ||G_D||²",
-               xticks=depths)
-        ax.legend(fontsize=7)
-        ax = grid[1][col]
-        for i, w in enumerate(widths):
-            deep = [r for r in cells if r["width"] == w and r["data_size"] == n_big and r["depth"] == depths[-1]]
-            for r in deep:
-                pop = [v if v is not None else np.nan for v in r["probe"]["population"]]
-                se = [v if v is not None else 0.0 for v in r["probe"]["population_se"]]
-                ax.errorbar(r["probe"]["positions"], pop, yerr=se, fmt="o-", capsize=2, color=colour(i, len(widths)), label=f"d={w}")
-        ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set(title=f"{name} (n={n_big}): by position, L={depths[-1]}", xlabel="position k", ylabel="population signal ||G_D||²",
-               xticks=list(range(depths[-1] + 1)))
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths["signal_depth"] = out / "signal_depth.png"
-    _atomic_fig(fig, paths["signal_depth"])
-    plt.close(fig)
-
-    # 3. z against width at fixed (smallest) data.
-    fig, axes = panels("Observability: best-position z-score against width at fixed data")
-    for ax, name in zip(axes, names):
-        cells = [r for r in rows if r["name"] == name]
-        n_fixed = found[name]["z_grows_with_width"]["data_size"]
-        depths = sorted({r["depth"] for r in cells})
-        for i, L in enumerate(depths):
-            sel = sorted((r for r in cells if r["depth"] == L and r["data_size"] == n_fixed), key=lambda r: r["width"])
-            ax.plot([r["width"] for r in sel], [_best(r, "z") for r in sel], "o-", color=colour(i, len(depths)), label=f"L={L}")
-        ax.axhline(2.0, color="grey", ls=":", lw=1)
-        widths = sorted({r["width"] for r in cells})
-        ax.set(title=f"{name} (n={n_fixed})", xlabel="width d", ylabel="max z", xscale="log")
-        ax.set_xticks(widths, [str(w) for w in widths])
-        ax.minorticks_off()
-        ax.legend(fontsize=7)
-    paths["z_width"] = out / "z_width.png"
-    _atomic_fig(fig, paths["z_width"])
-    plt.close(fig)
-
-    # 4. Test loss after growth along the two paths.
-    fig, axes = panels("Test loss after growth: depth and width together vs depth alone")
-    for ax, name in zip(axes, names):
-        f = found[name]["joint_scaling_beats_depth_alone"]
-        for key, label, style in (("joint", "depth + width", "o-"), ("narrow", f"depth alone (d={f['narrow_path'][0][1]})", "s--")):
-            path, losses = f[f"{key}_path"], f[f"{key}_losses"]
-            ax.plot([L + 1 for L, _ in path], losses, style, label=label)
-            for (L, w), y in zip(path, losses):
-                if y is not None:
-                    ax.annotate(f"d={w}", (L + 1, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
-        ax.set(title=name, xlabel="depth after growth (L + 1)", ylabel="test loss")
-        ax.legend(fontsize=7)
-    paths["growth_paths"] = out / "growth_paths.png"
-    _atomic_fig(fig, paths["growth_paths"])
-    plt.close(fig)
-    return {k: str(v) for k, v in paths.items()}
 
 
 def _fmt(v, digits=4) -> str:
@@ -325,25 +206,24 @@ def results_markdown(config: dict, rows: list[dict], found: dict, fitted: dict, 
         lines.append(
             f"| {r['name']} | {r['depth']} | {r['width']} | {r['data_size']} | {r['N']} | {r['D']} | {_fmt(r['test']['loss_base'])} "
             f"| {r['growth']['position']} | {r['growth']['selected']} | {_fmt(r['test']['loss_grown'])} | {_fmt(r['test']['delta'], 3)} {ci} "
-            f"| {_fmt(_best(r, 'z'), 3)} | {_fmt(float(np.median(off)) if off else None, 3)} | {r['seconds']:.0f} |"
+            f"| {_fmt(best_value(r, 'z'), 3)} | {_fmt(float(np.median(off)) if off else None, 3)} | {r['seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None) -> dict:
     """Findings, fits, figures and `RESULTS.md` / `summary.json` from the cells on disk."""
-    from .scaling_fit import plot_power_law
-    from .serialization import atomic_write_text
+    from ..utils import atomic_write_text
 
     rows = load_cells(cells_dir)
     if not rows:
         raise RuntimeError(f"no finished cells in {cells_dir}")
     found = findings(rows)
     fitted = fits(rows, bootstrap=config.fit_bootstrap, seed=config.seed)
-    figures = plot_findings(rows, found, out)
+    figures = plots.plot_findings(rows, found, out)
     for name, item in fitted.items():
         if "fit" in item:
-            figures[f"fit_{name}"] = str(plot_power_law(item["fit"], item["N"], item["D"], item["loss"], out / f"fit_{name}.png"))
+            figures[f"fit_{name}"] = str(plots.plot_power_law(item["fit"], item["N"], item["D"], item["loss"], out / f"fit_{name}.png"))
     stored = out / "command.txt"
     command = command or (stored.read_text().strip() if stored.exists() else None) or "python recipes/scaling_study.py"
     text = results_markdown(config.to_dict(), rows, found, fitted, figures, command)

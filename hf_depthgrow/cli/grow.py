@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..growth import BLOCK_KINDS, INITS, GrowthConfig, grow_depth, growth_record
-from ..serialization import load_pretrained, save_pretrained
+from ..growth.engine import BLOCK_KINDS, INITS, GrowthConfig, grow_depth, growth_record
+from ..hub.serialization import load_pretrained, save_pretrained
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ per batch (`prefix_hidden`) and both runs start from it (`start_at`, the old one
 About the module name: this file is `hf_depthgrow/evaluate.py`. It does not shadow the Hugging Face
 `evaluate` package, because Python 3 imports are absolute: `import evaluate` anywhere, this file
 included, finds the top-level package, while this module is only reachable as
-`hf_depthgrow.evaluate`. The HF package is imported lazily (it takes seconds to import) under the
+`hf_depthgrow.evaluation.paired`. The HF package is imported lazily (it takes seconds to import) under the
 alias `hf_evaluate` for readability.
 """
 
@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from .bounds import INTERVALS, RouteInputs, paired_intervals, route_bounds
-from .families import residual_output_modules, resolve_family
-from .growth import bypass_new_blocks, growth_record
-from .losses import IGNORE_INDEX, ExampleLosses, example_losses, is_causal_lm
+from ..growth.families import residual_output_modules, resolve_family
+from ..growth.engine import bypass_new_blocks, growth_record
+from ..utils import json_number, json_safe
+from ..losses import IGNORE_INDEX, ExampleLosses, example_losses, is_causal_lm
 
 ID_COLUMNS = ("id", "idx", "example_id")
 
@@ -104,7 +105,7 @@ class EvalResult:
         out["intervals"] = {k: list(v) for k, v in self.intervals.items()}
         out["confidence"] = self.confidence
         out["verdict"] = self.verdict
-        return _json_safe(out)
+        return json_safe(out)
 
     def to_json(self, path: str | Path | None = None, **kwargs) -> str:
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False, **kwargs)
@@ -116,28 +117,12 @@ class EvalResult:
     def from_dict(cls, data: Mapping) -> "EvalResult":
         names = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}
-        kwargs["intervals"] = {k: (_num(v[0]), _num(v[1])) for k, v in kwargs["intervals"].items()}
+        kwargs["intervals"] = {k: (json_number(v[0]), json_number(v[1])) for k, v in kwargs["intervals"].items()}
         return cls(**kwargs)
 
 
 def _label(name: str) -> str:
     return "bootstrap (approximate)" if name == "bootstrap" else name
-
-
-def _num(x):
-    return {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}.get(x, x) if isinstance(x, str) else x
-
-
-def _json_safe(x):
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return x
 
 
 # --------------------------------------------------------------------------- data
@@ -156,7 +141,7 @@ def _iter_batches(data, batch_size: int):
             raise ValueError("the evaluation data is empty: no example to evaluate.")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        # In data order (as `hf_depthgrow.data.make_loader` without shuffling), without importing `datasets`.
+        # In data order (as `hf_depthgrow.data.sources.make_loader` without shuffling), without importing `datasets`.
         return DataLoader(data, batch_size=batch_size, shuffle=False)
     if isinstance(data, Iterable):
         return list(data)  # a one-shot iterator: kept, since it is read twice (checks, then the run)
@@ -393,7 +378,7 @@ def _num_batches(batches) -> int | None:
 
 def paired_losses(model: nn.Module, batches, *, progress: bool = False) -> tuple[_Collector, int]:
     """Per-example losses of the original (bypassed) and the grown model, prefix computed once per batch."""
-    from .prefix import lowest_new_index, prefix_hidden, start_at
+    from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
 
     index = lowest_new_index(model)
     if index is None:
@@ -583,7 +568,7 @@ def evaluate_delta(
 
     Args:
         model: A model grown by `grow_depth` (or loaded with `load_pretrained`).
-        data: A `datasets.Dataset` or list of rows with `labels` (see `hf_depthgrow.data.load_data`),
+        data: A `datasets.Dataset` or list of rows with `labels` (see `hf_depthgrow.data.sources.load_data`),
             a `DataLoader`, or an iterable of batch dicts. An `id`/`idx`/`example_id` column names the examples.
         delta: Allowed failure probability of each interval (confidence `1 - delta`).
         loss_bound: `B`, an a-priori upper bound of a per-example loss. `None` takes the largest loss
@@ -594,7 +579,7 @@ def evaluate_delta(
         metrics: Also compute task metrics (accuracy and F1, or perplexity).
         use_evaluate: Compute accuracy/F1 with Hugging Face `evaluate` where `evaluate.load` works
             (offline it does not: the built-in numpy definitions are used and the report says so).
-        routes: Route A/B inputs (`hf_depthgrow.bounds.RouteInputs`, see `route_inputs`); the result
+        routes: Route A/B inputs (`hf_depthgrow.evaluation.bounds.RouteInputs`, see `route_inputs`); the result
             then carries every term and both bounds.
         example_ids: Names of the examples in data order (default: their position).
         progress: Show a tqdm progress bar.
@@ -679,7 +664,7 @@ def compare_models(
 
 def _new_block_outputs(model: nn.Module) -> list[tuple[nn.Module, list[nn.Module]]]:
     """Each new block with the modules whose output joins the residual stream (its output weights W)."""
-    from . import blocks as _blocks
+    from ..growth import adapter as _blocks
 
     record = growth_record(model)
     if not record:
@@ -712,7 +697,7 @@ def block_norm_terms(model: nn.Module, data, *, batch_size: int = 8, progress: b
         >>> terms["rho"], terms["b_w"], terms["b_a"]
         ```
     """
-    from .prefix import lowest_new_index, prefix_hidden, start_at
+    from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
 
     blocks = _new_block_outputs(model)
     b_w = math.sqrt(

@@ -14,14 +14,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Iterator
 
 import torch
 from torch import nn
 
-from . import blocks as _blocks
+from . import adapter as _blocks
+from ..utils import package_version
 from .families import FamilySpec, model_eps, resolve_family, residual_output_modules
 
 RECORD_KEY = "depth_growth"
@@ -29,13 +29,6 @@ BLOCK_KINDS = ("auto", "native", "adapter")
 INITS = ("copy", "random")
 # Config lists of the layer count's length that are not one-entry-per-layer.
 _NOT_PER_LAYER = {"architectures", "stage_names", "out_features", "out_indices", "bad_words_ids", "suppress_tokens"}
-
-
-def _version() -> str:
-    """The package version, read lazily (the package's `__init__` imports this module); shared by every result record."""
-    from . import __version__
-
-    return __version__
 
 
 @dataclass
@@ -324,7 +317,7 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
     if is_quantized(model):
         raise ValueError(
             "the model is flagged as quantised (e.g. loaded with gguf_file= or a quantization_config) and cannot be "
-            "grown or trained: make a float copy first (see hf_depthgrow.embedded for the GGUF case)."
+            "grown or trained: make a float copy first (see hf_depthgrow.data.embedded for the GGUF case)."
         )
     spec, stack, _ = resolve_family(model)
     config_ = model.config
@@ -442,7 +435,7 @@ def _update_record(model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, p
         }
     )
     record["num_layers"] = len(stack)
-    record["hf_depthgrow_version"] = _version()
+    record["hf_depthgrow_version"] = package_version()
     _set_record(model.config, record)
 
 

@@ -86,7 +86,7 @@ class TrainConfig:
 
     Example:
         ```python
-        >>> from hf_depthgrow.train_config import TrainConfig
+        >>> from hf_depthgrow.training.config import TrainConfig
         >>> TrainConfig(trainable="new+lora", max_steps=100, learning_rate=1e-4).trainable
         'new+lora'
         ```
@@ -214,9 +214,9 @@ class TrainConfig:
         return asdict(self)
 
     def to_json_string(self) -> str:
-        from . import __version__
+        from ..utils import package_version
 
-        return json.dumps({**self.to_dict(), "hf_depthgrow_version": __version__}, indent=2, sort_keys=True)
+        return json.dumps({**self.to_dict(), "hf_depthgrow_version": package_version()}, indent=2, sort_keys=True)
 
     @classmethod
     def field_names(cls) -> set[str]:

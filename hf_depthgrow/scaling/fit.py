@@ -25,12 +25,11 @@ Only numpy, scipy and (for the plot) matplotlib: no torch.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
+
+from ..utils import json_safe
 
 PARAMS = ("E", "A", "alpha", "B", "beta")
 EXPONENT_BOUNDS = (1e-4, 3.0)  # (0, 3]: no LM scaling exponent measured so far comes near 3
@@ -96,7 +95,7 @@ class PowerLawFit:
 
     def to_dict(self) -> dict:
         """Plain, strict-JSON data: non-finite numbers (an undetermined stderr) become `None`."""
-        return _json_safe(asdict(self))
+        return json_safe(asdict(self), nonfinite="null")
 
     @classmethod
     def from_dict(cls, data: dict) -> PowerLawFit:
@@ -135,16 +134,6 @@ class PowerLawFit:
 
 def _num(v) -> float:
     return float("nan") if v is None else float(v)
-
-
-def _json_safe(obj):
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def _as_1d(values) -> np.ndarray:
@@ -325,6 +314,8 @@ def fit_power_law(
     Example:
         ```python
         >>> import numpy as np
+
+from ..utils import json_safe
         >>> N, D = (a.ravel() for a in np.meshgrid(np.geomspace(1e4, 1e6, 4), np.geomspace(1e3, 1e5, 4)))
         >>> loss = 1.7 + 8 * N**-0.34 + 5 * D**-0.28
         >>> fit = fit_power_law(N, D, loss, bootstrap=0)
@@ -432,57 +423,3 @@ def _bootstrap(N, D, loss, w, floor, x_best, log_gn, log_gd, n_boot, seed, confi
     return {p: [float(low[i]), float(high[i])] for i, p in enumerate(PARAMS)}, len(samples)
 
 
-def plot_power_law(fit: PowerLawFit, N, D, loss, path: str | Path) -> Path:
-    """Measured losses against `N`, coloured by `D`, with the fitted curve for each `D`.
-
-    The file is written to a temporary name in the same folder and moved into place, so a reader
-    never sees a half-written image.
-
-    Example:
-        ```python
-        >>> plot_power_law(fit, N, D, loss, "scaling_fit.png")
-        PosixPath('scaling_fit.png')
-        ```
-    """
-    # Figure + Agg canvas instead of pyplot: no global backend switch, no figure registry.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import LogNorm, Normalize
-    from matplotlib.figure import Figure
-
-    N, D, loss = (np.asarray(a, dtype=np.float64).reshape(-1) for a in (N, D, loss))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    fig = Figure(figsize=(6.4, 4.2), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    norm = LogNorm(D.min(), D.max()) if D.max() > D.min() else Normalize(D.min() - 1, D.max() + 1)
-    cmap = "viridis"
-    ax.scatter(N, loss, c=D, cmap=cmap, norm=norm, s=28, edgecolors="black", linewidths=0.4, zorder=3)
-    distinct = np.unique(D)
-    if distinct.size > 8:  # one curve per D would be unreadable; show 8 spread over the range
-        distinct = np.unique(np.geomspace(distinct.min(), distinct.max(), 8))
-    grid = np.geomspace(N.min(), N.max(), 200)
-    mapper = ScalarMappable(norm=norm, cmap=cmap)
-    for d in distinct:
-        ax.plot(grid, fit.predict(grid, d), color=mapper.to_rgba(d), lw=1.3)
-    ax.set_xscale("log")
-    ax.set_xlabel("N (parameters)")
-    ax.set_ylabel("test loss")
-    ax.set_title(
-        f"L = {fit.E:.3g} + {fit.A:.3g}·N^-{fit.alpha:.3g} + {fit.B:.3g}·D^-{fit.beta:.3g}  (R² {fit.r2:.4f})",
-        fontsize=9,
-    )
-    fig.colorbar(mapper, ax=ax, label="D (training data)")
-    fig.tight_layout()
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix or ".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format=(path.suffix.lstrip(".") or "png"))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path

@@ -1,0 +1,77 @@
+"""Small helpers shared by every subpackage: JSON that survives non-finite numbers, atomic writes, the version."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def package_version() -> str:
+    """The installed hf_depthgrow version, stamped into every result record."""
+    from . import __version__
+
+    return __version__
+
+
+def json_safe(value, *, nonfinite: str = "string"):
+    """`value` with numpy scalars made plain and non-finite floats made JSON-safe.
+
+    Args:
+        nonfinite: `"string"` writes NaN/inf as `"nan"`, `"inf"`, `"-inf"` (read back with
+            `json_number`); `"null"` writes `None` where a missing value is what they mean
+            (a probe statistic that could not be measured).
+
+    Example:
+        ```python
+        >>> json_safe({"a": float("inf"), "b": [1.5, float("nan")]})
+        {'a': 'inf', 'b': [1.5, 'nan']}
+        ```
+    """
+    if isinstance(value, dict):
+        return {str(k): json_safe(v, nonfinite=nonfinite) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v, nonfinite=nonfinite) for v in value]
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        if nonfinite == "null":
+            return None
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def json_number(value):
+    """Undo `json_safe` for one number: `"nan"`, `"inf"`, `"-inf"` become floats again."""
+    return _NONFINITE.get(value, value) if isinstance(value, str) else value
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` through a temp file in the same folder and one `os.replace`: a reader sees the old file or the new one, never half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a saved file gets the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | os.PathLike, data, *, indent: int = 2) -> Path:
+    """`data` as sorted, strict JSON (non-finite numbers as strings), written atomically."""
+    return atomic_write_text(path, json.dumps(json_safe(data), indent=indent, sort_keys=True, allow_nan=False) + "\n")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
