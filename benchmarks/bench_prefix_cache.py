@@ -151,7 +151,7 @@ def worker_time(args) -> dict:
         "cache_build_seconds": trainer.cache_info["build_seconds"],
         "cache_bytes": trainer.cache_info["bytes"],
         "examples": len(trainer.train_dataset),
-        "flops": flop_model(trainer.model.config, args.k, args.seq, growth_record(trainer.model)["base_num_layers"]),
+        "flops": flop_model(trainer.model.config, args.k, args.seq, growth_record(trainer.model).base_num_layers),
     }
 
 

@@ -164,18 +164,20 @@ def test_growth_record_contents():
     model = tiny_model("llama")
     grow_depth(model, [0, 4], block="native", init="copy")
     record = growth_record(model)
-    assert record["base_num_layers"] == 4 and record["num_layers"] == 6
-    assert record["native_indices"] == [0, 5]
-    assert record["history"][0]["block"] == "native" and record["history"][0]["init"] == "copy"
-    assert record["history"][0]["eps"] == model.config.rms_norm_eps
-    assert record["hf_depthgrow_version"]
+    assert record.base_num_layers == 4 and record.num_layers == 6
+    assert record.native_indices == (0, 5) and record.old_indices == (1, 2, 3, 4)
+    assert record.history[0].block == "native" and record.history[0].init == "copy"
+    assert record.history[0].eps == model.config.rms_norm_eps
+    assert record.hf_depthgrow_version
+    # Stored as a plain dict in the config (it travels in config.json).
+    assert model.config.depth_growth["native_indices"] == [0, 5]
     # Growing again shifts the earlier indices; adapters are listed by host layer.
     grow_depth(model, [1], block="native")
-    assert growth_record(model)["native_indices"] == [0, 1, 6]
+    assert growth_record(model).native_indices == (0, 1, 6)
     grow_depth(model, [3], block="adapter", eps=1e-5)
-    adapters = growth_record(model)["adapters"]
+    adapters = growth_record(model).to_dict()["adapters"]
     assert adapters == [{"host": 3, "where": "pre", "dim": 32, "norm": "rms", "eps": 1e-5, "act": "gelu"}]
-    assert growth_record(model)["base_num_layers"] == 4
+    assert growth_record(model).base_num_layers == 4
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2", "bert", "vit"])
@@ -196,7 +198,7 @@ def test_bypass_runs_the_original(model_type):
         # No second copy of the weights: the model's parameters are the grown model's.
         assert sum(p.numel() for p in model.parameters()) > n_params
     assert max_diff(model_output(model, inputs), after) <= TOL
-    assert model.config.num_hidden_layers == growth_record(model)["num_layers"]
+    assert model.config.num_hidden_layers == growth_record(model).num_layers
 
 
 def test_bypass_restores_on_error():
@@ -214,7 +216,7 @@ def test_gpt2_inverse_layer_scaling_falls_back_to_adapter():
     inputs = tiny_inputs(model)
     before = model_output(model, inputs)
     grow_depth(model, [2])
-    assert growth_record(model)["history"][0]["block"] == "adapter"
+    assert growth_record(model).history[0].block == "adapter"
     assert max_diff(model_output(model, inputs), before) <= TOL
     with pytest.raises(ValueError, match="ties the maths to layer indices"):
         grow_depth(tiny_model("gpt2", scale_attn_by_inverse_layer_idx=True), [2], block="native")
@@ -318,7 +320,7 @@ def test_unknown_family_gets_adapters_with_a_warning():
     before = model_output(model, inputs)
     with pytest.warns(UserWarning, match="not in hf_depthgrow's family table"):
         grow_depth(model, [2])
-    assert growth_record(model)["history"][0]["block"] == "adapter"
+    assert growth_record(model).history[0].block == "adapter"
     assert max_diff(model_output(model, inputs), before) <= TOL
 
 

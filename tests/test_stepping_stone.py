@@ -34,7 +34,7 @@ def test_stepping_stone_lowers_training_loss(model_type, position):
     assert abs(info.loss_old - mean_loss(model, batches)) < 1e-6
     assert abs(info.loss_stone - mean_loss(stone, batches)) < 1e-6
     assert info.slope == pytest.approx(-info.grad_norm, rel=1e-6)
-    assert growth_record(stone)["history"][0]["positions"] == [position]
+    assert growth_record(stone).history[0].positions == (position,)
     # The original is untouched.
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     # Only the zero-initialised output parameters moved, by exactly eta.

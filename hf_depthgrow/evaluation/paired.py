@@ -534,7 +534,7 @@ def _describe(model: nn.Module) -> dict:
         "name_or_path": getattr(model.config, "_name_or_path", "") or "",
         "num_layers": getattr(model.config, "num_hidden_layers", None),
         "grown": bool(record),
-        "growth": {k: record[k] for k in ("base_num_layers", "native_indices", "adapters") if k in record} if record else None,
+        "growth": {k: v for k, v in record.to_dict().items() if k in ("base_num_layers", "native_indices", "adapters")} if record else None,
     }
 
 
@@ -600,9 +600,9 @@ def evaluate_delta(
     batches, ids = _prepare({"the model": model}, data, batch_size, example_ids)
     with _EvalMode(model):
         collect, index = paired_losses(model, batches, progress=progress)
-    record = growth_record(model) or {}
+    record = growth_record(model)
     described = {"old": {**_describe(model), "note": "the grown model with its new blocks bypassed",
-                         "num_layers": record.get("base_num_layers")}, "new": _describe(model)}
+                         "num_layers": record.base_num_layers if record else None}, "new": _describe(model)}
     return _assemble(
         collect, ids, mode="shared_prefix", delta=delta, loss_bound=loss_bound, n_bootstrap=n_bootstrap, seed=seed,
         metrics=metrics, use_evaluate=use_evaluate, num_labels=getattr(model.config, "num_labels", None),
@@ -670,7 +670,7 @@ def _new_block_outputs(model: nn.Module) -> list[tuple[nn.Module, list[nn.Module
     if not record:
         raise ValueError("the model has no growth record: there is no new block to measure")
     spec, stack, _ = resolve_family(model)
-    out = [(stack[i], residual_output_modules(spec, stack[i])) for i in record["native_indices"]]
+    out = [(stack[i], residual_output_modules(spec, stack[i])) for i in record.native_indices]
     for layer in stack:
         for hosted in _blocks.hosted_blocks(layer).values():
             out.extend((block, [block.w_out]) for block in hosted)

@@ -22,9 +22,9 @@ from torch import nn
 
 from . import adapter as _blocks
 from ..utils import package_version
+from .record import AdapterEntry, GrowthRecord, GrowthStep, growth_record, store_record, stored_record
 from .families import FamilySpec, model_eps, resolve_family, residual_output_modules
 
-RECORD_KEY = "depth_growth"
 BLOCK_KINDS = ("auto", "native", "adapter")
 INITS = ("copy", "random")
 # Config lists of the layer count's length that are not one-entry-per-layer.
@@ -255,7 +255,7 @@ class _Snapshot:
         config = model.config
         keys = _per_layer_keys(config, len(stack))
         idx = [(m, m.layer_idx) for layer in stack for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)]
-        record = copy.deepcopy(getattr(config, RECORD_KEY, None))
+        record = stored_record(config)
         return cls(list(stack), config.num_hidden_layers, {k: list(getattr(config, k)) for k in keys}, idx, record)
 
     def restore(self, model, stack) -> None:
@@ -265,21 +265,7 @@ class _Snapshot:
             setattr(model.config, key, value)
         for module, idx in self.layer_idx:
             module.layer_idx = idx
-        _set_record(model.config, self.record)
-
-
-def _set_record(config, record: dict | None) -> None:
-    if record is None:
-        if hasattr(config, RECORD_KEY):
-            delattr(config, RECORD_KEY)
-    else:
-        setattr(config, RECORD_KEY, record)
-
-
-def growth_record(model: nn.Module) -> dict | None:
-    """The growth record stored in `model.config` (it travels in config.json), or `None`."""
-    record = getattr(model.config, RECORD_KEY, None)
-    return copy.deepcopy(record) if record else None
+        store_record(model.config, self.record)
 
 
 # --------------------------------------------------------------------------- public API
@@ -397,46 +383,44 @@ def _insert_native(model, stack, new_blocks, snapshot: _Snapshot) -> None:
 
 
 def _update_record(model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, positions, new_blocks, own_eps) -> None:
-    record = copy.deepcopy(snapshot.record) or {
-        "base_num_layers": len(snapshot.layers),
-        "native_indices": [],
-        "adapters": [],
-        "history": [],
-    }
+    before = GrowthRecord.from_dict(snapshot.record) if snapshot.record else None
     old_index = {id(layer): i for i, layer in enumerate(snapshot.layers)}
     new_native = {id(b) for _, b in new_blocks} if kind == "native" else set()
-    prior_native = set(record["native_indices"])
-    record["native_indices"] = [
+    prior_native = set(before.native_indices) if before else set()
+    native = tuple(
         i for i, layer in enumerate(stack) if id(layer) in new_native or old_index.get(id(layer), -1) in prior_native
-    ]
-    record["adapters"] = []
-    for i, layer in enumerate(stack):
-        for where, hosted in _blocks.hosted_blocks(layer).items():
-            for block in hosted:
-                record["adapters"].append(
-                    {
-                        "host": i,
-                        "where": where,
-                        "dim": block.w_in.out_features,
-                        "norm": "rms" if isinstance(block.norm, nn.RMSNorm) else "layer",
-                        "eps": block.norm.eps,
-                        "act": next(n for n, c in _blocks.ACTIVATIONS.items() if isinstance(block.act, c)),
-                    }
-                )
-    record["history"].append(
-        {
-            "positions": positions,
-            "num_layers_before": len(snapshot.layers),
-            "block": kind,
-            "init": cfg.init if kind == "native" else "random",
-            "eps": cfg.eps if cfg.eps is not None else own_eps,
-            "seed": cfg.seed,
-            "config": asdict(cfg),
-        }
     )
-    record["num_layers"] = len(stack)
-    record["hf_depthgrow_version"] = package_version()
-    _set_record(model.config, record)
+    adapters = tuple(
+        AdapterEntry(
+            host=i,
+            where=where,
+            dim=block.w_in.out_features,
+            norm="rms" if isinstance(block.norm, nn.RMSNorm) else "layer",
+            eps=block.norm.eps,
+            act=next(n for n, c in _blocks.ACTIVATIONS.items() if isinstance(block.act, c)),
+        )
+        for i, layer in enumerate(stack)
+        for where, hosted in _blocks.hosted_blocks(layer).items()
+        for block in hosted
+    )
+    step = GrowthStep(
+        positions=tuple(positions),
+        num_layers_before=len(snapshot.layers),
+        block=kind,
+        init=cfg.init if kind == "native" else "random",
+        eps=cfg.eps if cfg.eps is not None else own_eps,
+        seed=cfg.seed,
+        config=asdict(cfg),
+    )
+    record = GrowthRecord(
+        base_num_layers=before.base_num_layers if before else len(snapshot.layers),
+        num_layers=len(stack),
+        native_indices=native,
+        adapters=adapters,
+        history=(*(before.history if before else ()), step),
+        hf_depthgrow_version=package_version(),
+    )
+    store_record(model.config, record)
 
 
 def new_block_modules(model: nn.Module) -> list[nn.Module]:
@@ -445,7 +429,7 @@ def new_block_modules(model: nn.Module) -> list[nn.Module]:
     if not record:
         return []
     _, stack, _ = resolve_family(model)
-    modules = [stack[i] for i in record["native_indices"]]
+    modules = [stack[i] for i in record.native_indices]
     for layer in stack:
         for hosted in _blocks.hosted_blocks(layer).values():
             modules.extend(hosted)
@@ -480,8 +464,7 @@ def bypass_new_blocks(model: nn.Module):
     _, stack, _ = resolve_family(model)
     snapshot = _Snapshot.take(model, stack)
     adapters = [b for layer in stack for hosted in _blocks.hosted_blocks(layer).values() for b in hosted]
-    native = set(record["native_indices"])
-    keep = [i for i in range(len(stack)) if i not in native]
+    keep = list(record.old_indices)
     try:
         layers = [stack[i] for i in keep]
         _set_layers(stack, layers)
@@ -498,16 +481,15 @@ def bypass_new_blocks(model: nn.Module):
         snapshot.restore(model, stack)
 
 
-def reattach_adapters(model: nn.Module, record: dict) -> list[_blocks.NormalizedResidualBlock]:
+def reattach_adapters(model: nn.Module, record: GrowthRecord) -> list[_blocks.NormalizedResidualBlock]:
     """Rebuild the adapter blocks a record lists (weights to be loaded afterwards)."""
     _, stack, _ = resolve_family(model)
     like = _param_like(stack[0])
     hidden = _hidden_size(model, stack[0])
     built = []
-    for entry in record.get("adapters", []):
-        block = _blocks.NormalizedResidualBlock(hidden, entry["dim"], norm=entry["norm"], eps=entry["eps"], act=entry["act"])
+    for entry in record.adapters:
+        block = _blocks.NormalizedResidualBlock(hidden, entry.dim, norm=entry.norm, eps=entry.eps, act=entry.act)
         block = block.to(dtype=like.dtype, device=like.device)
-        _blocks.attach(stack[entry["host"]], block, entry["where"])
+        _blocks.attach(stack[entry.host], block, entry.where)
         built.append(block)
     return built
-

@@ -46,16 +46,13 @@ def lowest_new_index(model: nn.Module) -> int | None:
     Everything below it is original and frozen-able; its input is the prefix to cache.
     """
     record = growth_record(model)
-    if not record:
-        return None
-    candidates = list(record["native_indices"]) + [a["host"] for a in record["adapters"]]
-    return min(candidates) if candidates else None
+    return record.lowest_changed_layer if record else None
 
 
 def num_original_below(model: nn.Module, index: int) -> int:
     """How many original layers sit below stack index `index` (the index inside a bypass)."""
-    record = growth_record(model) or {"native_indices": []}
-    return index - sum(1 for i in record["native_indices"] if i < index)
+    record = growth_record(model)
+    return record.num_original_below(index) if record else index
 
 
 @torch.no_grad()

@@ -38,6 +38,8 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
 from huggingface_hub.utils import validate_repo_id
 
+from ..growth.record import GrowthRecord, growth_record
+
 TEMPLATE_NAME = "grown_model.md"
 FRAMEWORKS = ("torch", "transformers", "accelerate", "peft", "huggingface_hub", "safetensors")
 BASE_TAGS = ("hf_depthgrow", "depth-growth")
@@ -118,7 +120,7 @@ class CardInfo:
     description: str | None = field(default=None, metadata={"help": "Free paragraph under the model details."})
     model_type: str | None = field(default=None, metadata={"help": "config.model_type."})
     architectures: list[str] | None = field(default=None, metadata={"help": "config.architectures."})
-    growth_record: dict | None = field(default=None, metadata={"help": "hf_depthgrow.growth_record(model)."})
+    growth_record: GrowthRecord | dict | None = field(default=None, metadata={"help": "hf_depthgrow.growth_record(model) (a stored dict is read too)."})
     adapters_only: bool = field(default=False, metadata={"help": "The repo holds only the adapter blocks."})
     probe: Any = field(default=None, metadata={"help": "ProbeResult or summary dict."})
     training: Any = field(default=None, metadata={"help": "Training settings and result."})
@@ -134,6 +136,8 @@ class CardInfo:
     framework_versions: dict[str, str] | None = field(default=None, metadata={"help": "Default: collected."})
 
     def __post_init__(self):
+        if self.growth_record is not None:
+            self.growth_record = GrowthRecord.from_dict(self.growth_record)
         if isinstance(self.datasets, str):
             self.datasets = [self.datasets]
         if isinstance(self.tags, str):
@@ -160,8 +164,6 @@ class CardInfo:
             >>> info = CardInfo.from_model(model, repo_id="me/grown", license="apache-2.0")
             ```
         """
-        from ..growth.engine import growth_record
-
         config = model.config
         found = {
             "model_type": getattr(config, "model_type", None),
@@ -347,9 +349,9 @@ def find_template() -> Path:
 
 
 def _library_name(info: CardInfo) -> str:
-    record = info.growth_record or {}
     # Plain transformers cannot rebuild adapter blocks: the checkpoint is only usable through hf_depthgrow.
-    return "hf_depthgrow" if info.adapters_only or record.get("adapters") else "transformers"
+    has_adapters = bool(info.growth_record and info.growth_record.adapters)
+    return "hf_depthgrow" if info.adapters_only or has_adapters else "transformers"
 
 
 def _split_datasets(datasets) -> tuple[list[str], list[str]]:
@@ -377,7 +379,7 @@ def card_metadata(info: "CardInfo | Mapping") -> ModelCardData:
     info = _as_info(info)
     base_id = info.base_model_id or (info.base_model if _looks_like_hub_id(info.base_model) else None)
     tags = list(BASE_TAGS) + ([info.model_type] if info.model_type else [])
-    if (info.growth_record or {}).get("adapters") or info.adapters_only:
+    if (info.growth_record and info.growth_record.adapters) or info.adapters_only:
         tags.append("adapter-blocks")
     tags += [t for t in info.tags or [] if isinstance(t, str) and t]
     hub_datasets, _ = _split_datasets(info.datasets)
@@ -481,28 +483,26 @@ def validate_card_metadata(card) -> dict:
 # --------------------------------------------------------------------------- sections
 
 
-def _growth_section(record: dict | None) -> dict | None:
+def _growth_section(record: GrowthRecord | None) -> dict | None:
     if not record:
         return None
     history = []
-    for step in record.get("history", []):
-        where = ", ".join(str(k) for k in step.get("positions", []))
-        block = step.get("block", "?")
-        how = f"init `{step.get('init')}`" if block == "native" else "W_out = 0"
+    for step in record.history:
+        where = ", ".join(str(k) for k in step.positions)
+        how = f"init `{step.init}`" if step.block == "native" else "W_out = 0"
         history.append(
-            f"{block} block(s) inserted at position(s) k = {where} of a {step.get('num_layers_before', '?')}-layer stack "
-            f"({how}, eps {_fmt(step.get('eps'))}, seed {step.get('seed')}); each sees the residual stream entering layer k."
+            f"{step.block} block(s) inserted at position(s) k = {where} of a {step.num_layers_before}-layer stack "
+            f"({how}, eps {_fmt(step.eps)}, seed {step.seed}); each sees the residual stream entering layer k."
         )
     adapters = [
-        f"adapter block on layer {a.get('host')} ({a.get('where')}-hook): width {a.get('dim')}, {a.get('norm')} norm "
-        f"with eps {_fmt(a.get('eps'))}, {a.get('act')} activation."
-        for a in record.get("adapters", [])
+        f"adapter block on layer {a.host} ({a.where}-hook): width {a.dim}, {a.norm} norm "
+        f"with eps {_fmt(a.eps)}, {a.act} activation."
+        for a in record.adapters
     ]
-    native = record.get("native_indices") or []
     return {
         "history": history,
-        "native_indices": ", ".join(str(i) for i in native),
-        "num_layers": record.get("num_layers", "?"),
+        "native_indices": ", ".join(str(i) for i in record.native_indices),
+        "num_layers": record.num_layers,
         "adapters": adapters,
     }
 
@@ -690,10 +690,10 @@ def card_context(info: "CardInfo | Mapping") -> dict:
     library = _library_name(info)
     arch = (info.architectures or ["unknown"])[0]
     _, auto_class = _head(info.architectures)
-    native = len((record or {}).get("native_indices") or [])
-    adapters = len((record or {}).get("adapters") or [])
+    native = len(record.native_indices) if record else 0
+    adapters = len(record.adapters) if record else 0
     if record:
-        layers = f"{record.get('base_num_layers', '?')} → {record.get('num_layers', '?')}"
+        layers = f"{record.base_num_layers} → {record.num_layers}"
         blocks = ", ".join(x for x in (f"{native} native" if native else "", f"{adapters} adapter" if adapters else "") if x) or "none"
     else:
         layers, blocks = "not recorded", "none recorded"
@@ -753,7 +753,7 @@ def card_context(info: "CardInfo | Mapping") -> dict:
         "command": info.command,
         "config_yaml": config_yaml,
         "config_fence": "`" * max(3, longest + 1),
-        "growth_record_json": json.dumps(record, indent=2, sort_keys=True) if record else None,
+        "growth_record_json": json.dumps(record.to_dict(), indent=2, sort_keys=True) if record else None,
         "growth_record_file": "depthgrow_adapters.json" if info.adapters_only else "config.json",
         "framework_versions": [(k, v) for k, v in versions.items()],
         "hf_depthgrow_version": versions.get("hf_depthgrow", ""),

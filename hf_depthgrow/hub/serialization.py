@@ -25,7 +25,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..growth.adapter import POST, PRE
-from ..growth.engine import RECORD_KEY, growth_record, reattach_adapters
+from ..growth.engine import reattach_adapters
+from ..growth.families import resolve_family
+from ..growth.record import RECORD_KEY, GrowthRecord, InvalidGrowthRecordError, growth_record, store_record
 
 ADAPTER_WEIGHTS = "depthgrow_adapters.safetensors"
 ADAPTER_CONFIG = "depthgrow_adapters.json"
@@ -97,19 +99,19 @@ def save_pretrained(
     tmp = _atomic_dir(path)
     try:
         if adapters_only:
-            if not record or not record.get("adapters"):
+            if not record or not record.adapters:
                 raise ValueError("adapters_only=True needs a model with adapter blocks")
-            if record.get("native_indices"):
+            if record.native_indices:
                 raise ValueError("adapters_only=True cannot hold native blocks: they are whole layers; save the full model")
             if not base_model:
                 raise ValueError("adapters_only=True needs base_model= (the Hub id or path of the base weights)")
             (tmp / ADAPTER_CONFIG).write_text(
-                json.dumps({"base_model": str(base_model), RECORD_KEY: record, "architectures": model.config.architectures or [type(model).__name__]}, indent=2, sort_keys=True)
+                json.dumps({"base_model": str(base_model), RECORD_KEY: record.to_dict(), "architectures": model.config.architectures or [type(model).__name__]}, indent=2, sort_keys=True)
             )
         else:
             with _adapters_detached(model):
                 model.save_pretrained(str(tmp), safe_serialization=True, **kwargs)
-        if record and record.get("adapters"):
+        if record and record.adapters:
             save_file(_adapter_state(model), str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
@@ -118,6 +120,15 @@ def save_pretrained(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def _check_record_matches(model: nn.Module, record: GrowthRecord, path: Path) -> None:
+    """The record must describe these weights: as many layers as the stack holds."""
+    _, stack, _ = resolve_family(model)
+    try:
+        record.validate(num_layers=len(stack))
+    except InvalidGrowthRecordError as err:
+        raise InvalidGrowthRecordError(f"{path.name}: {err}") from None
 
 
 def _model_class(architectures):
@@ -139,19 +150,23 @@ def load_pretrained(path: str | os.PathLike, *, base_model: str | os.PathLike | 
         meta = json.loads((path / ADAPTER_CONFIG).read_text())
         base = base_model or meta["base_model"]
         model = _model_class(meta.get("architectures")).from_pretrained(str(base), **kwargs)
-        record = meta[RECORD_KEY]
+        record = GrowthRecord.from_dict(meta[RECORD_KEY])
         state = load_file(str(path / ADAPTER_WEIGHTS))
     else:
         config = transformers.AutoConfig.from_pretrained(str(path))
-        record = getattr(config, RECORD_KEY, None) or {}
+        raw = getattr(config, RECORD_KEY, None)
+        record = GrowthRecord.from_dict(raw) if raw else None  # a forged record is refused before any weights load
         cls = _model_class(config.architectures)
         model = cls.from_pretrained(str(path), **kwargs)
-        if not record.get("adapters"):
+        if record is not None:
+            _check_record_matches(model, record, path)
+        if not (record and record.adapters):
             return model
         if not (path / ADAPTER_WEIGHTS).exists():
             raise ValueError(f"{path}: the growth record lists adapter blocks but {ADAPTER_WEIGHTS} is missing")
         state = load_file(str(path / ADAPTER_WEIGHTS))
-    setattr(model.config, RECORD_KEY, record)
+    _check_record_matches(model, record, path)
+    store_record(model.config, record)
     reattach_adapters(model, record)
     expected = set(_adapter_state(model))
     missing, unexpected = expected - set(state), set(state) - expected

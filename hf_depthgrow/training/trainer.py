@@ -388,13 +388,6 @@ def shares_prefix(model: nn.Module, other: nn.Module, index: int) -> bool:
 # --------------------------------------------------------------------------- trainable sets
 
 
-def _insertion_cut(model: nn.Module) -> int:
-    """Stack index of the lowest original layer that sits *above* an insertion point."""
-    record = growth_record(model)
-    cuts = list(record["native_indices"]) + [a["host"] + (a["where"] == "post") for a in record["adapters"]]
-    return min(cuts)
-
-
 def lora_target_names(model: nn.Module, suffixes: Sequence[str] | None = None) -> list[str]:
     """Full names of the linear layers LoRA adapts in `"new+lora"`: original layers above the lowest insertion.
 
@@ -404,8 +397,8 @@ def lora_target_names(model: nn.Module, suffixes: Sequence[str] | None = None) -
 
     record = growth_record(model)
     _, stack, path = resolve_family(model)
-    cut = _insertion_cut(model)
-    native = set(record["native_indices"])
+    cut = record.lowest_insertion_point  # original layers from here up sit above a new block
+    native = set(record.native_indices)
     names = []
     for i in range(cut, len(stack)):
         if i in native:
@@ -863,7 +856,7 @@ class GrownTrainer:
         self.prefix_index = lowest_new_index(self.model) if self.record else None
         self.model.to(acc.device)
         self.sharded = acc.distributed_type == DistributedType.FSDP
-        if self.sharded and self.record and (self.record.get("adapters") or cfg.trainable == "new+lora"):
+        if self.sharded and self.record and (self.record.adapters or cfg.trainable == "new+lora"):
             raise NotImplementedError(
                 "under FSDP this trainer supports native blocks with trainable='new' or 'full' (adapter blocks and "
                 "LoRA are saved and merged from unsharded weights); use a DDP launch config for them."
