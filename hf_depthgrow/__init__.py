@@ -35,6 +35,7 @@ _LAZY = {
     "render_model_card": "hub",
     "CardInfo": "hub",
     "run_pipeline": "pipeline",
+    "load_model": "hub.loading",
     "RunConfig": "pipeline",
 }
 

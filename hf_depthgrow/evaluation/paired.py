@@ -664,7 +664,7 @@ def compare_models(
 
 def _new_block_outputs(model: nn.Module) -> list[tuple[nn.Module, list[nn.Module]]]:
     """Each new block with the modules whose output joins the residual stream (its output weights W)."""
-    from ..growth import adapter as _blocks
+    from ..growth.adapter import hosted_blocks
 
     record = growth_record(model)
     if not record:
@@ -672,7 +672,7 @@ def _new_block_outputs(model: nn.Module) -> list[tuple[nn.Module, list[nn.Module
     spec, stack, _ = resolve_family(model)
     out = [(stack[i], residual_output_modules(spec, stack[i])) for i in record.native_indices]
     for layer in stack:
-        for hosted in _blocks.hosted_blocks(layer).values():
+        for hosted in hosted_blocks(layer).values():
             out.extend((block, [block.w_out]) for block in hosted)
     return out
 

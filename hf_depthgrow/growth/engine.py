@@ -96,7 +96,8 @@ def is_quantized(model: nn.Module) -> bool:
     )
 
 
-def _check_positions(positions, num_layers: int) -> list[int]:
+def check_positions(positions, num_layers: int) -> list[int]:
+    """The positions sorted, after checking each is an int in 0..num_layers; a `ValueError` names the bad one."""
     if isinstance(positions, (int, str, bytes)) or not isinstance(positions, Iterable):
         raise ValueError(f"positions must be a list of ints, got {positions!r}")
     positions = list(positions)
@@ -110,7 +111,8 @@ def _check_positions(positions, num_layers: int) -> list[int]:
     return sorted(positions)
 
 
-def _resolve_kind(cfg: GrowthConfig, spec: FamilySpec, config) -> str:
+def resolve_block_kind(cfg: GrowthConfig, spec: FamilySpec, config) -> str:
+    """`"native"` or `"adapter"` for `cfg.block` on this family (`auto`: native where that is exact)."""
     native_ok = spec.kind != "unknown" and spec.native_is_exact(config)
     if cfg.block == "auto":
         return "native" if native_ok else "adapter"
@@ -206,8 +208,8 @@ def build_block(model: nn.Module, position: int, config: GrowthConfig | None = N
     """
     cfg = config or GrowthConfig(**kwargs)
     spec, stack, _ = resolve_family(model)
-    _check_positions([position], len(stack))
-    kind = _resolve_kind(cfg, spec, model.config)
+    check_positions([position], len(stack))
+    kind = resolve_block_kind(cfg, spec, model.config)
     builder = build_native_block if kind == "native" else build_adapter_block
     return kind, builder(model, stack, spec, position, cfg, repeat)
 
@@ -312,8 +314,8 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
     num_layers = len(stack)
     if config_.num_hidden_layers != num_layers:
         raise ValueError(f"config.num_hidden_layers={config_.num_hidden_layers} but the layer stack has {num_layers} layers.")
-    sorted_positions = _check_positions(positions, num_layers)
-    kind = _resolve_kind(cfg, spec, config_)
+    sorted_positions = check_positions(positions, num_layers)
+    kind = resolve_block_kind(cfg, spec, config_)
     own_eps = model_eps(spec, config_)
     if kind == "native" and cfg.eps is not None and own_eps is not None and cfg.eps != own_eps:
         raise ValueError(

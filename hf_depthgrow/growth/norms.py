@@ -46,7 +46,8 @@ def check_norm_eps(eps: float, dtype: torch.dtype = torch.float32) -> None:
         )
 
 
-def _eps_of(module: nn.Module) -> float | None:
+def norm_eps(module: nn.Module) -> float | None:
+    """The module's normalisation eps, whatever the family calls it, or `None`."""
     for attr in ("eps", "variance_epsilon", "epsilon"):
         value = getattr(module, attr, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -54,11 +55,12 @@ def _eps_of(module: nn.Module) -> float | None:
     return None
 
 
-def _is_norm(module: nn.Module) -> bool:
+def is_norm(module: nn.Module) -> bool:
+    """Whether `module` is a normalisation layer (torch's, or a family's own with an eps)."""
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)):
         return True
     name = type(module).__name__.lower()
-    return "norm" in name and _eps_of(module) is not None
+    return "norm" in name and norm_eps(module) is not None
 
 
 def norm_inventory(model: nn.Module) -> list[NormInfo]:
@@ -76,9 +78,9 @@ def norm_inventory(model: nn.Module) -> list[NormInfo]:
     offset = spec.gamma_offset if spec else 0.0
     rows = []
     for name, module in model.named_modules():
-        if not _is_norm(module):
+        if not is_norm(module):
             continue
-        eps = _eps_of(module)
+        eps = norm_eps(module)
         if eps is None:
             continue
         weight = getattr(module, "weight", None)

@@ -31,12 +31,12 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from ..growth import adapter as _blocks
+from ..growth import adapter
 from ..growth.families import FamilySpec, model_eps, resolve_family, residual_output_modules
-from ..growth.engine import GrowthConfig, _check_positions, _resolve_kind, build_block
+from ..growth.engine import GrowthConfig, check_positions, resolve_block_kind, build_block
 from ..utils import json_safe, package_version
 from ..losses import example_losses, is_causal_lm, labels_of, model_inputs
-from ..growth.norms import _eps_of, _is_norm
+from ..growth.norms import norm_eps, is_norm
 
 __all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "ProbeResult", "iter_batches", "probe"]
 
@@ -491,10 +491,10 @@ def _next_norm_eps(model: nn.Module, spec: FamilySpec, stack: nn.ModuleList, pos
     fallback = model_eps(spec, model.config) or 1e-6
     if position < len(stack):
         for name, module in stack[position].named_modules():
-            if name.startswith((_blocks.PRE, _blocks.POST)):
+            if name.startswith((adapter.PRE, adapter.POST)):
                 continue
-            if _is_norm(module) and _eps_of(module) is not None:
-                return _eps_of(module)
+            if is_norm(module) and norm_eps(module) is not None:
+                return norm_eps(module)
         return fallback
     # k = L: the first norm registered after the layer stack in the base model (the final norm).
     base = getattr(model, "base_model", model)
@@ -504,8 +504,8 @@ def _next_norm_eps(model: nn.Module, spec: FamilySpec, stack: nn.ModuleList, pos
         if module is stack:
             stack_seen = True
             continue
-        if stack_seen and id(module) not in stack_ids and _is_norm(module) and _eps_of(module) is not None:
-            after = _eps_of(module)
+        if stack_seen and id(module) not in stack_ids and is_norm(module) and norm_eps(module) is not None:
+            after = norm_eps(module)
             break
     return after if after is not None else fallback
 
@@ -626,8 +626,8 @@ def probe(
     cfg = GrowthConfig(block=block, init=init, eps=eps, seed=seed, adapter_dim=adapter_dim, adapter_act=adapter_act)
     spec, stack, _ = resolve_family(model)
     num_layers = len(stack)
-    positions = sorted(set(_check_positions(list(range(num_layers + 1)) if positions is None else positions, num_layers)))
-    kind = _resolve_kind(cfg, spec, model.config)
+    positions = sorted(set(check_positions(list(range(num_layers + 1)) if positions is None else positions, num_layers)))
+    kind = resolve_block_kind(cfg, spec, model.config)
     own_eps = model_eps(spec, model.config)
     if kind == "native" and eps is not None and own_eps is not None and eps != own_eps:
         raise ValueError(

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..growth.families import resolve_family
-from ..growth.engine import GrowthConfig, _resolve_kind, grow_depth
+from ..growth.engine import GrowthConfig, resolve_block_kind, grow_depth
 from ..losses import batch_example_losses
 from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
 from ..utils import json_safe, package_version
@@ -215,7 +215,7 @@ def stepping_stone(
             f"(unknown or mis-shaped: {sorted(mismatch)[:4]}); pass the probe's gradients for the same position and block"
         )
     params = {name: new.get_parameter(name) for name in grad_dir}
-    kind = _resolve_kind(cfg, resolve_family(model)[0], model.config)
+    kind = resolve_block_kind(cfg, resolve_family(model)[0], model.config)
     if grad_norm > 0:
         direction = {name: -t / grad_norm for name, t in grad_dir.items()}
         slope = sum(float((grad_train[name].double() * direction[name].double()).sum()) for name in direction)
