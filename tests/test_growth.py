@@ -355,3 +355,51 @@ def test_eps_below_dtype_resolution_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         grow_depth(tiny_model("llama"), [1], block="adapter", eps=1e-8)  # fine in fp32
+
+
+def test_eps_warning_points_at_the_caller():
+    model = tiny_model("llama").to(torch.float16)
+    with pytest.warns(UserWarning, match="cannot resolve") as caught:
+        grow_depth(model, [1], block="adapter", eps=1e-8)
+    assert caught[0].filename == __file__
+
+
+# ----------------------------------------------------------------------------- layout of the package
+
+
+# Every public name `hf_depthgrow.growth.engine` exported before it was split by job.
+ENGINE_NAMES = [
+    "BLOCK_KINDS", "INITS", "GrowthConfig", "is_quantized", "check_positions", "resolve_block_kind",
+    "build_native_block", "build_adapter_block", "build_block", "grow_depth", "new_block_modules",
+    "new_block_parameters", "bypass_new_blocks", "reattach_adapters", "growth_record", "GrowthRecord",
+    "AdapterEntry", "GrowthStep", "store_record", "stored_record", "FamilySpec", "model_eps", "resolve_family",
+    "residual_output_modules",
+]
+
+
+def test_engine_still_exports_what_it_did_and_the_package_exports_its_all():
+    import hf_depthgrow.growth as growth_pkg
+    import hf_depthgrow.growth.engine as engine
+
+    missing = [name for name in ENGINE_NAMES if not hasattr(engine, name)]
+    assert not missing
+    assert set(ENGINE_NAMES) <= set(engine.__all__)
+    for name in growth_pkg.__all__:
+        assert getattr(growth_pkg, name) is not None, name
+    for name in ("GrowthRecord", "growth_record", "InvalidGrowthRecordError"):
+        assert name in growth_pkg.__all__
+    assert growth_pkg.grow_depth is engine.grow_depth and growth_pkg.bypass_new_blocks is engine.bypass_new_blocks
+
+
+def test_adapter_detach_is_the_inverse_of_attach():
+    from hf_depthgrow.growth import adapter
+
+    layer = nn.Linear(8, 8)
+    block = adapter.NormalizedResidualBlock(8, 4)
+    adapter.attach(layer, block, "pre")
+    assert adapter.hosted_blocks(layer)["pre"] == [block]
+    assert adapter.detach(layer, block) is True
+    assert adapter.hosted_blocks(layer) == {"pre": [], "post": []}
+    assert adapter.detach(layer, block) is False
+    z = torch.randn(2, 8)
+    assert torch.equal(layer(z), nn.functional.linear(z, layer.weight, layer.bias))

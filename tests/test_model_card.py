@@ -14,7 +14,7 @@ import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
 import hf_depthgrow
-from hf_depthgrow.evaluation.paired import EvalResult
+from hf_depthgrow.evaluation import EvalResult
 from hf_depthgrow.hub.model_card import (
     CardInfo,
     card_context,
@@ -295,6 +295,18 @@ def test_validate_rejects_what_the_hub_would():
         validate_card_metadata("---\nbase_model: [unclosed\n---\n")
     with pytest.raises(ValueError, match="no YAML metadata"):
         validate_card_metadata("# just text\n")
+
+
+def test_growth_record_is_typed():
+    """A stored dict becomes a `GrowthRecord`; a record object is kept; the card shows the same either way."""
+    from hf_depthgrow.growth.record import GrowthRecord
+
+    from_dict = CardInfo(**minimal_info())
+    assert isinstance(from_dict.growth_record, GrowthRecord)
+    assert tuple(from_dict.growth_record.native_indices) == tuple(NATIVE_RECORD["native_indices"])
+    from_record = CardInfo(**minimal_info(growth_record=from_dict.growth_record))
+    assert from_record.growth_record == from_dict.growth_record
+    assert str(render_model_card(from_dict)) == str(render_model_card(from_record))
 
 
 def test_unknown_fields_are_refused():

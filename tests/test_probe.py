@@ -10,7 +10,8 @@ import torch
 from hf_depthgrow.growth.engine import grow_depth, new_block_parameters
 from hf_depthgrow.losses import batch_example_losses
 from hf_depthgrow.plots import plot_probe
-from hf_depthgrow.probe.signal import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult, _Stats, probe
+from hf_depthgrow.probe.signal import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult, probe
+from hf_depthgrow.probe.statistics import PositionStats
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
 
@@ -183,7 +184,7 @@ def test_population_statistic_matches_brute_force():
     gen = torch.Generator().manual_seed(0)
     vectors = [torch.randn(5, generator=gen) + 0.3 for _ in range(7)]
     weights = [3.0, 1.0, 2.0, 3.0, 1.0, 2.0, 2.0]
-    stats = _Stats(5, num_splits=3, device="cpu", covariance=False)
+    stats = PositionStats(5, num_splits=3, device="cpu", covariance=False)
     for b, (v, w) in enumerate(zip(vectors, weights)):
         stats.add_gradient(b, v, w)
 
@@ -205,7 +206,7 @@ def test_population_estimate_is_unbiased_on_noise():
     gen = torch.Generator().manual_seed(1)
     us, naive = [], []
     for _ in range(300):
-        stats = _Stats(20, num_splits=4, device="cpu", covariance=False)
+        stats = PositionStats(20, num_splits=4, device="cpu", covariance=False)
         total = torch.zeros(20)
         for b in range(8):
             v = torch.randn(20, generator=gen)
@@ -224,7 +225,7 @@ def test_covariance_statistics_on_constructed_gradients():
     # Rank one: g_t = s_t u. Sigma = E[s^2] u u^T: stable rank 1, spectral norm = trace.
     u = torch.tensor([1.0, 2.0, 0.0, -1.0, 0.5, 0.0])
     s = torch.linspace(-1, 2, 50)
-    stats = _Stats(1, num_splits=2, device="cpu", covariance=True)
+    stats = PositionStats(1, num_splits=2, device="cpu", covariance=True)
     stats.add_tokens(s[:, None] * u, torch.ones(50), 0.0)
     cov = stats.covariance()
     sigma = (s.square().mean() * torch.outer(u, u)).double()
@@ -235,7 +236,7 @@ def test_covariance_statistics_on_constructed_gradients():
     # Independent coordinates with variances 1..d: near-diagonal, stable rank sum / max.
     gen = torch.Generator().manual_seed(0)
     scales = torch.arange(1, d + 1, dtype=torch.float32).sqrt()
-    stats = _Stats(1, num_splits=2, device="cpu", covariance=True)
+    stats = PositionStats(1, num_splits=2, device="cpu", covariance=True)
     stats.add_tokens(torch.randn(200_000, d, generator=gen) * scales, torch.ones(200_000), 0.0)
     cov = stats.covariance()
     assert cov["offdiag_share"] < 0.01
@@ -311,8 +312,10 @@ def test_rejects_bad_arguments():
         probe(model, batches, num_splits=1, progress=False)
     with pytest.raises(ValueError, match="native blocks are not function-preserving"):
         probe(tiny_model("bert"), batches_for(tiny_model("bert"), n=1), block="native", progress=False)
-    with pytest.raises(ValueError, match="no batches"):
+    with pytest.raises(ValueError, match="empty"):
         probe(model, [], progress=False)
+    with pytest.raises(ValueError, match="no batches"):
+        probe(model, torch.utils.data.DataLoader([]), progress=False)
 
 
 def test_too_few_batches_is_not_observable():
@@ -358,4 +361,4 @@ def test_cli_writes_json_and_plot(tmp_path, capsys):
     assert (out / "probe.png").read_bytes()[:4] == b"\x89PNG"
     assert "recommendation" in capsys.readouterr().out
     assert parse_positions("0,3-5") == [0, 3, 4, 5]
-    assert main([str(tmp_path / "missing"), "--data", "x", "--out", str(out)]) == 1
+    assert main([str(tmp_path / "missing"), "--data", "x", "--out", str(out)]) == 2  # an input error

@@ -115,20 +115,29 @@ def data_form(data) -> str:
 def _as_tensor(value):
     if isinstance(value, torch.Tensor):
         return value
-    return torch.as_tensor(np.asarray(value))
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    return torch.tensor(value)  # Python numbers/lists: float32 / int64, as transformers' collator gives
 
 
 def collate(rows: Sequence[Mapping]) -> dict:
     """One batch from rows: token rows right-padded (labels with -100), image rows stacked.
 
-    Keys that are not arrays (e.g. raw text) are dropped; id columns are kept as a list or tensor.
+    Other string values (e.g. raw text) are dropped; string id columns are kept as lists; a `label`/`label_ids` column becomes
+    `labels` (as transformers' `default_data_collator` does, so classification sets read as they are).
     """
     if not rows:
         raise ValueError("cannot collate zero rows")
-    keys = [k for k in rows[0] if not isinstance(rows[0][k], str)]
     batch = {}
-    for key in keys:
+    for key in rows[0]:
+        if key in ID_COLUMNS and not isinstance(rows[0][key], (int, np.integer, torch.Tensor)):
+            batch[key] = [row[key] for row in rows]  # string ids name the examples in reports
+            continue
+        if isinstance(rows[0][key], str):
+            continue
         values = [_as_tensor(row[key]) for row in rows]
+        if key in ("label", "label_ids") and "labels" not in rows[0]:
+            key = "labels"
         if values[0].ndim >= 1 and key not in ("pixel_values",) and len({v.shape[0] for v in values}) > 1:
             longest = max(v.shape[0] for v in values)
             fill = _PAD.get(key, 0)
@@ -156,6 +165,22 @@ class _RowBatches:
             yield self.collate_fn(chunk)
 
 
+class _FirstBatches:
+    """The first `limit` batches of a re-iterable, streamed on every pass (large image batches stay unmaterialised)."""
+
+    def __init__(self, batches, limit: int):
+        self.batches, self.limit = batches, limit
+
+    def __len__(self) -> int:
+        try:
+            return min(len(self.batches), self.limit)
+        except TypeError:
+            return self.limit
+
+    def __iter__(self):
+        return islice(iter(self.batches), self.limit)
+
+
 def as_batches(data, *, batch_size: int = 8, collate_fn=None, max_batches: int | None = None):
     """A re-iterable of batch dicts from any accepted form.
 
@@ -165,6 +190,8 @@ def as_batches(data, *, batch_size: int = 8, collate_fn=None, max_batches: int |
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if max_batches is not None and (not isinstance(max_batches, int) or isinstance(max_batches, bool) or max_batches < 1):
+        raise ValueError(f"max_batches must be an integer >= 1 or None, got {max_batches!r}")
     form = data_form(data)
     if form == "batch":
         batches = [dict(data)]
@@ -174,11 +201,9 @@ def as_batches(data, *, batch_size: int = 8, collate_fn=None, max_batches: int |
         batches = _RowBatches(data, batch_size, collate_fn or collate)
     elif isinstance(data, (torch.utils.data.DataLoader, list, tuple)):
         batches = data
-    else:
-        batches = list(data)
-    if max_batches is not None:
-        batches = list(islice(iter(batches), max_batches))
-    return batches
+    else:  # a one-shot iterator: read once (only what is used) and kept, since callers may read it twice
+        return list(data if max_batches is None else islice(iter(data), max_batches))
+    return batches if max_batches is None else _FirstBatches(batches, max_batches)
 
 
 def _unbatch(batch: Mapping) -> list[dict]:

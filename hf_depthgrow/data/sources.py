@@ -19,6 +19,8 @@ from torch.utils.data import DataLoader
 
 from ..losses import is_causal_lm
 
+__all__ = ["EMBEDDED_SOURCES", "images_to_pixels", "infer_task", "load_data", "make_loader", "split_dataset"]
+
 EMBEDDED_SOURCES = ("shakespeare", "tweets", "fashion_mnist", "digits")
 
 
@@ -74,7 +76,7 @@ def _read_hub(source: str, split: str, text_column, label_column):
 
 
 def _lm_dataset(tokenizer, texts: list[str], block_size: int, max_examples: int | None):
-    from .embedded import causal_lm_blocks
+    from .lm_blocks import causal_lm_blocks
 
     blocks = causal_lm_blocks(tokenizer, texts, block_size, max_blocks=max_examples)
     if len(blocks) == 0:
@@ -110,12 +112,12 @@ def images_to_pixels(images: np.ndarray, config) -> torch.Tensor:
 
 
 def _image_dataset(model, source: str, split: str, max_examples: int | None, seed: int):
-    from . import embedded
+    from .corpora import digits, fashion_mnist
 
     if source == "fashion_mnist":
-        images, labels = embedded.fashion_mnist("test" if split == "test" else "train")
+        images, labels = fashion_mnist("test" if split == "test" else "train")
     else:
-        images, labels = embedded.digits()
+        images, labels = digits()
     if max_examples is not None:
         order = np.random.default_rng(seed).permutation(len(labels))[:max_examples]
         images, labels = images[order], labels[order]
@@ -162,11 +164,11 @@ def load_data(
         raise ValueError("text data needs a tokenizer")
     labels = None
     if source == "shakespeare":
-        from .embedded import shakespeare_texts
+        from .corpora import shakespeare_texts
 
         texts = shakespeare_texts()
     elif source == "tweets":
-        from .embedded import tweets_sentiment
+        from .corpora import tweets_sentiment
 
         rows = tweets_sentiment()
         texts, labels = [t for t, _ in rows], [y for _, y in rows]

@@ -1,4 +1,36 @@
-"""The paired test-risk evaluation: per-example losses, intervals, Route A/B terms, reports."""
+"""The paired test-risk evaluation: per-example losses, intervals, Route A/B terms, reports.
 
-from .paired import EvalResult, compare_models, evaluate_delta, route_inputs
-from .report import write_report
+Modules, by job: `paired` (run both models, `evaluate_delta`, `compare_models`), `checks` (what is
+checked before the first forward pass), `result` (`EvalResult`), `metrics` (accuracy, F1,
+perplexity), `bounds` (the three intervals), `routes` (Route A/B arithmetic), `route_terms`
+(the Route A/B inputs measured on models and data), `report` (report.json / report.md / plots),
+`formatting` (the one number formatter).
+"""
+
+from ..data.batches import DataFormError
+from .bounds import INTERVALS, paired_intervals
+from .metrics import classification_metrics
+from .paired import compare_models, evaluate_delta, paired_losses, separate_losses
+from .report import render_markdown, write_report
+from .result import EvalResult, NonFiniteLossError
+from .route_terms import block_norm_terms, route_inputs
+from .routes import RouteInputs, route_bounds
+
+__all__ = [
+    "INTERVALS",
+    "DataFormError",
+    "EvalResult",
+    "NonFiniteLossError",
+    "RouteInputs",
+    "block_norm_terms",
+    "classification_metrics",
+    "compare_models",
+    "evaluate_delta",
+    "paired_intervals",
+    "paired_losses",
+    "render_markdown",
+    "route_bounds",
+    "route_inputs",
+    "separate_losses",
+    "write_report",
+]

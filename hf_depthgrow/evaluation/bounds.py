@@ -1,7 +1,8 @@
-"""Confidence intervals for a paired test-risk delta, and the terms of Route A and Route B (THEORY §7).
+"""Confidence intervals for a paired test-risk delta (THEORY §7).
 
 Everything here is plain arithmetic on numbers and numpy arrays; the evaluator
-(`hf_depthgrow.evaluation.paired`) feeds it per-example losses and the quantities it measured.
+(`hf_depthgrow.evaluation.paired`) feeds it per-example losses. The Route A/B arithmetic is in
+`hf_depthgrow.evaluation.routes` (its names are still found here, for older imports).
 
 Intervals are for the **mean of per-example differences** `d_i = l_i(f_old) - l_i(f_new)` over the
 test examples (positive = the grown model is better). For a causal LM an example's loss is the
@@ -22,7 +23,6 @@ examples carry different numbers of tokens; both are reported and the intervals 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -41,7 +41,8 @@ def _check(diffs, delta: float) -> np.ndarray:
     return d
 
 
-def _check_bound(bound: float) -> float:
+def check_bound(bound: float) -> float:
+    """`bound` as a float, or `ValueError` unless it is finite and > 0."""
     if bound is None or not math.isfinite(bound) or bound <= 0:
         raise ValueError(f"the loss bound B must be a finite number > 0, got {bound}")
     return float(bound)
@@ -56,7 +57,7 @@ def hoeffding_half_width(bound: float, m: int, delta: float) -> float:
         0.2716
         ```
     """
-    return 2.0 * _check_bound(bound) * math.sqrt(math.log(2.0 / delta) / (2.0 * m))
+    return 2.0 * check_bound(bound) * math.sqrt(math.log(2.0 / delta) / (2.0 * m))
 
 
 def hoeffding_interval(diffs, delta: float, bound: float) -> tuple[float, float]:
@@ -71,7 +72,7 @@ def hoeffding_interval(diffs, delta: float, bound: float) -> tuple[float, float]
         ```
     """
     d = _check(diffs, delta)
-    bound = _check_bound(bound)
+    bound = check_bound(bound)
     if np.abs(d).max() > bound * (1 + 1e-12):
         raise ValueError(f"differences exceed [-B, B] = [-{bound}, {bound}]: clip the losses to [0, B] first")
     half = hoeffding_half_width(bound, d.size, delta)
@@ -90,7 +91,7 @@ def bernstein_half_width(diffs, delta: float, bound: float) -> float:
         raise ValueError("the empirical Bernstein bound needs at least 2 examples")
     log_term = math.log(4.0 / delta)
     variance = float(d.var(ddof=1))
-    return math.sqrt(2.0 * variance * log_term / m) + 7.0 * (2.0 * _check_bound(bound)) * log_term / (3.0 * (m - 1))
+    return math.sqrt(2.0 * variance * log_term / m) + 7.0 * (2.0 * check_bound(bound)) * log_term / (3.0 * (m - 1))
 
 
 def bernstein_interval(diffs, delta: float, bound: float) -> tuple[float, float]:
@@ -102,7 +103,7 @@ def bernstein_interval(diffs, delta: float, bound: float) -> tuple[float, float]
         ```
     """
     d = _check(diffs, delta)
-    bound = _check_bound(bound)
+    bound = check_bound(bound)
     if np.abs(d).max() > bound * (1 + 1e-12):
         raise ValueError(f"differences exceed [-B, B] = [-{bound}, {bound}]: clip the losses to [0, B] first")
     half = bernstein_half_width(d, delta, bound)
@@ -157,7 +158,7 @@ def paired_intervals(
     old, new = np.asarray(loss_old, dtype=np.float64), np.asarray(loss_new, dtype=np.float64)
     if old.shape != new.shape:
         raise ValueError(f"paired losses must have the same shape, got {old.shape} and {new.shape}")
-    bound = _check_bound(bound)
+    bound = check_bound(bound)
     old_c, n_old = clip_losses(old, bound)
     new_c, n_new = clip_losses(new, bound)
     clipped = old_c - new_c
@@ -200,139 +201,13 @@ def paired_intervals(
     return out
 
 
-# --------------------------------------------------------------------------- Route A / Route B
+# The Route A/B arithmetic moved to `routes.py`; resolved on first use (routes imports this module).
+_MOVED_TO_ROUTES = ("RouteInputs", "eps_k", "eps_m", "route_bounds")
 
 
-def eps_k(bound: float, m: int, delta: float) -> float:
-    """Test-side concentration term `B sqrt(ln(2/delta) / (2m))` (Hoeffding for a mean of `m` losses in `[0, B]`)."""
-    if m < 1:
-        raise ValueError(f"m must be >= 1, got {m}")
-    return _check_bound(bound) * math.sqrt(math.log(2.0 / delta) / (2.0 * m))
+def __getattr__(name: str):
+    if name in _MOVED_TO_ROUTES:
+        from . import routes
 
-
-def eps_m(*, rho: float, b_w: float, b_a: float, n: int, delta: float, bound: float) -> float:
-    """Generalisation cost of the block class: `2 rho B_W B_a / sqrt(n) + B sqrt(ln(2/delta) / (2n))`.
-
-    Example:
-        ```python
-        >>> round(eps_m(rho=1.0, b_w=1.0, b_a=1.0, n=100, delta=0.05, bound=1.0), 4)
-        0.3358
-        ```
-    """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    for name, value in (("rho", rho), ("b_w", b_w), ("b_a", b_a)):
-        if value is None or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-    return 2.0 * rho * b_w * b_a / math.sqrt(n) + _check_bound(bound) * math.sqrt(math.log(2.0 / delta) / (2.0 * n))
-
-
-@dataclass
-class RouteInputs:
-    """The inputs of Route A and Route B that come from outside the test set, with where each came from.
-
-    Every field may be `None`; a route whose inputs are missing is reported as incomplete, never
-    filled in with a guess.
-
-    Args:
-        n_train: `n`, the number of training examples the block was fitted on.
-        delta_erm: `Delta_ERM = L_S(f~_S) - L_S(f_new) >= 0`, from the trainer (`TrainResult.delta_erm`).
-        delta_r: `Delta_R = L_D(f_old) - L_D(f~_pop)`, the population stepping stone's margin on the
-            held-out split.
-        delta_r_test: `Delta^R_test = L_T(f_old) - L_T(f~)`, the stepping stone's margin on the test set.
-        rho: Lipschitz constant of `loss o f_top` at the block's output (an estimate).
-        b_w: `B_W = ||W||_F` of the trained block's output weights.
-        b_a: `B_a = max ||a(z)||` of the block's pre-projection activation over the data.
-        sources: How each value was obtained, by field name (shown in the report).
-    """
-
-    n_train: int | None = None
-    delta_erm: float | None = None
-    delta_r: float | None = None
-    delta_r_test: float | None = None
-    rho: float | None = None
-    b_w: float | None = None
-    b_a: float | None = None
-    sources: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.4g}"
-
-
-def route_bounds(inputs: RouteInputs, *, loss_old: float, bound: float, m: int, delta: float) -> dict:
-    """Route A and Route B: every term, the bound on `L_test(f_new)`, and a plain verdict.
-
-    - `eps_M = 2 rho B_W B_a / sqrt(n) + B sqrt(ln(2/delta) / (2n))`
-    - `eps_K = B sqrt(ln(2/delta) / (2m))` (the test-side term)
-    - Route A: `L_test(f_new) <= L_test(f_old) - Delta_R / 2 - Delta_ERM + 2 eps_M`
-    - Route B: `L_test(f_new) <= L_test(f_old) - Delta^R_test - Delta_ERM + 2 (eps_M + eps_K)`
-
-    A route's *guaranteed improvement* is `L_test(f_old)` minus its bound. The route is vacuous
-    when that is <= 0 (it certifies no improvement); it says nothing at all when the bound is
-    at or above `B`, the largest loss. Each concentration term holds with probability 1 - delta;
-    a union bound over the terms a route uses lowers its joint confidence accordingly.
-    `loss_old` is the test loss of the original model measured on T (the example-mean loss).
-    """
-    terms = {
-        "loss_old_test": loss_old,
-        "B": bound,
-        "m": m,
-        "delta": delta,
-        **{k: v for k, v in inputs.to_dict().items() if k != "sources"},
-        "sources": dict(inputs.sources),
-    }
-    terms["eps_K"] = eps_k(bound, m, delta)
-    terms["eps_K_definition"] = "B sqrt(ln(2/delta) / (2m)): Hoeffding for the mean of m test losses in [0, B]"
-    missing_m = [k for k in ("rho", "b_w", "b_a", "n_train") if getattr(inputs, k) is None]
-    terms["eps_M"] = None
-    if not missing_m:
-        terms["eps_M"] = eps_m(rho=inputs.rho, b_w=inputs.b_w, b_a=inputs.b_a, n=inputs.n_train, delta=delta, bound=bound)
-        terms["eps_M_complexity"] = 2.0 * inputs.rho * inputs.b_w * inputs.b_a / math.sqrt(inputs.n_train)
-        terms["eps_M_concentration"] = bound * math.sqrt(math.log(2.0 / delta) / (2.0 * inputs.n_train))
-
-    def route(name: str, margin_key: str, margin_factor: float, extra: float) -> dict:
-        needed = [margin_key, "delta_erm"] + (["eps_M"] if terms["eps_M"] is None else [])
-        missing = [k for k in (margin_key, "delta_erm") if getattr(inputs, k) is None] + (missing_m if terms["eps_M"] is None else [])
-        if missing:
-            return {
-                "complete": False,
-                "missing": missing,
-                "sentence": f"Route {name} is not computed: missing {', '.join(missing)}.",
-                "needed": needed,
-            }
-        margin = margin_factor * getattr(inputs, margin_key)
-        cost = 2.0 * (terms["eps_M"] + extra)
-        improvement = margin + inputs.delta_erm - cost
-        upper = loss_old - improvement
-        if upper >= bound:
-            sentence = (
-                f"Route {name} is vacuous: its bound on L_test(f_new) ({_fmt(upper)}) is at or above the largest "
-                f"loss B = {_fmt(bound)}, so it says nothing."
-            )
-        elif improvement <= 0:
-            sentence = (
-                f"Route {name} is vacuous: the statistical cost {_fmt(cost)} exceeds the margins "
-                f"{_fmt(margin + inputs.delta_erm)}, so it certifies no improvement (it only says "
-                f"L_test(f_new) <= L_test(f_old) + {_fmt(-improvement)})."
-            )
-        else:
-            sentence = f"Route {name} certifies an improvement of at least {_fmt(improvement)} (bound {_fmt(upper)})."
-        return {
-            "complete": True,
-            "margin": margin,
-            "cost": cost,
-            "guaranteed_improvement": improvement,
-            "upper_bound_loss_new": upper,
-            "vacuous": bool(improvement <= 0 or upper >= bound),
-            "sentence": sentence,
-        }
-
-    route_a = route("A", "delta_r", 0.5, 0.0)
-    route_a["formula"] = "L_test(f_new) <= L_test(f_old) - Delta_R/2 - Delta_ERM + 2 eps_M"
-    route_b = route("B", "delta_r_test", 1.0, terms["eps_K"])
-    route_b["formula"] = "L_test(f_new) <= L_test(f_old) - Delta^R_test - Delta_ERM + 2 (eps_M + eps_K)"
-    return {"terms": terms, "route_a": route_a, "route_b": route_b}
+        return getattr(routes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,29 +3,14 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-from ..plots import plot_differences, plot_intervals
-from .bounds import INTERVALS
 from ..utils import json_safe, package_version
-from .paired import EvalResult
+from .bounds import INTERVALS
+from .formatting import format_value, table_cell
+from .result import EvalResult
 
 PLOTS = {"differences": "eval_differences.png", "intervals": "eval_intervals.png"}
-
-
-def _f(x, digits: int = 4) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, str):
-        return x
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, int):
-        return str(x)
-    if not math.isfinite(x):
-        return "∞" if x > 0 else ("-∞" if x < 0 else "nan")
-    return f"{x:.{digits}g}"
 
 
 def _model_label(info: dict, fallback: str, *, describe: bool) -> str:
@@ -42,50 +27,54 @@ def _model_label(info: dict, fallback: str, *, describe: bool) -> str:
     return name
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|")  # a bare | would end the table cell
-
-
-def render_markdown(
-    result: EvalResult, *, title: str | None = None, command: str | None = None, plots: dict | None = None, extra: dict | None = None
-) -> str:
-    """The report as Markdown: verdict, loss table, intervals, metrics, routes, notes."""
-    r = result
-    conf = f"{r.confidence:.0%}"
+def _header_lines(r: EvalResult, title: str | None) -> list[str]:
     lm = r.task == "causal_lm"
-    lines = [f"# {title or 'Paired evaluation: new model vs original'}", ""]
-    lines += [f"**Verdict:** {r.verdict}", ""]
     old, new = r.models.get("old", {}), r.models.get("new", {})
     same = old.get("name_or_path") == new.get("name_or_path")
-    lines += [
+    return [
+        f"# {title or 'Paired evaluation: new model vs original'}",
+        "",
+        f"**Verdict:** {r.verdict}",
+        "",
         f"Old = {_model_label(old, 'model A', describe=same)}; new = {_model_label(new, 'the grown model', describe=same)}. "
         f"{r.num_examples} test examples" + (f", {r.num_tokens} supervised tokens" if lm else "") + ". "
         + ("Shared prefix: the layers below stack index "
            f"{r.prefix_index} ran once per batch for both models." if r.mode == "shared_prefix" else "Both models ran fully (no shared prefix)."),
+    ]
+
+
+def _loss_lines(r: EvalResult) -> list[str]:
+    lm = r.task == "causal_lm"
+    lines = [
         "",
         "## Losses (delta = old - new; positive = new is better)",
         "",
         "| | old | new | delta |",
         "|---|---:|---:|---:|",
-        f"| loss ({'token-weighted' if lm else 'mean over examples'}) | {_f(r.loss_old)} | {_f(r.loss_new)} | {_f(r.delta)} |",
+        f"| loss ({'token-weighted' if lm else 'mean over examples'}) | {format_value(r.loss_old)} | {format_value(r.loss_new)} | {format_value(r.delta)} |",
     ]
     if lm:
         mean_old = sum(r.per_example_old) / r.num_examples
         mean_new = sum(r.per_example_new) / r.num_examples
-        lines.append(f"| mean per-example loss (the intervals' target) | {_f(mean_old)} | {_f(mean_new)} | {_f(r.mean_delta)} |")
+        lines.append(f"| mean per-example loss (the intervals' target) | {format_value(mean_old)} | {format_value(mean_new)} | {format_value(r.mean_delta)} |")
     for name in r.metrics.get("old", {}):
         lines.append(
-            f"| {name} | {_f(r.metrics['old'][name])} | {_f(r.metrics['new'][name])} | {_f(r.metrics['delta'][name])} |"
+            f"| {name} | {format_value(r.metrics['old'][name])} | {format_value(r.metrics['new'][name])} | {format_value(r.metrics['delta'][name])} |"
         )
     if r.metrics:
         lines += ["", f"Metrics: {r.metrics['source']}. Metric delta: {r.metrics['delta_convention']}."]
+    return lines
+
+
+def _interval_lines(r: EvalResult) -> list[str]:
+    lm = r.task == "causal_lm"
     bound_note = "given a priori" if r.loss_bound_source == "given" else "**taken from the data (not a valid a-priori bound)**"
-    lines += [
+    lines = [
         "",
-        f"## Intervals for the mean per-example delta (confidence {conf}, delta = {r.level:g})",
+        f"## Intervals for the mean per-example delta (confidence {r.confidence:.0%}, delta = {r.level:g})",
         "",
         f"Target: {r.interval_target}" + (" (for an LM, each example's loss is the mean over its tokens)." if lm else "."),
-        f"Loss bound B = {_f(r.loss_bound)}, {bound_note}.",
+        f"Loss bound B = {format_value(r.loss_bound)}, {bound_note}.",
         "",
         "| interval | low | high | half-width | certified improvement (low > 0) |",
         "|---|---:|---:|---:|:---:|",
@@ -94,37 +83,70 @@ def render_markdown(
         d = r.interval_details[name]
         label = {"hoeffding": "Hoeffding (losses clipped to [0, B])", "bernstein": "empirical Bernstein (Maurer-Pontil)",
                  "bootstrap": f"paired bootstrap, percentile ({r.n_bootstrap}, seed {r.seed}; approximate)"}[name]
-        lines.append(f"| {label} | {_f(d['low'])} | {_f(d['high'])} | {_f(d['half_width'])} | {_f(d['certified'])} |")
+        lines.append(f"| {label} | {format_value(d['low'])} | {format_value(d['high'])} | {format_value(d['half_width'])} | {format_value(d['certified'])} |")
+    return lines
+
+
+def _route_lines(r: EvalResult) -> list[str]:
+    t = r.routes["terms"]
+    src = t.get("sources", {})
+    rows = [
+        ("L_T(f_old) (mean per-example loss on T)", t["loss_old_test"], "measured here"),
+        ("Delta_R = L_D(f_old) - L_D(f~_pop)", t["delta_r"], src.get("delta_r", "not given")),
+        ("Delta^R_test = L_T(f_old) - L_T(f~)", t["delta_r_test"], src.get("delta_r_test", "not given")),
+        ("Delta_ERM = L_S(f~_S) - L_S(f_new)", t["delta_erm"], src.get("delta_erm", "not given")),
+        ("rho (estimate)", t["rho"], src.get("rho", "not given")),
+        ("B_W", t["b_w"], src.get("b_w", "not given")),
+        ("B_a", t["b_a"], src.get("b_a", "not given")),
+        ("n (training examples)", t["n_train"], src.get("n_train", "not given")),
+        ("m (test examples)", t["m"], "this test set"),
+        ("B (loss bound)", t["B"], r.loss_bound_source),
+        ("delta", t["delta"], "level of each term"),
+        ("eps_M = 2 rho B_W B_a / sqrt(n) + B sqrt(ln(2/delta)/(2n))", t["eps_M"], "computed"),
+        ("eps_K = B sqrt(ln(2/delta)/(2m))", t["eps_K"], "computed (test-side Hoeffding term)"),
+    ]
+    lines = ["", "## Route A and Route B (THEORY §7)", "", "| term | value | how it was obtained |", "|---|---:|---|"]
+    lines += [f"| {a} | {format_value(b)} | {table_cell(c)} |" for a, b, c in rows]
+    for key, name in (("route_a", "A"), ("route_b", "B")):
+        route = r.routes[key]
+        lines += ["", f"**Route {name}:** `{route['formula']}`. {route['sentence']}"]
+        if route.get("complete"):
+            lines.append(
+                f"Margin {format_value(route['margin'])}, statistical cost {format_value(route['cost'])}, bound on L_test(f_new) "
+                f"{format_value(route['upper_bound_loss_new'])}."
+            )
+    lines += ["", "Each term holds at level delta on its own; a union bound over the terms a route uses lowers its joint confidence."]
+    return lines
+
+
+HOW_TO_READ = [
+    "",
+    "## How to read this",
+    "",
+    "- The delta is measured on the same examples for both models (paired), so the intervals are for the "
+    "difference, not for each loss separately.",
+    "- Hoeffding and Bernstein are finite-sample guarantees when B is an a-priori bound; the bootstrap is "
+    "approximate (asymptotic) and usually the tightest.",
+    "- An improvement is certified at level delta by an interval whose lower end is above 0.",
+]
+
+
+def render_markdown(
+    result: EvalResult, *, title: str | None = None, command: str | None = None, plots: dict | None = None, extra: dict | None = None
+) -> str:
+    """The report as Markdown: verdict, loss table, intervals, metrics, routes, notes.
+
+    Example:
+        ```python
+        >>> text = render_markdown(evaluate_delta(grown, test_data, loss_bound=20.0), title="My run")
+        >>> text.splitlines()[0]
+        '# My run'
+        ```
+    """
+    r = result
+    lines = _header_lines(r, title) + _loss_lines(r) + _interval_lines(r)
     if r.routes:
-        t = r.routes["terms"]
-        lines += ["", "## Route A and Route B (THEORY §7)", ""]
-        lines += ["| term | value | how it was obtained |", "|---|---:|---|"]
-        src = t.get("sources", {})
-        rows = [
-            ("L_T(f_old) (mean per-example loss on T)", t["loss_old_test"], "measured here"),
-            ("Delta_R = L_D(f_old) - L_D(f~_pop)", t["delta_r"], src.get("delta_r", "not given")),
-            ("Delta^R_test = L_T(f_old) - L_T(f~)", t["delta_r_test"], src.get("delta_r_test", "not given")),
-            ("Delta_ERM = L_S(f~_S) - L_S(f_new)", t["delta_erm"], src.get("delta_erm", "not given")),
-            ("rho (estimate)", t["rho"], src.get("rho", "not given")),
-            ("B_W", t["b_w"], src.get("b_w", "not given")),
-            ("B_a", t["b_a"], src.get("b_a", "not given")),
-            ("n (training examples)", t["n_train"], src.get("n_train", "not given")),
-            ("m (test examples)", t["m"], "this test set"),
-            ("B (loss bound)", t["B"], r.loss_bound_source),
-            ("delta", t["delta"], "level of each term"),
-            ("eps_M = 2 rho B_W B_a / sqrt(n) + B sqrt(ln(2/delta)/(2n))", t["eps_M"], "computed"),
-            ("eps_K = B sqrt(ln(2/delta)/(2m))", t["eps_K"], "computed (test-side Hoeffding term)"),
-        ]
-        lines += [f"| {a} | {_f(b)} | {_cell(c)} |" for a, b, c in rows]
-        for key, name in (("route_a", "A"), ("route_b", "B")):
-            route = r.routes[key]
-            lines += ["", f"**Route {name}:** `{route['formula']}`. {route['sentence']}"]
-            if route.get("complete"):
-                lines.append(
-                    f"Margin {_f(route['margin'])}, statistical cost {_f(route['cost'])}, bound on L_test(f_new) "
-                    f"{_f(route['upper_bound_loss_new'])}."
-                )
-        lines += ["", "Each term holds at level delta on its own; a union bound over the terms a route uses lowers its joint confidence."]
+        lines += _route_lines(r)
     if extra:
         lines += ["", "## Setup", ""] + [f"- {k}: {v}" for k, v in extra.items()]
     if r.warnings:
@@ -132,16 +154,7 @@ def render_markdown(
     if plots:
         lines += ["", "## Figures", ""]
         lines += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
-    lines += [
-        "",
-        "## How to read this",
-        "",
-        "- The delta is measured on the same examples for both models (paired), so the intervals are for the "
-        "difference, not for each loss separately.",
-        "- Hoeffding and Bernstein are finite-sample guarantees when B is an a-priori bound; the bootstrap is "
-        "approximate (asymptotic) and usually the tightest.",
-        "- An improvement is certified at level delta by an interval whose lower end is above 0.",
-    ]
+    lines += HOW_TO_READ
     if command:
         lines += ["", "Command:", "", "```bash", command, "```"]
     return "\n".join(lines) + "\n"
@@ -159,6 +172,8 @@ def write_report(
         'report.md'
         ```
     """
+    from ..plots import plot_differences, plot_intervals  # matplotlib loads only when a report is written
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = {

@@ -1,23 +1,47 @@
 """The growth engine: where a block goes, what it is, and the record of what was grown.
 
-- `engine`: `grow_depth`, `bypass_new_blocks`, block construction;
+- `engine`: `grow_depth`, `new_block_modules`/`new_block_parameters`, `reattach_adapters`;
+- `config`: `GrowthConfig` (how each block is built), `BLOCK_KINDS`, `INITS`;
+- `checks`: argument checks shared with the probe (`check_positions`, `resolve_block_kind`, ...);
+- `blocks`: building one native or adapter block without inserting it (`build_block`);
+- `layout`: the layer list and everything indexed by layer (per-layer config lists, `layer_idx`);
+- `bypass`: `bypass_new_blocks`, running a grown model as the original;
+- `record`: the typed `GrowthRecord` stored under `config.depth_growth`;
 - `families`: the family table keyed by `config.model_type`;
 - `adapter`: the generic normalised residual block and its hooks;
 - `norms`: normalisation inventory and eps checks;
 - `prefix`: running a grown model from (or up to) its lowest new block.
 """
 
-from .engine import (
-    BLOCK_KINDS,
-    INITS,
-    GrowthConfig,
-    build_block,
-    bypass_new_blocks,
-    grow_depth,
-    growth_record,
-    is_quantized,
-    new_block_modules,
-    new_block_parameters,
-)
+from .blocks import build_block
+from .bypass import bypass_new_blocks
+from .checks import check_positions, is_quantized, resolve_block_kind
+from .config import BLOCK_KINDS, INITS, GrowthConfig
+from .engine import grow_depth, new_block_modules, new_block_parameters, reattach_adapters
 from .families import FAMILIES, SUPPORTED_FAMILIES, FamilySpec, resolve_family
 from .norms import NormInfo, norm_inventory
+from .record import GrowthRecord, InvalidGrowthRecordError, growth_record
+
+__all__ = [
+    "BLOCK_KINDS",
+    "INITS",
+    "FAMILIES",
+    "SUPPORTED_FAMILIES",
+    "FamilySpec",
+    "GrowthConfig",
+    "GrowthRecord",
+    "InvalidGrowthRecordError",
+    "NormInfo",
+    "build_block",
+    "bypass_new_blocks",
+    "check_positions",
+    "grow_depth",
+    "growth_record",
+    "is_quantized",
+    "new_block_modules",
+    "new_block_parameters",
+    "norm_inventory",
+    "reattach_adapters",
+    "resolve_block_kind",
+    "resolve_family",
+]

@@ -128,7 +128,38 @@ def attach(host: nn.Module, block: NormalizedResidualBlock, where: str) -> None:
     ensure_hooks(host)
 
 
+def detach(host: nn.Module, block: NormalizedResidualBlock) -> bool:
+    """Take `block` off `host` (the inverse of `attach`); `True` where it was there.
+
+    The hooks stay: with no blocks hosted they return the input unchanged.
+
+    Example:
+        ```python
+        >>> attach(layer, block, "pre")
+        >>> detach(layer, block), hosted_blocks(layer)["pre"]
+        (True, [])
+        ```
+    """
+    found = False
+    for name in (PRE, POST):
+        hosted = getattr(host, name, None)
+        if hosted is not None:
+            keep = [b for b in hosted if b is not block]
+            if len(keep) != len(hosted):
+                host._modules[name] = nn.ModuleList(keep)
+                found = True
+    return found
+
+
 def hosted_blocks(host: nn.Module) -> dict[str, list[NormalizedResidualBlock]]:
+    """The blocks `host` carries, by place: `{"pre": [...], "post": [...]}` (empty lists where none).
+
+    Example:
+        ```python
+        >>> hosted_blocks(model.model.layers[3])
+        {'pre': [], 'post': []}
+        ```
+    """
     return {where: list(getattr(host, name, [])) for where, name in (("pre", PRE), ("post", POST))}
 
 

@@ -44,6 +44,7 @@ class FamilySpec:
     inexact_if: tuple[str, ...] = field(default_factory=tuple)
 
     def native_is_exact(self, config) -> bool:
+        """Whether a native block with zeroed residual outputs is the identity for this config (pre-norm, no index-tied flag)."""
         if self.norm_style != "pre":
             return False
         return not any(getattr(config, flag, False) for flag in self.inexact_if)
@@ -207,4 +208,12 @@ def residual_output_modules(spec: FamilySpec, layer: nn.Module) -> list[nn.Modul
 
 
 def model_eps(spec: FamilySpec, config) -> float | None:
+    """The family's norm epsilon as the config sets it (`spec.eps_key`), or `None` where it has none.
+
+    Example:
+        ```python
+        >>> model_eps(FAMILIES["llama"], LlamaConfig(rms_norm_eps=1e-5))
+        1e-05
+        ```
+    """
     return getattr(config, spec.eps_key, None) if spec.eps_key else None

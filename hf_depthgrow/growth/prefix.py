@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .families import resolve_family
-from .engine import growth_record
+from .record import growth_record
 from ..losses import model_inputs
 
 

@@ -151,8 +151,6 @@ class GrowthRecord:
             _int(a.host, "adapter host", 0, self.num_layers - 1)
             _int(a.dim, "adapter dim", 1)
             _eps(a.eps, "adapter eps")
-            if a.host in self.native_indices:
-                raise InvalidGrowthRecordError(f"growth record: adapter host {a.host} is itself a new (native) layer")
             if a.where not in ADAPTER_PLACES or a.norm not in ADAPTER_NORMS:
                 raise InvalidGrowthRecordError(f"growth record: adapter where/norm must be {ADAPTER_PLACES}/{ADAPTER_NORMS}, got {a.where!r}/{a.norm!r}")
         for step in self.history:

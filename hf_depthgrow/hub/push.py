@@ -24,7 +24,9 @@ from huggingface_hub import HfApi, ModelCard, constants, get_token
 from huggingface_hub.errors import HFValidationError, OfflineModeIsEnabled
 from huggingface_hub.utils import validate_repo_id
 
-from .model_card import CardInfo, _as_info, _is_file, render_model_card, validate_card_metadata
+from .card_info import CardInfo, as_card_info, is_file
+from .card_metadata import validate_card_metadata
+from .model_card import render_model_card
 from .serialization import ADAPTER_CONFIG, save_pretrained
 
 # Pickle-based formats: loading them runs arbitrary code, so grown models travel as safetensors only.
@@ -114,6 +116,15 @@ def check_model_folder(folder: str | os.PathLike) -> Path:
     return folder
 
 
+def _check_readme(readme: Path) -> None:
+    """The Hub rejects the whole commit on bad metadata: say so before uploading anything."""
+    if readme.is_file():
+        try:
+            validate_card_metadata(readme.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise ValueError(f"{readme}: {err}") from err
+
+
 def push_to_hub(
     folder: str | os.PathLike,
     repo_id: str,
@@ -160,13 +171,7 @@ def push_to_hub(
     folder = check_model_folder(folder)
     if create_pr and revision not in (None, constants.DEFAULT_REVISION):
         raise ValueError(f"create_pr=True opens the pull request against the default branch; do not pass revision={revision!r}")
-    readme = folder / "README.md"
-    if readme.is_file():
-        # The Hub rejects the whole commit on bad metadata; say so before uploading anything.
-        try:
-            validate_card_metadata(readme.read_text(encoding="utf-8"))
-        except ValueError as err:
-            raise ValueError(f"{readme}: {err}") from err
+    _check_readme(folder / "README.md")
     hub = _endpoint(endpoint)
     if constants.is_offline_mode():
         raise HubUnreachableError(
@@ -226,9 +231,9 @@ def _model_card(model, card, *, repo_id: str, adapters_only: bool, base_model) -
     if isinstance(card, ModelCard):
         return card
     if isinstance(card, (str, os.PathLike)):
-        return ModelCard(Path(card).read_text(encoding="utf-8") if _is_file(card) else str(card))
+        return ModelCard(Path(card).read_text(encoding="utf-8") if is_file(card) else str(card))
     if isinstance(card, Mapping):
-        card = _as_info(card)
+        card = as_card_info(card)
     if isinstance(card, CardInfo):
         # What the model itself knows fills what the caller left out, so metadata matches the pushed files.
         merged = vars(CardInfo.from_model(model, repo_id=repo_id, adapters_only=adapters_only, base_model=base_model))

@@ -32,12 +32,13 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from ..data.batches import as_batches, to_device
+from ..growth.engine import GrowthConfig, grow_depth, resolve_block_kind
 from ..growth.families import resolve_family
-from ..growth.engine import GrowthConfig, resolve_block_kind, grow_depth
-from ..losses import batch_example_losses
 from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
+from ..losses import batch_example_losses
 from ..utils import json_safe, package_version
-from .signal import _to_device, iter_batches, probe
+from .signal import probe
 
 __all__ = ["SteppingStoneResult", "stepping_stone"]
 
@@ -92,6 +93,27 @@ class SteppingStoneResult:
             handle.write("\n")
 
 
+def _check_search(etas, expand) -> None:
+    if etas is not None and (not len(etas) or any(not (e > 0 and math.isfinite(e)) for e in etas)):
+        raise ValueError(f"etas must be positive finite numbers, got {etas!r}")
+    if expand <= 1:
+        raise ValueError(f"expand must be > 1, got {expand}")
+
+
+def _gradients(model, position, batches, direction_data, gradient, max_batches, options) -> tuple[dict, dict, str]:
+    """`(G_S, G of the direction's data, "train" | "held-out")` of the block at `position`, at zero init."""
+    if gradient is None:
+        grad_train = probe(model, batches, positions=[position], **options).gradients[0]
+    elif not isinstance(gradient, dict) or not gradient:
+        raise ValueError("gradient must be a non-empty dict of parameter name -> tensor (probe(..., keep_gradients=True))")
+    else:
+        grad_train = gradient
+    if direction_data is None:
+        return grad_train, grad_train, "train"
+    on_dir = probe(model, direction_data, positions=[position], max_batches=max_batches, **options)
+    return grad_train, on_dir.gradients[0], "held-out"
+
+
 def _new_block(grown: nn.Module, before: set[int]) -> nn.Module:
     """The smallest module holding exactly the parameters `grow_depth` just added."""
     new = {id(p) for p in grown.parameters() if id(p) not in before}
@@ -104,6 +126,45 @@ def _new_block(grown: nn.Module, before: set[int]) -> nn.Module:
     return best[1]
 
 
+def _grow_copy(model: nn.Module, position: int, cfg: GrowthConfig, grad_train: dict, grad_dir: dict):
+    """`(grown copy, {name: parameter})`: a deep copy grown at `position`, and the new block's parameters
+    the gradients name (checked to be exactly the block's, with its shapes)."""
+    grown = copy.deepcopy(model)
+    before = {id(p) for p in grown.parameters()}
+    grow_depth(grown, [position], config=cfg)
+    new = _new_block(grown, before)
+    shapes = {name: tuple(p.shape) for name, p in new.named_parameters()}
+    mismatch = [n for n in set(grad_dir) | set(grad_train) if n not in shapes
+                or tuple(grad_dir.get(n, grad_train.get(n)).shape) != shapes[n]]
+    if mismatch or set(grad_dir) != set(grad_train):
+        raise ValueError(
+            f"gradient does not belong to the block inserted at {position} with these settings "
+            f"(unknown or mis-shaped: {sorted(mismatch)[:4]}); pass the probe's gradients for the same position and block"
+        )
+    return grown, {name: new.get_parameter(name) for name in grad_dir}
+
+
+class _Step:
+    """`theta = eta * v` on the new block's parameters, `v = -G / ||G||` (no direction when `G = 0`)."""
+
+    def __init__(self, params: dict[str, nn.Parameter], grad_train: dict, grad_dir: dict):
+        self.params = params
+        self.grad_norm = math.sqrt(sum(float(t.double().square().sum()) for t in grad_dir.values()))
+        if self.grad_norm > 0:
+            self.direction = {name: -t / self.grad_norm for name, t in grad_dir.items()}
+            self.slope = sum(float((grad_train[name].double() * self.direction[name].double()).sum()) for name in self.direction)
+        else:
+            self.direction, self.slope = None, 0.0
+
+    def set(self, eta: float) -> None:
+        with torch.no_grad():
+            for name, p in self.params.items():
+                if self.direction is None or eta == 0:
+                    p.zero_()
+                else:
+                    p.copy_((eta * self.direction[name]).to(dtype=p.dtype, device=p.device))
+
+
 @torch.no_grad()
 def _mean_loss(model: nn.Module, batches: Sequence[dict], prefixes: Sequence[torch.Tensor], index: int) -> float:
     """Training loss of the grown model, each batch started at stack layer `index` from its cached prefix."""
@@ -114,6 +175,62 @@ def _mean_loss(model: nn.Module, batches: Sequence[dict], prefixes: Sequence[tor
         total += float(losses.total.sum())
         weight += float(losses.weight.sum())
     return total / weight
+
+
+class _TrainingLoss:
+    """The training loss at step `eta`, memoised, every evaluation recorded in `trace` (and on a progress bar).
+
+    The prefix below the new block holds only original layers, the same for every eta: it is computed
+    once per batch and every evaluation runs the layers from the block up.
+    """
+
+    def __init__(self, grown: nn.Module, batches: list[dict], step: _Step, bar):
+        device = next(grown.parameters()).device
+        self.grown, self.step, self.bar = grown, step, bar
+        self.batches = [to_device(b, device) for b in batches]
+        self.index = lowest_new_index(grown)
+        self.cache: dict[float, float] = {}
+        self.trace: list[tuple[float, float]] = []
+        with torch.no_grad():
+            self.prefixes = [prefix_hidden(grown, b, self.index) for b in self.batches]
+
+    def __call__(self, eta: float) -> float:
+        if eta not in self.cache:
+            self.step.set(eta)
+            self.cache[eta] = _mean_loss(self.grown, self.batches, self.prefixes, self.index)
+            self.trace.append((eta, self.cache[eta]))
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.set_postfix(eta=f"{eta:.3g}", loss=f"{self.cache[eta]:.4f}")
+        return self.cache[eta]
+
+
+def _choose_eta(grown, batches, step: _Step, etas, search: dict, desc: str | None) -> tuple[_TrainingLoss, float]:
+    """Search the step on the training loss and set the best (0 when no step helps); `(losses, best eta)`."""
+    bar = None
+    if desc is not None:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=desc, unit="step size")
+    was_training = grown.training
+    grown.eval()
+    try:
+        loss_at = _TrainingLoss(grown, batches, step, bar)
+        loss_old = loss_at(0.0)
+        best = 0.0
+        if step.direction is not None:
+            if etas is not None:
+                for eta in etas:
+                    loss_at(float(eta))
+            else:
+                _search(loss_at, eta0=1e-3 * max(abs(loss_old), 1e-8) / step.grad_norm, **search)
+            best = min(loss_at.cache, key=lambda e: (loss_at.cache[e], e))
+        step.set(best)
+    finally:
+        grown.train(was_training)
+        if bar is not None:
+            bar.close()
+    return loss_at, best
 
 
 def stepping_stone(
@@ -138,31 +255,24 @@ def stepping_stone(
     gradient: dict[str, torch.Tensor] | None = None,
     progress: bool = False,
 ) -> tuple[nn.Module, SteppingStoneResult]:
-    """Grow `model` at `position` and take one first-order step of the new block: a stepping-stone model.
+    """Grow a copy of `model` at `position` and take one first-order step of the new block: a stepping stone.
 
-    The new block's zero-initialised parameters (exactly those with a non-zero gradient at init)
-    are set to `theta = eta * v`, `v = -G / ||G||`, `G` the gradient of the loss on
-    `direction_data` (default `train_data`) with respect to them at zero init (`probe`). `eta` is
-    chosen on the training loss: with `etas=None`, a geometric search from the step whose
-    first-order gain is 0.1% of the loss (growing by `expand` while the loss falls, shrinking
-    while it does not) followed by `refine_steps` golden-section steps in `log(eta)` around the
-    best; with `etas` given, the best of those. A step that does not lower the training loss is
-    not taken (`eta = 0`: the grown model then equals the original).
-
-    `model` itself is not changed: a deep copy is grown.
+    The new block's zero-initialised parameters are set to `theta = eta * v`, `v = -G / ||G||`, `G` the
+    gradient of the loss on `direction_data` (default `train_data`) at zero init (`probe`). `eta` minimises
+    the training loss: with `etas=None` a geometric search from the step whose first-order gain is 0.1% of
+    the loss (by factors of `expand`, at most `max_expand` times), then `refine_steps` golden-section steps
+    in `log(eta)`; else the best of `etas`. A step that does not lower the loss is not taken (`eta = 0`).
 
     Args:
-        model: As for `probe` / `grow_depth`.
+        model: As for `probe` / `grow_depth`; not changed (a deep copy is grown).
         position: Insertion point k, 0 <= k <= L.
-        train_data: Training data (as for `probe`); the line search and the reported losses use it.
+        train_data: Training data, any form `probe` reads; the line search and the reported losses use it.
         direction_data: Data for `G`; `None` uses `train_data` (`f~_S`), a held-out split gives `f~_pop`.
         block, init, seed, eps, adapter_dim, adapter_act: As in `GrowthConfig`.
-        etas: Candidate steps; `None` searches.
-        expand, max_expand, refine_steps: Shape of the automatic search.
+        etas, expand, max_expand, refine_steps: Candidate steps, or the shape of the automatic search.
         max_batches, collate_fn, batch_size: As for `probe` (applied to both data sets).
-        gradient: `G_S` of this block on the training data, as `probe(..., keep_gradients=True).gradients[i]`
-            gives it (same block settings); skips the probe pass over `train_data`. It may come from more
-            batches than the line search reads (`max_batches`): a better estimate of the same direction.
+        gradient: `G_S` of this block, as `probe(..., keep_gradients=True).gradients[i]` gives it (same block
+            settings); skips the probe pass over `train_data`.
         progress: Progress bars of the probe passes and the line search.
 
     Returns:
@@ -172,121 +282,31 @@ def stepping_stone(
         ```python
         >>> from hf_depthgrow.testing import tiny_model, tiny_inputs
         >>> model = tiny_model("llama")
-        >>> batches = [tiny_inputs(model, seed=s) for s in range(4)]
-        >>> stone, info = stepping_stone(model, 2, batches)
+        >>> stone, info = stepping_stone(model, 2, [tiny_inputs(model, seed=s) for s in range(4)])
         >>> info.loss_stone < info.loss_old
         True
         ```
     """
     cfg = GrowthConfig(block=block, init=init, eps=eps, seed=seed, adapter_dim=adapter_dim, adapter_act=adapter_act)
-    if etas is not None and (not len(etas) or any(not (e > 0 and math.isfinite(e)) for e in etas)):
-        raise ValueError(f"etas must be positive finite numbers, got {etas!r}")
-    if expand <= 1:
-        raise ValueError(f"expand must be > 1, got {expand}")
+    _check_search(etas, expand)
     options = dict(block=block, init=init, seed=seed, eps=eps, adapter_dim=adapter_dim, adapter_act=adapter_act,
                    covariance=False, collate_fn=collate_fn, batch_size=batch_size, progress=progress, keep_gradients=True)
-    batches = list(iter_batches(train_data, collate_fn=collate_fn, batch_size=batch_size, max_batches=max_batches))
+    batches = list(as_batches(train_data, batch_size=batch_size, collate_fn=collate_fn, max_batches=max_batches))
     if not batches:
         raise ValueError("train_data yielded no batches")
-    if gradient is None:
-        on_train = probe(model, batches, positions=[position], **options)
-        grad_train = on_train.gradients[0]
-    else:
-        if not isinstance(gradient, dict) or not gradient:
-            raise ValueError("gradient must be a non-empty dict of parameter name -> tensor (probe(..., keep_gradients=True))")
-        grad_train = gradient
-    if direction_data is None:
-        grad_dir, source = grad_train, "train"
-    else:
-        on_dir = probe(model, direction_data, positions=[position], max_batches=max_batches, **options)
-        grad_dir, source = on_dir.gradients[0], "held-out"
-    grad_norm = math.sqrt(sum(float(t.double().square().sum()) for t in grad_dir.values()))
-
-    grown = copy.deepcopy(model)
-    before = {id(p) for p in grown.parameters()}
-    grow_depth(grown, [position], config=cfg)
-    new = _new_block(grown, before)
-    shapes = {name: tuple(p.shape) for name, p in new.named_parameters()}
-    mismatch = [n for n in set(grad_dir) | set(grad_train) if n not in shapes
-                or tuple(grad_dir.get(n, grad_train.get(n)).shape) != shapes[n]]
-    if mismatch or set(grad_dir) != set(grad_train):
-        raise ValueError(
-            f"gradient does not belong to the block inserted at {position} with these settings "
-            f"(unknown or mis-shaped: {sorted(mismatch)[:4]}); pass the probe's gradients for the same position and block"
-        )
-    params = {name: new.get_parameter(name) for name in grad_dir}
-    kind = resolve_block_kind(cfg, resolve_family(model)[0], model.config)
-    if grad_norm > 0:
-        direction = {name: -t / grad_norm for name, t in grad_dir.items()}
-        slope = sum(float((grad_train[name].double() * direction[name].double()).sum()) for name in direction)
-    else:
-        direction, slope = None, 0.0
-
-    def set_eta(eta: float) -> None:
-        with torch.no_grad():
-            for name, p in params.items():
-                if direction is None or eta == 0:
-                    p.zero_()
-                else:
-                    p.copy_((eta * direction[name]).to(dtype=p.dtype, device=p.device))
-
-    trace: list[tuple[float, float]] = []
-    cache: dict[float, float] = {}
-    device = next(grown.parameters()).device
-    batches = [_to_device(b, device) for b in batches]
-    index = lowest_new_index(grown)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(desc=f"stepping stone k={position} ({source})", unit="step size")
-
-    def loss_at(eta: float) -> float:
-        if eta not in cache:
-            set_eta(eta)
-            cache[eta] = _mean_loss(grown, batches, prefixes, index)
-            trace.append((eta, cache[eta]))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(eta=f"{eta:.3g}", loss=f"{cache[eta]:.4f}")
-        return cache[eta]
-
-    was_training = grown.training
-    grown.eval()
-    try:
-        # The prefix holds only original layers: the same for every eta.
-        with torch.no_grad():
-            prefixes = [prefix_hidden(grown, b, index) for b in batches]
-        loss_old = loss_at(0.0)
-        best = 0.0
-        if direction is not None:
-            if etas is not None:
-                for eta in etas:
-                    loss_at(float(eta))
-            else:
-                _search(loss_at, eta0=1e-3 * max(abs(loss_old), 1e-8) / grad_norm, expand=expand,
-                        max_expand=max_expand, refine_steps=refine_steps)
-            best = min(cache, key=lambda e: (cache[e], e))
-        set_eta(best)
-    finally:
-        grown.train(was_training)
-        if bar is not None:
-            bar.close()
-    result = SteppingStoneResult(
-        position=position,
-        block=kind,
-        direction=source,
-        eta=best,
-        grad_norm=grad_norm,
-        slope=slope,
-        loss_old=loss_old,
-        loss_stone=cache[best],
-        predicted_first_order=loss_old + best * slope,
-        line_search=trace,
-        num_batches=len(batches),
+    grad_train, grad_dir, source = _gradients(model, position, batches, direction_data, gradient, max_batches, options)
+    grown, params = _grow_copy(model, position, cfg, grad_train, grad_dir)
+    step = _Step(params, grad_train, grad_dir)
+    search = dict(expand=expand, max_expand=max_expand, refine_steps=refine_steps)
+    desc = f"stepping stone k={position} ({source})" if progress else None
+    losses, best = _choose_eta(grown, batches, step, etas, search, desc)
+    loss_old = losses.cache[0.0]
+    return grown, SteppingStoneResult(
+        position=position, block=resolve_block_kind(cfg, resolve_family(model)[0], model.config), direction=source,
+        eta=best, grad_norm=step.grad_norm, slope=step.slope, loss_old=loss_old, loss_stone=losses.cache[best],
+        predicted_first_order=loss_old + best * step.slope, line_search=losses.trace, num_batches=len(batches),
         config=asdict(cfg),
-    )
-    return grown, result
+    )  # fmt: skip
 
 
 def _search(loss_at: Callable[[float], float], *, eta0: float, expand: float, max_expand: int, refine_steps: int) -> None:

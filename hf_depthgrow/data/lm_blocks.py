@@ -1,0 +1,126 @@
+"""Token blocks for causal-LM training: documents joined with EOS and cut into fixed-length blocks.
+
+Example:
+    ```python
+    >>> from hf_depthgrow.data.lm_blocks import causal_lm_blocks, train_test_split_blocks
+    >>> blocks = causal_lm_blocks(tokenizer, ["a play", "a poem"], block_size=4)
+    >>> train, test = train_test_split_blocks(blocks, 0.25, seed=0)
+    ```
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+__all__ = ["causal_lm_blocks", "train_test_split_blocks"]
+
+
+def causal_lm_blocks(
+    tokenizer,
+    texts: Sequence[str],
+    block_size: int,
+    *,
+    max_blocks: int | None = None,
+    eos_token_id: int | None = None,
+    batch_size: int = 64,
+) -> torch.LongTensor:
+    """Tokenize documents, join them with EOS and cut the stream into fixed-length blocks for causal LM training.
+
+    Each document is tokenized without special tokens and followed by one EOS token; the concatenated stream is cut
+    into consecutive blocks of `block_size` tokens and the incomplete tail is dropped. Deterministic: the same inputs
+    always give the same tensor. Tokenizing stops as soon as `max_blocks` blocks are available, so a small
+    `max_blocks` is cheap even on a large corpus.
+
+    Args:
+        tokenizer (`PreTrainedTokenizerBase`): any Hugging Face tokenizer.
+        texts (`Sequence[str]`): the documents, in order.
+        block_size (`int`): tokens per block.
+        max_blocks (`int`, *optional*): keep at most this many (the first) blocks.
+        eos_token_id (`int`, *optional*): separator; defaults to `tokenizer.eos_token_id`
+            (`<|im_end|>` = 2 for SmolLM2). Needed for tokenizers without EOS, e.g. BERT's (pass `sep_token_id`).
+        batch_size (`int`, *optional*, defaults to 64): documents tokenized per call.
+
+    Returns:
+        `torch.LongTensor` of shape `[n_blocks, block_size]` (input ids; use them as labels too).
+
+    Raises:
+        ValueError: if the texts give fewer than `block_size` tokens.
+
+    Example:
+
+    ```python
+    >>> blocks = causal_lm_blocks(tokenizer, shakespeare_texts(max_chars=50_000), 128, max_blocks=64)
+    >>> blocks.shape, blocks.dtype
+    (torch.Size([64, 128]), torch.int64)
+    ```
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if max_blocks is not None and max_blocks < 1:
+        raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of documents, not a single string")
+    eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos_token_id; pass eos_token_id= (e.g. tokenizer.sep_token_id).")
+    needed = None if max_blocks is None else max_blocks * block_size
+    stream: list[int] = []
+    texts = list(texts)
+    for start in range(0, len(texts), batch_size):
+        batch = texts[start : start + batch_size]
+        # verbose=False: whole plays exceed model_max_length, which is fine here since we chop them ourselves.
+        encoded = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
+        for ids in encoded:
+            stream.extend(ids)
+            stream.append(eos)
+        if needed is not None and len(stream) >= needed:
+            break
+    n_blocks = len(stream) // block_size
+    if max_blocks is not None:
+        n_blocks = min(n_blocks, max_blocks)
+    if n_blocks == 0:
+        raise ValueError(f"the texts give {len(stream)} tokens, fewer than one block of {block_size}")
+    return torch.tensor(stream[: n_blocks * block_size], dtype=torch.long).view(n_blocks, block_size)
+
+
+def train_test_split_blocks(blocks, test_fraction: float, seed: int):
+    """Split blocks into train and test sets with a seeded random permutation.
+
+    Each side keeps the blocks in their original order. Note that neighbouring blocks of the same document can land
+    on both sides; split the documents instead where that leak matters.
+
+    Args:
+        blocks (`torch.Tensor` or `np.ndarray`): `[n, ...]`, e.g. from [`causal_lm_blocks`].
+        test_fraction (`float`): share of blocks for the test set, in `[0, 1)`; rounded, and at least one block
+            when positive.
+        seed (`int`): seed of the permutation; the same seed gives the same split.
+
+    Returns:
+        `(train, test)`: the two subsets, of the same type as `blocks`.
+
+    Example:
+
+    ```python
+    >>> train, test = train_test_split_blocks(torch.arange(10).view(10, 1), 0.2, seed=0)
+    >>> train.shape[0], test.shape[0]
+    (8, 2)
+    ```
+    """
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    n = len(blocks)
+    n_test = int(round(n * test_fraction))
+    if test_fraction > 0:
+        n_test = max(1, n_test)
+    if n_test >= n:
+        raise ValueError(f"test_fraction={test_fraction} leaves no training blocks out of {n}")
+    # A private generator, so the split does not depend on (or disturb) the global RNG state.
+    generator = torch.Generator().manual_seed(int(seed))
+    perm = torch.randperm(n, generator=generator)
+    test_idx, _ = torch.sort(perm[:n_test])
+    train_idx, _ = torch.sort(perm[n_test:])
+    if isinstance(blocks, torch.Tensor):
+        return blocks[train_idx], blocks[test_idx]
+    return blocks[train_idx.numpy()], blocks[test_idx.numpy()]

@@ -1,0 +1,159 @@
+"""Everything checked before the first forward pass: data form, labels, vocabularies, supervision, settings.
+
+Data is read only through the package's one data contract (`hf_depthgrow.data.batches`): a
+Dataset or list of rows is batched in order, a DataLoader or list of batch dicts is used as it is,
+and one batch dict is one batch. Every batch is checked for every model before any model runs, so
+a wrong tokenizer or label set fails in a second, naming the examples, not deep inside a model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data.batches import ID_COLUMNS, DataFormError, as_batches, batch_size_of, dict_kind
+from ..losses import IGNORE_INDEX, is_causal_lm
+
+
+def split_batch(batch: Mapping) -> tuple[dict, object | None]:
+    """The model tensors of a batch (labels included) and its optional id column.
+
+    Numeric arrays and nested lists (a batch dict written by hand) become tensors; other values,
+    such as raw text, are left out.
+    """
+    if not isinstance(batch, Mapping) or dict_kind(batch) != "batch":
+        raise DataFormError(
+            f"the evaluation batches must be batch dicts (input_ids [B, T] or pixel_values [B, C, H, W]), got "
+            f"{'a single row' if isinstance(batch, Mapping) else type(batch).__name__}"
+        )
+    ids = next((batch[k] for k in ID_COLUMNS if k in batch), None)
+    tensors = {}
+    for key, value in batch.items():
+        if key in ID_COLUMNS:
+            continue
+        if isinstance(value, torch.Tensor):
+            tensors[key] = value
+        elif isinstance(value, (np.ndarray, list, tuple)):
+            array = np.asarray(value)
+            if array.dtype.kind in "biuf":  # bool, int, unsigned, float: model input; strings are not
+                tensors[key] = torch.as_tensor(array)
+    return tensors, ids
+
+
+def vocab_sizes(model: nn.Module) -> tuple[int | None, int | None]:
+    """Input embeddings and output vocabulary of a model (`None` where it has none, e.g. a ViT)."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    n_in = getattr(emb, "num_embeddings", None)
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    n_out = getattr(out, "out_features", None) or getattr(model.config, "vocab_size", None)
+    return n_in, n_out
+
+
+def _rows_where(mask: torch.Tensor, ids: list) -> list:
+    return [ids[r] for r in mask.nonzero().flatten().tolist()][:10]
+
+
+def _check_token_ids(input_ids: torch.Tensor, n_in: int, ids: list, name: str) -> None:
+    bad = ((input_ids >= n_in) | (input_ids < 0)).reshape(input_ids.shape[0], -1).any(dim=1)
+    if bad.any():
+        raise ValueError(
+            f"token ids outside the vocabulary of {name} ({n_in} embeddings): max id {int(input_ids.max())}, "
+            f"min id {int(input_ids.min())}, in examples {_rows_where(bad, ids)}. "
+            "The tokenizer does not match the model (different vocabulary)."
+        )
+
+
+def _check_lm_labels(labels: torch.Tensor, n_out: int | None, ids: list, name: str) -> None:
+    if labels.is_floating_point():
+        raise ValueError(f"causal-LM labels must be token ids, got dtype {labels.dtype}")
+    supervised = labels != IGNORE_INDEX
+    bad = (supervised & ((labels >= (n_out or math.inf)) | (labels < 0))).any(dim=1)
+    if bad.any():
+        raise ValueError(
+            f"label ids outside the output vocabulary of {name} ({n_out}) in examples {_rows_where(bad, ids)}: "
+            "the tokenizer does not match the model."
+        )
+    # The label at position 0 is never predicted (the shift), so an example needs one after it.
+    empty = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1) == 0
+    if empty.any():
+        raise ValueError(
+            f"examples {_rows_where(empty, ids)} have no supervised token (all labels after the first are "
+            f"{IGNORE_INDEX}): their loss is undefined. Drop them or fix the labels."
+        )
+
+
+def _check_class_labels(labels: torch.Tensor, num_labels: int | None, ids: list, name: str) -> None:
+    if labels.is_floating_point():
+        raise ValueError(f"classification labels must be integer classes, got dtype {labels.dtype} (regression is not supported)")
+    bad = (labels < 0) | (labels >= (num_labels or math.inf))
+    if bad.any():
+        raise ValueError(f"labels outside 0..{num_labels - 1} (the classes of {name}) in examples {_rows_where(bad, ids)}")
+
+
+def check_batch(model: nn.Module, batch: dict, ids: list, causal: bool, name: str) -> None:
+    """Raise `ValueError` naming the examples if `batch` cannot be scored by `model`."""
+    if "labels" not in batch:
+        raise ValueError(
+            f"the evaluation data has no 'labels' (keys: {sorted(batch)}): the loss needs them. "
+            "Causal LMs take labels = input_ids (-100 where unsupervised); classifiers an int class per example."
+        )
+    n_in, n_out = vocab_sizes(model)
+    if batch.get("input_ids") is not None and n_in is not None:
+        _check_token_ids(batch["input_ids"], n_in, ids, name)
+    if causal:
+        _check_lm_labels(batch["labels"], n_out, ids, name)
+    else:
+        _check_class_labels(batch["labels"], getattr(model.config, "num_labels", None), ids, name)
+
+
+def prepare_batches(models: dict[str, nn.Module], data, batch_size: int, example_ids: Sequence | None) -> tuple[object, list]:
+    """Check every batch for every model before any forward pass; return the batches and the example ids.
+
+    Example ids come from `example_ids`, else an `id`/`idx`/`example_id` column, else the position.
+    """
+    batches = as_batches(data, batch_size=batch_size)
+    causal = is_causal_lm(next(iter(models.values())))
+    all_ids: list = []
+    count = 0
+    for batch in batches:
+        tensors, id_col = split_batch(batch)
+        size = batch_size_of(tensors)
+        if example_ids is not None:
+            ids = list(example_ids[count : count + size])
+        elif id_col is not None:
+            ids = id_col.tolist() if isinstance(id_col, torch.Tensor) else list(id_col)
+        else:
+            ids = list(range(count, count + size))
+        for name, model in models.items():
+            check_batch(model, tensors, ids, causal, name)
+        all_ids.extend(ids)
+        count += size
+    if count == 0:
+        raise ValueError("the evaluation data is empty: no example to evaluate.")
+    if example_ids is not None and len(example_ids) != count:
+        raise ValueError(f"example_ids has {len(example_ids)} entries for {count} examples")
+    return batches, all_ids
+
+
+def check_level(delta: float, n_bootstrap: int) -> None:
+    """`delta` in (0, 1) and at least one bootstrap resample."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise ValueError(f"delta (the allowed failure probability) must be in (0, 1), got {delta!r}")
+    if n_bootstrap < 1:
+        raise ValueError(f"n_bootstrap must be >= 1, got {n_bootstrap}")
+
+
+def check_same_head(model_a: nn.Module, model_b: nn.Module) -> None:
+    """Two models whose losses can be compared: same task, and same vocabulary or classes."""
+    if is_causal_lm(model_a) != is_causal_lm(model_b):
+        raise ValueError(f"the models have different heads: {type(model_a).__name__} vs {type(model_b).__name__}")
+    if is_causal_lm(model_a):
+        va, vb = vocab_sizes(model_a)[1], vocab_sizes(model_b)[1]
+        if va != vb:
+            raise ValueError(f"the models have different output vocabularies ({va} vs {vb}): their losses are not comparable")
+    elif getattr(model_a.config, "num_labels", None) != getattr(model_b.config, "num_labels", None):
+        raise ValueError(f"the models have different numbers of classes ({model_a.config.num_labels} vs {model_b.config.num_labels})")

@@ -1,0 +1,159 @@
+"""Building one new block, native or adapter, without inserting it.
+
+`grow_depth` builds every block here before it touches the model (so a failure leaves the model
+as it was), and the probe builds the very same block through `build_block` to reason about it.
+Every random draw is seeded from `(seed, position, repeat)` only, which is what makes the two
+agree.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+from torch import nn
+
+from . import adapter
+from .checks import check_positions, resolve_block_kind
+from .config import GrowthConfig
+from .families import FamilySpec, model_eps, residual_output_modules, resolve_family
+
+
+def _block_seed(seed: int, position: int, repeat: int) -> int:
+    # Depends on the position, not on the other positions of the same call, so a block grown
+    # alone at k equals the one grown at k together with others (and the probe's candidate).
+    return (seed * 1_000_003 + position * 10_007 + repeat) % (2**63 - 1)
+
+
+def _hidden_size(model: nn.Module, layer: nn.Module) -> int:
+    config = model.config
+    for key in ("hidden_size", "n_embd", "d_model"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    for module in layer.modules():
+        if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and module.normalized_shape:
+            return module.normalized_shape[-1]
+    raise ValueError(f"Cannot tell the hidden size of {type(model).__name__}.")
+
+
+def _param_like(layer: nn.Module) -> torch.Tensor:
+    # A new block takes the dtype and device of the layer's floating-point weights.
+    return next(p for p in layer.parameters() if p.is_floating_point())
+
+
+def _construct_layer(layer_cls: type, config, index: int) -> nn.Module:
+    # Layer constructors differ across families: (config, layer_idx=i), (config, i) or (config).
+    params = inspect.signature(layer_cls.__init__).parameters
+    if "layer_idx" in params:
+        return layer_cls(config, layer_idx=index)
+    if len(params) >= 3 and list(params)[2] not in ("args", "kwargs"):
+        return layer_cls(config, index)
+    return layer_cls(config)
+
+
+def build_native_block(
+    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, position: int, cfg: GrowthConfig, repeat: int = 0
+) -> nn.Module:
+    """The family's own layer for insertion at `position`, its residual output projections zeroed.
+
+    `cfg.init="copy"` deep-copies the layer below the position (layer 0 for k = 0, as LLaMA Pro
+    does); `"random"` builds a fresh layer with the model's `_init_weights` under the block seed.
+
+    Example:
+        ```python
+        >>> spec, stack, _ = resolve_family(model)
+        >>> block = build_native_block(model, stack, spec, 2, GrowthConfig(block="native"))
+        ```
+    """
+    source = stack[max(position - 1, 0)]
+    if cfg.init == "copy":
+        block = copy.deepcopy(source)
+        adapter.strip(block)  # a copied host layer must not carry the host's adapters
+    else:
+        like = _param_like(source)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_block_seed(cfg.seed, position, repeat))
+            block = _construct_layer(type(source), model.config, max(position - 1, 0))
+            init_fn = getattr(model, "_init_weights", None)
+            if init_fn is not None:
+                block.apply(init_fn)
+        block.to(dtype=like.dtype, device=like.device)
+        # Copy the attention-type attributes the family set from the config (sliding windows).
+        for attr in ("attention_type", "is_sliding", "sliding_window"):
+            if hasattr(source, attr):
+                setattr(block, attr, getattr(source, attr))
+    with torch.no_grad():
+        for module in residual_output_modules(spec, block):
+            for param in module.parameters(recurse=False):
+                param.zero_()
+    return block
+
+
+def build_adapter_block(
+    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, position: int, cfg: GrowthConfig, repeat: int = 0
+) -> adapter.NormalizedResidualBlock:
+    """A normalized residual block for `position`: `W_out = 0`, `W_in` drawn from the block seed.
+
+    Example:
+        ```python
+        >>> spec, stack, _ = resolve_family(model)
+        >>> block = build_adapter_block(model, stack, spec, 4, GrowthConfig(block="adapter"))
+        >>> bool(block.w_out.weight.abs().sum() == 0)
+        True
+        ```
+    """
+    host = stack[min(position, len(stack) - 1)]
+    like = _param_like(host)
+    hidden = _hidden_size(model, host)
+    eps = cfg.eps if cfg.eps is not None else (model_eps(spec, model.config) or 1e-6)
+    generator = torch.Generator().manual_seed(_block_seed(cfg.seed, position, repeat))
+    block = adapter.NormalizedResidualBlock(
+        hidden, cfg.adapter_dim or hidden, norm=spec.norm, eps=eps, act=cfg.adapter_act, generator=generator
+    )
+    return block.to(dtype=like.dtype, device=like.device)
+
+
+def build_blocks(
+    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, kind: str, positions: list[int], cfg: GrowthConfig
+) -> list[tuple[int, nn.Module]]:
+    """`(position, block)` for each of the sorted `positions`; a repeated position counts its repeats.
+
+    Example:
+        ```python
+        >>> spec, stack, _ = resolve_family(model)
+        >>> [k for k, _ in build_blocks(model, stack, spec, "adapter", [1, 1, 3], GrowthConfig())]
+        [1, 1, 3]
+        ```
+    """
+    builder = build_native_block if kind == "native" else build_adapter_block
+    repeats: dict[int, int] = {}
+    built = []
+    for k in positions:
+        r = repeats.get(k, 0)
+        repeats[k] = r + 1
+        built.append((k, builder(model, stack, spec, k, cfg, r)))
+    return built
+
+
+def build_block(
+    model: nn.Module, position: int, config: GrowthConfig | None = None, *, repeat: int = 0, **kwargs
+) -> tuple[str, nn.Module]:
+    """Build, without inserting, the block `grow_depth(model, [position], ...)` would insert.
+
+    Returns `(kind, module)`; the probe uses it to reason about exactly that block.
+
+    Example:
+        ```python
+        >>> kind, block = build_block(model, 2, GrowthConfig(block="auto"))
+        >>> kind
+        'native'
+        ```
+    """
+    cfg = config or GrowthConfig(**kwargs)
+    spec, stack, _ = resolve_family(model)
+    check_positions([position], len(stack))
+    kind = resolve_block_kind(cfg, spec, model.config)
+    builder = build_native_block if kind == "native" else build_adapter_block
+    return kind, builder(model, stack, spec, position, cfg, repeat)

@@ -1,0 +1,125 @@
+"""Argument checks shared by `grow_depth`, `build_block`, the probe and stepping stones.
+
+Every check runs before a model is touched and raises one `ValueError` naming the problem, so a
+rejected call leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from torch import nn
+
+from .config import GrowthConfig
+from .families import FamilySpec
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """True where transformers flags the model as quantised (GGUF, bitsandbytes, ...).
+
+    Example:
+        ```python
+        >>> is_quantized(tiny_model("llama"))
+        False
+        ```
+    """
+    config = getattr(model, "config", None)
+    return bool(
+        getattr(model, "is_quantized", False)
+        or getattr(model, "hf_quantizer", None) is not None
+        or (config is not None and getattr(config, "quantization_config", None))
+    )
+
+
+def check_not_quantized(model: nn.Module) -> None:
+    """Refuse a quantised model: its weights cannot take an exact zero-initialised block, nor be trained.
+
+    Example:
+        ```python
+        >>> check_not_quantized(tiny_model("llama"))   # returns None, or raises ValueError
+        ```
+    """
+    if is_quantized(model):
+        raise ValueError(
+            "the model is flagged as quantised (e.g. loaded with gguf_file= or a quantization_config) and cannot be "
+            "grown or trained: make a float copy first (see hf_depthgrow.data.embedded for the GGUF case)."
+        )
+
+
+def check_growable(model: nn.Module, stack: nn.ModuleList) -> None:
+    """Refuse a layer stack `grow_depth` cannot renumber: heterogeneous per-layer configs, or a layer count at odds with the config.
+
+    Example:
+        ```python
+        >>> spec, stack, _ = resolve_family(model)
+        >>> check_growable(model, stack)            # returns None, or raises ValueError
+        ```
+    """
+    config = model.config
+    if getattr(config, "is_heterogeneous", False):
+        raise ValueError("heterogeneous per-layer configs are not supported by grow_depth yet.")
+    if config.num_hidden_layers != len(stack):
+        raise ValueError(f"config.num_hidden_layers={config.num_hidden_layers} but the layer stack has {len(stack)} layers.")
+
+
+def check_positions(positions, num_layers: int) -> list[int]:
+    """The positions sorted, after checking each is an int in 0..num_layers; a `ValueError` names the bad one.
+
+    Example:
+        ```python
+        >>> check_positions([4, 0, 2, 2], num_layers=4)
+        [0, 2, 2, 4]
+        ```
+    """
+    if isinstance(positions, (int, str, bytes)) or not isinstance(positions, Iterable):
+        raise ValueError(f"positions must be a list of ints, got {positions!r}")
+    positions = list(positions)
+    if not positions:
+        raise ValueError("positions is empty: give at least one insertion point k (0 <= k <= number of layers).")
+    for k in positions:
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise ValueError(f"positions must be ints, got {k!r} ({type(k).__name__})")
+        if not 0 <= k <= num_layers:
+            raise ValueError(f"position {k} is out of range: the model has {num_layers} layers, so 0 <= k <= {num_layers}.")
+    return sorted(positions)
+
+
+def resolve_block_kind(cfg: GrowthConfig, spec: FamilySpec, config) -> str:
+    """`"native"` or `"adapter"` for `cfg.block` on this family (`auto`: native where that is exact).
+
+    Example:
+        ```python
+        >>> resolve_block_kind(GrowthConfig(block="auto"), FAMILIES["bert"], bert.config)
+        'adapter'
+        ```
+    """
+    native_ok = spec.kind != "unknown" and spec.native_is_exact(config)
+    if cfg.block == "auto":
+        return "native" if native_ok else "adapter"
+    if cfg.block == "native" and not native_ok:
+        if spec.kind == "unknown":
+            raise ValueError(f"model_type {spec.model_type!r} is not in the family table: only block='adapter' is available.")
+        reason = (
+            "it is post-norm (LN(z + 0) != z)"
+            if spec.norm_style != "pre"
+            else f"its config sets {[f for f in spec.inexact_if if getattr(config, f, False)]}, which ties the maths to layer indices"
+        )
+        raise ValueError(f"native blocks are not function-preserving for {spec.model_type}: {reason}. Use block='adapter' or 'auto'.")
+    return cfg.block
+
+
+def check_native_eps(kind: str, cfg: GrowthConfig, own_eps: float | None) -> None:
+    """Refuse an eps for native blocks other than the config's: the family's norms read it from the config.
+
+    Example:
+        ```python
+        >>> check_native_eps("native", GrowthConfig(eps=1e-3), own_eps=1e-5)
+        Traceback (most recent call last):
+        ValueError: native blocks use the family's norms with the config's eps (1e-05); ...
+        ```
+    """
+    if kind == "native" and cfg.eps is not None and own_eps is not None and cfg.eps != own_eps:
+        raise ValueError(
+            f"native blocks use the family's norms with the config's eps ({own_eps}); a different eps ({cfg.eps}) would "
+            "not survive save/load. Use block='adapter' for a block with its own eps."
+        )

@@ -1,0 +1,69 @@
+"""`GrowthConfig`: how `grow_depth` builds each new block, checked when it is made.
+
+The field metadata carries the help text: the CLI parses this dataclass directly (`hf-depthgrow
+grow --block ... --eps ...`), so each option's help is written once, here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .adapter import ACTIVATIONS
+
+BLOCK_KINDS = ("auto", "native", "adapter")
+INITS = ("copy", "random")
+
+
+@dataclass
+class GrowthConfig:
+    """How `grow_depth` builds each new block.
+
+    Args:
+        block: `"native"` (the family's own layer, residual outputs zeroed; exact for pre-norm
+            families), `"adapter"` (a generic normalized residual block, exact for every family),
+            or `"auto"` (native where that is exact, adapter otherwise).
+        init: For native blocks, `"copy"` the layer below the insertion point (layer 0 for k = 0),
+            as LLaMA Pro does, or `"random"` with the family's own initializer. Adapter blocks
+            always draw `W_in` at random and zero `W_out`.
+        eps: Epsilon of the new block's own norm; `None` takes the model's. Must be > 0.
+        seed: Seeds every random part. The block for position k depends only on (seed, k, and
+            how many blocks were already asked for at k), so `probe` and `grow_depth` build the
+            same block.
+        adapter_dim: Hidden width of an adapter block; `None` takes the model's hidden size.
+        adapter_act: Activation of an adapter block (`gelu`, `silu`, `relu`, `tanh`).
+
+    Raises:
+        ValueError: a field is out of range; the message names the field and the value.
+
+    Example:
+        ```python
+        >>> GrowthConfig(block="adapter", eps=1e-5).block
+        'adapter'
+        ```
+    """
+
+    block: str = field(default="auto", metadata={"help": "native, adapter or auto (native where exact)."})
+    init: str = field(default="copy", metadata={"help": "copy (LLaMA Pro) or random, for native blocks."})
+    eps: float | None = field(default=None, metadata={"help": "Epsilon of the new block's norm; None: the model's."})
+    seed: int = field(default=0, metadata={"help": "Seed for every random part of a new block."})
+    adapter_dim: int | None = field(default=None, metadata={"help": "Adapter hidden width; None: hidden size."})
+    adapter_act: str = field(default="gelu", metadata={"help": "Adapter activation: gelu, silu, relu or tanh."})
+
+    def __post_init__(self):
+        if self.block not in BLOCK_KINDS:
+            raise ValueError(f"block must be one of {BLOCK_KINDS}, got {self.block!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if self.eps is not None:
+            if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)):
+                raise ValueError(f"eps must be a positive number or None, got {self.eps!r}")
+            if not self.eps > 0:
+                raise ValueError(
+                    f"eps must be > 0, got {self.eps}: a norm without epsilon is singular at z = 0 (THEORY §6)."
+                )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if self.adapter_dim is not None and (not isinstance(self.adapter_dim, int) or self.adapter_dim < 1):
+            raise ValueError(f"adapter_dim must be a positive int or None, got {self.adapter_dim!r}")
+        if self.adapter_act not in ACTIVATIONS:
+            raise ValueError(f"adapter_act must be one of {sorted(ACTIVATIONS)}, got {self.adapter_act!r}")

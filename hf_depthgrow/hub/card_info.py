@@ -1,0 +1,192 @@
+"""`CardInfo`: everything a grown model's card can say, and how Hub ids are told from local paths.
+
+Only `base_model` is needed; every other field is optional and a section that was not run says
+so in one sentence. `growth_record` is always a typed `GrowthRecord` (a stored dict is converted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Mapping
+
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
+from ..growth.record import GrowthRecord, growth_record
+
+# A name with one of these endings is a file, even where it would also parse as a repo id.
+FILE_SUFFIXES = {".txt", ".csv", ".tsv", ".json", ".jsonl", ".parquet", ".arrow", ".gz", ".zip", ".npy", ".npz", ".md"}
+# Head class suffix -> (pipeline_tag, Auto class): the Hub's task for the widget, and how to load it.
+HEADS = (
+    ("ForCausalLM", "text-generation", "AutoModelForCausalLM"),
+    ("LMHeadModel", "text-generation", "AutoModelForCausalLM"),
+    ("ForSequenceClassification", "text-classification", "AutoModelForSequenceClassification"),
+    ("ForTokenClassification", "token-classification", "AutoModelForTokenClassification"),
+    ("ForQuestionAnswering", "question-answering", "AutoModelForQuestionAnswering"),
+    ("ForMaskedLM", "fill-mask", "AutoModelForMaskedLM"),
+    ("ForImageClassification", "image-classification", "AutoModelForImageClassification"),
+)
+# A Hub license id ("apache-2.0", "mit", "other").
+LICENSE_RE = re.compile(r"^[a-z0-9][a-z0-9.+_-]*$")
+
+
+@dataclass
+class CardInfo:
+    """Everything a grown model's card can say. Only `base_model` is needed; the rest is optional.
+
+    Args:
+        base_model: Hub id or local path of the model that was grown.
+        base_model_id: The Hub id `base_model` is a local copy of (metadata needs a Hub id).
+        repo_id: Where the card will live (used in the loading snippet and the title).
+        title: Card title; default: the repo name, or "Depth-grown <base>".
+        description: A free paragraph placed under the model details.
+        model_type: `config.model_type` (becomes a tag).
+        architectures: `config.architectures` (picks `pipeline_tag` and the loading class).
+        growth_record: `hf_depthgrow.growth_record(model)`.
+        adapters_only: The repository holds only the adapter blocks (`save_pretrained(adapters_only=True)`).
+        probe: Where blocks can help: a `ProbeResult` (or its `to_dict()`), or a summary dict with any of
+            `positions`, `signal`, `z`, `verdict` (list or one string), `recommendation` (dict or string).
+        training: How the new blocks were trained: a dict with any of `trainable`, `steps`,
+            `learning_rate`, `batch_size`, `seq_length`, `data`, `time` (seconds), or a `TrainResult`/
+            `TrainConfig` (or their `to_dict()`); other scalar entries are listed too.
+        evaluation: The test-risk delta: an `EvalResult` (or its `to_dict()`), or a dict with `delta`,
+            `intervals` (`{name: (low, high)}`), `confidence`, `verdict`, ...
+        selection: The fallback rule: `selected` (`"new"`, `"stepping_stone"` or `"old"`), `delta_erm`,
+            `reference`, `train_losses`. Taken from `training` when that holds them.
+        config: The exact configuration that reproduces the run (embedded as YAML).
+        command: The command line of the run.
+        datasets: Data sets used: Hub ids go into the metadata, local paths and embedded corpora into the text.
+        license: License id (e.g. `"apache-2.0"`); omitted from the metadata when not given.
+        language: Language code(s), metadata only.
+        pipeline_tag: Hub task; default: inferred from `architectures`.
+        tags: Extra tags.
+        framework_versions: Name -> version; default: collected from this environment.
+
+    Example:
+        ```python
+        >>> info = CardInfo(base_model="HuggingFaceTB/SmolLM2-135M", model_type="llama",
+        ...                 architectures=["LlamaForCausalLM"], license="apache-2.0")
+        >>> render_model_card(info).data.library_name
+        'transformers'
+        ```
+    """
+
+    base_model: str | None = field(default=None, metadata={"help": "Hub id or local path of the base model."})
+    base_model_id: str | None = field(default=None, metadata={"help": "Hub id a local base_model is a copy of."})
+    repo_id: str | None = field(default=None, metadata={"help": "Repository the card is for."})
+    title: str | None = field(default=None, metadata={"help": "Card title."})
+    description: str | None = field(default=None, metadata={"help": "Free paragraph under the model details."})
+    model_type: str | None = field(default=None, metadata={"help": "config.model_type."})
+    architectures: list[str] | None = field(default=None, metadata={"help": "config.architectures."})
+    growth_record: GrowthRecord | dict | None = field(default=None, metadata={"help": "hf_depthgrow.growth_record(model) (a stored dict is read too)."})
+    adapters_only: bool = field(default=False, metadata={"help": "The repo holds only the adapter blocks."})
+    probe: Any = field(default=None, metadata={"help": "ProbeResult or summary dict."})
+    training: Any = field(default=None, metadata={"help": "Training settings and result."})
+    evaluation: Any = field(default=None, metadata={"help": "EvalResult or summary dict."})
+    selection: Any = field(default=None, metadata={"help": "Fallback rule: selected model and Delta_ERM."})
+    config: Any = field(default=None, metadata={"help": "Config that reproduces the run (YAML in the card)."})
+    command: str | None = field(default=None, metadata={"help": "Command line of the run."})
+    datasets: list[str] | None = field(default=None, metadata={"help": "Hub ids, local paths or embedded corpora."})
+    license: str | None = field(default=None, metadata={"help": "License id; omitted when not given."})
+    language: str | list[str] | None = field(default=None, metadata={"help": "Language code(s)."})
+    pipeline_tag: str | None = field(default=None, metadata={"help": "Hub task; default: inferred."})
+    tags: list[str] | None = field(default=None, metadata={"help": "Extra tags."})
+    framework_versions: dict[str, str] | None = field(default=None, metadata={"help": "Default: collected."})
+
+    def __post_init__(self):
+        if self.growth_record is not None:
+            self.growth_record = GrowthRecord.from_dict(self.growth_record)
+        if isinstance(self.datasets, str):
+            self.datasets = [self.datasets]
+        if isinstance(self.tags, str):
+            self.tags = [self.tags]
+        if isinstance(self.architectures, str):
+            self.architectures = [self.architectures]
+        for name in ("base_model", "base_model_id", "repo_id", "license", "pipeline_tag"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ValueError(f"CardInfo.{name} must be a string, got {type(value).__name__}")
+            if isinstance(value, os.PathLike):
+                setattr(self, name, os.fspath(value))
+        if self.base_model_id is not None and not looks_like_hub_id(self.base_model_id, check_disk=False):
+            raise ValueError(f"CardInfo.base_model_id must be a Hub model id, got {self.base_model_id!r}")
+        if self.license is not None and not LICENSE_RE.match(self.license):
+            raise ValueError(f"CardInfo.license must be a Hub license id such as 'apache-2.0', got {self.license!r}")
+
+    @classmethod
+    def from_model(cls, model, **kwargs) -> "CardInfo":
+        """Fill `model_type`, `architectures`, `growth_record` and `base_model` from a model; `kwargs` win.
+
+        Example:
+            ```python
+            >>> info = CardInfo.from_model(model, repo_id="me/grown", license="apache-2.0")
+            ```
+        """
+        config = model.config
+        found = {
+            "model_type": getattr(config, "model_type", None),
+            "architectures": list(getattr(config, "architectures", None) or [type(model).__name__]),
+            "growth_record": growth_record(model),
+            "base_model": getattr(config, "_name_or_path", None) or None,
+        }
+        found.update({k: v for k, v in kwargs.items() if v is not None or k not in found})
+        return cls(**found)
+
+
+def as_card_info(info: "CardInfo | Mapping") -> CardInfo:
+    """A `CardInfo` from itself or from a dict of its fields (unknown keys are an error naming them)."""
+    if isinstance(info, CardInfo):
+        return info
+    if not isinstance(info, Mapping):
+        raise TypeError(f"info must be a CardInfo or a dict, got {type(info).__name__}")
+    known = {f.name for f in dataclasses.fields(CardInfo)}
+    unknown = sorted(set(info) - known)
+    if unknown:
+        raise ValueError(f"unknown model-card fields {unknown}; known: {sorted(known)}")
+    return CardInfo(**info)
+
+
+def looks_like_hub_id(value, *, check_disk: bool = True) -> bool:
+    """True for a syntactically valid Hub repo id that is not a local path or a file name."""
+    if not isinstance(value, str) or not value or value.strip() != value:
+        return False
+    if value.startswith((".", "/", "~")) or "\\" in value or ":" in value:
+        return False
+    if PurePosixPath(value).suffix.lower() in FILE_SUFFIXES:
+        return False
+    if check_disk and os.path.exists(value):
+        return False
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return False
+    return True
+
+
+def is_file(value) -> bool:
+    """A path to an existing file (Markdown text, with its newlines, never is)."""
+    if isinstance(value, os.PathLike) or (isinstance(value, str) and "\n" not in value and len(value) < 4096):
+        try:
+            return Path(value).is_file()
+        except OSError:
+            return False
+    return False
+
+
+def hub_link(repo_id: str, kind: str = "") -> str:
+    """A Markdown link to a Hub repository (`kind` is "datasets" for a data set)."""
+    prefix = f"{kind}/" if kind else ""
+    return f"[{repo_id}](https://huggingface.co/{prefix}{repo_id})"
+
+
+def head_of(architectures) -> tuple[str | None, str]:
+    """The Hub task (`pipeline_tag`) and Auto class of the first architecture with a known head."""
+    for arch in architectures or []:
+        for suffix, task, auto in HEADS:
+            if arch.endswith(suffix):
+                return task, auto
+    return None, "AutoModel"

@@ -1,0 +1,160 @@
+"""What the probe reports: `ProbeResult`, its verdicts and its recommendation (THEORY §2, §5, §6).
+
+Example:
+    ```python
+    >>> from hf_depthgrow.probe.result import ProbeResult
+    >>> result = ProbeResult.from_json("runs/x/probe/probe.json")
+    >>> print(result.summary())
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ..utils import json_safe, package_version
+
+__all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "ProbeResult", "recommend"]
+
+VERDICT_IMPROVABLE = "improvable"
+VERDICT_NOT_OBSERVABLE = "not observable at this data size (deepest-model regime)"
+
+
+@dataclass
+class ProbeResult:
+    """What `probe` measured, one list entry per candidate position (aligned with `positions`).
+
+    Signals:
+        signal: `||G_S(k)||_F`, the norm of the gradient of the data-set loss with respect to all
+            parameters of the block `grow_depth(model, [k], ...)` would insert, at zero init.
+        signal_parts: The same norm per parameter of that block (only the zeroed output
+            projections appear: every other parameter has an exactly zero gradient at init).
+        population: Unbiased estimate of `||G_D(k)||^2` (the squared population signal): the
+            mean of `<G_b, G_b'>` over pairs of distinct batches, weighted (it can be negative).
+        population_se: Its standard error (delete-a-group jackknife over `num_splits` groups of batches).
+        z: `population / population_se`.
+        verdict: `"improvable"` where `z > z_threshold`, else
+            `"not observable at this data size (deepest-model regime)"`.
+        recommendation: `{"grow": bool, "positions": [...], "best": k or None, "reason": str}`.
+
+    Covariance of the activation gradient (THEORY §5), `Sigma_k = E[g g^T]` over tokens, with `g`
+    the gradient of the example's *summed* loss with respect to one token's residual vector:
+        offdiag_share, spectral_norm, stable_rank, trace.
+
+    Norm regime (THEORY §6):
+        norm_eps: eps of the next norm (the first norm inside layer k; the final norm for k = L).
+        near_singular_share: share of tokens with `var(z) <= norm_factor * norm_eps`.
+        mean_var, min_var: mean and smallest `var(z)` over tokens (mean square for RMSNorm families).
+
+    `gradients` (only with `keep_gradients=True`) holds `G_S(k)` per parameter name of the block;
+    it is not part of `to_dict()`.
+    """
+
+    model_type: str
+    num_layers: int
+    block: str
+    init: str
+    seed: int
+    eps: float | None
+    adapter_dim: int | None
+    adapter_act: str
+    positions: list[int]
+    signal: list[float]
+    signal_parts: list[dict[str, float]]
+    population: list[float]
+    population_se: list[float]
+    population_signal: list[float]
+    z: list[float]
+    verdict: list[str]
+    improvable: list[bool]
+    offdiag_share: list[float]
+    spectral_norm: list[float]
+    stable_rank: list[float]
+    trace: list[float]
+    norm_eps: list[float]
+    near_singular_share: list[float]
+    mean_var: list[float]
+    min_var: list[float]
+    loss: float
+    num_batches: int
+    num_examples: int
+    total_weight: float
+    weight_unit: str
+    num_splits: int
+    z_threshold: float
+    norm_factor: float
+    recommendation: dict
+    hf_depthgrow_version: str = field(default_factory=package_version)
+    gradients: list[dict[str, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict (non-finite numbers become `None`); gradients are left out."""
+        data = asdict(self)
+        data.pop("gradients", None)
+        return json_safe(data, nonfinite="null")
+
+    def to_json(self, path) -> None:
+        """Write `to_dict()` as sorted, indented JSON."""
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(self.to_dict(), handle, indent=2, sort_keys=True)
+            handle.write("\n")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ProbeResult":
+        known = {f for f in cls.__dataclass_fields__ if f != "gradients"}
+        values = {k: v for k, v in data.items() if k in known}
+        for key in ("z", "population", "population_se", "offdiag_share", "spectral_norm", "stable_rank", "trace"):
+            if key in values:
+                values[key] = [math.nan if v is None else v for v in values[key]]
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, path) -> "ProbeResult":
+        with open(path, encoding="utf-8") as handle:
+            return cls.from_dict(json.load(handle))
+
+    def summary(self) -> str:
+        """A fixed-width table, one row per position, and the recommendation."""
+        lines = [
+            f"{'k':>3} {'||G_S||':>10} {'pop^2':>11} {'se':>10} {'z':>7}  {'offdiag':>7} {'srank':>7} {'near-eps':>8}  verdict"
+        ]
+        for i, k in enumerate(self.positions):
+            lines.append(
+                f"{k:>3} {self.signal[i]:>10.3e} {self.population[i]:>11.3e} {self.population_se[i]:>10.3e} "
+                f"{self.z[i]:>7.2f}  {self.offdiag_share[i]:>7.3f} {self.stable_rank[i]:>7.1f} "
+                f"{self.near_singular_share[i]:>8.3f}  {self.verdict[i]}"
+            )
+        lines.append(f"recommendation: {self.recommendation['reason']}")
+        return "\n".join(lines)
+
+
+def recommend(positions: list[int], z: list[float], improvable: list[bool], top: int = 3) -> dict:
+    """The `recommendation` of a probe: grow at the (up to `top`) improvable positions, best z first.
+
+    Example:
+        ```python
+        >>> recommend([0, 1, 2], [0.5, 3.0, 2.5], [False, True, True])["positions"]
+        [1, 2]
+        ```
+    """
+    ranked = sorted((i for i in range(len(positions)) if improvable[i]), key=lambda i: -z[i])
+    if not ranked:
+        return {
+            "grow": False,
+            "positions": [],
+            "best": None,
+            "reason": "do not grow: no position's population signal is significantly positive at this data size "
+            "(deepest-model regime). Depth is not expected to help unless width or data grows.",
+        }
+    best = positions[ranked[0]]
+    chosen = [positions[i] for i in ranked[:top]]
+    return {
+        "grow": True,
+        "positions": chosen,
+        "best": best,
+        "reason": f"grow at k={best} (largest z-score, z={z[ranked[0]]:.2f}); improvable positions by z: {chosen}",
+    }

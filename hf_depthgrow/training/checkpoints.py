@@ -1,0 +1,212 @@
+"""Atomic checkpoints: the trainable weights, optimizer, scheduler, RNG streams and trainer state.
+
+A checkpoint is written to `.checkpoint-{step}.tmp` and published with one `os.replace`, so a crash
+mid-save leaves either the old set of checkpoints or the new one, never half a folder. Only the
+trainable set is saved (the frozen weights are the starting model's), except under FSDP, where
+accelerate writes the sharded state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+CHECKPOINT_PREFIX = "checkpoint-"
+TRAINABLE_WEIGHTS = "trainable.safetensors"
+TRAINER_STATE = "trainer_state.json"
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under `output_dir`, oldest first (temp folders of a crashed save are ignored).
+
+    Example:
+        ```python
+        >>> [p.name for p in list_checkpoints("out")]
+        ['checkpoint-4', 'checkpoint-5']
+        ```
+    """
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        m = re.fullmatch(CHECKPOINT_PREFIX + r"(\d+)", path.name)
+        if m and path.is_dir() and (path / TRAINER_STATE).exists():
+            found.append((int(m.group(1)), path))
+    return [p for _, p in sorted(found)]
+
+
+def rng_state() -> dict:
+    """Python, NumPy, torch (and CUDA) RNG states as tensors and numbers (loadable with `weights_only`)."""
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python_version": py[0],
+        "python": torch.tensor(py[1], dtype=torch.int64),
+        "python_gauss": py[2],
+        "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
+        "numpy_pos": int(np_state[2]),
+        "numpy_has_gauss": int(np_state[3]),
+        "numpy_gauss": float(np_state[4]),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what `rng_state` returned."""
+    random.setstate((state["python_version"], tuple(int(x) for x in state["python"].tolist()), state["python_gauss"]))
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"], state["numpy_has_gauss"], state["numpy_gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _write_unsharded(acc, tmp: Path, step: int, named, optimizer, scheduler) -> None:
+    from safetensors.torch import save_file
+
+    weights = {n: p.detach().cpu().contiguous() for n, p in named}
+    save_file(weights, str(tmp / TRAINABLE_WEIGHTS), metadata={"format": "pt", "step": str(step)})
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    if getattr(acc, "scaler", None) is not None:
+        torch.save(acc.scaler.state_dict(), tmp / "scaler.pt")
+
+
+def _publish(tmp: Path, final: Path, root: Path, save_total_limit: int | None) -> None:
+    """fsync the temp folder's files, swap it in with `os.replace`, fsync the parent, prune old ones."""
+    for file in tmp.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as fh:
+                os.fsync(fh.fileno())
+    if final.exists():  # a resumed run re-saving a step: move the old one out of the way first
+        aside = root / f".{final.name}.old"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+        os.replace(tmp, final)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    with contextlib.suppress(OSError):
+        fd = os.open(root, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    if save_total_limit:
+        for old in list_checkpoints(root)[:-save_total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(
+    accelerator, root: str | os.PathLike, step: int, *, sharded: bool, named: Sequence, optimizer, scheduler,
+    trainer_state: dict, save_total_limit: int | None = None,
+) -> Path:
+    """Write `<root>/checkpoint-{step}` atomically: everything goes to a temp folder, then one `os.replace`.
+
+    Every process must call it (it synchronises); `trainer_state` is written as `trainer_state.json`.
+
+    Example:
+        ```python
+        >>> save_checkpoint(acc, "out", 4, sharded=False, named=named, optimizer=opt, scheduler=sched, trainer_state={"global_step": 4})
+        PosixPath('out/checkpoint-4')
+        ```
+    """
+    acc, root = accelerator, Path(root)
+    final = root / f"{CHECKPOINT_PREFIX}{step}"
+    tmp = root / f".{CHECKPOINT_PREFIX}{step}.tmp"
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    acc.wait_for_everyone()
+    if sharded:
+        # FSDP: weights and optimizer state are sharded; accelerate writes them (every process
+        # takes part), together with the RNG states, into the same temp folder.
+        acc.save_state(str(tmp))
+    else:
+        torch.save(rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
+    if acc.is_main_process and not sharded:
+        _write_unsharded(acc, tmp, step, named, optimizer, scheduler)
+    if acc.is_main_process:
+        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        _publish(tmp, final, root, save_total_limit)
+    acc.wait_for_everyone()
+    return final
+
+
+def resolve_resume(target: str | None, output_dir: str | None, *, is_main_process: bool = True) -> Path | None:
+    """The checkpoint folder `resume_from_checkpoint` names: a path, `"latest"` (or `None` if there is none yet).
+
+    Example:
+        ```python
+        >>> resolve_resume("latest", "out")
+        PosixPath('out/checkpoint-5')
+        ```
+    """
+    if not target:
+        return None
+    if target == "latest":
+        found = list_checkpoints(output_dir)
+        if not found:
+            if is_main_process:
+                print(f"[hf_depthgrow] no checkpoint under {output_dir}: starting from step 0")
+            return None
+        return found[-1]
+    path = Path(target)
+    if not (path / TRAINER_STATE).exists():
+        raise ValueError(f"{path} is not a complete checkpoint (no {TRAINER_STATE})")
+    return path
+
+
+def load_checkpoint(path: Path, accelerator, *, global_batch: int, sharded: bool, named: Sequence, optimizer, scheduler) -> dict:
+    """Restore weights, optimizer, scheduler, scaler and RNG streams from `path`; return its trainer state.
+
+    Refuses a checkpoint written with another global micro-batch (the data order and loss scale would change).
+
+    Example:
+        ```python
+        >>> load_checkpoint(path, acc, global_batch=4, sharded=False, named=named, optimizer=opt, scheduler=sched)["global_step"]
+        4
+        ```
+    """
+    from safetensors.torch import load_file
+
+    acc = accelerator
+    state = json.loads((path / TRAINER_STATE).read_text())
+    if state["global_batch"] != global_batch:
+        raise ValueError(
+            f"{path} was written with a global micro-batch of {state['global_batch']} examples, this run has "
+            f"{global_batch}: resuming would change the data order and the loss scale."
+        )
+    if sharded:
+        acc.load_state(str(path))  # weights, optimizer, scheduler (registered) and RNG states
+        return state
+    weights = load_file(str(path / TRAINABLE_WEIGHTS))
+    names = {n for n, _ in named}
+    if set(weights) != names:
+        raise ValueError(f"{path}: trainable weights do not match this run's trainable set ({sorted(set(weights) ^ names)[:4]})")
+    with torch.no_grad():
+        for name, param in named:
+            param.copy_(weights[name].to(param.device, param.dtype))
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    if (path / "scaler.pt").exists() and getattr(acc, "scaler", None) is not None:
+        acc.scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
+    rng_file = path / f"rng_state_{acc.process_index}.pt"
+    if state["num_processes"] != acc.num_processes or not rng_file.exists():
+        warnings.warn("resuming with a different number of processes: RNG streams (dropout) are not restored exactly")
+        rng_file = path / "rng_state_0.pt"
+    set_rng_state(torch.load(rng_file, weights_only=True))
+    return state

@@ -1,0 +1,99 @@
+"""`TrainResult`: what `train` returns, and writing it out (the final model, config and result JSON)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from ..utils import atomic_write_text
+
+FINAL_MODEL = "model"
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns; `to_dict()` is what `<output_dir>/train_result.json` holds.
+
+    Attributes:
+        model: The selected model (unwrapped, on the training device): the trained one, the stepping
+            stone, or the original function (see `selected`).
+        selected: `"new"`, `"stepping_stone"` or `"old"`. With `fallback=False` always `"new"`.
+        train_losses: Training loss `L_S` of each candidate on the same examples
+            (`"new"`, `"old"`, and `"stepping_stone"` when one was given).
+        reference: The model `Delta_ERM` is measured against: `"stepping_stone"` if given, else `"old"`.
+        delta_erm: `L_S(reference) - L_S(f_new)`; `>= 0` whenever `f_new` is selected.
+        global_step: Optimizer steps done.
+        history: One dict per logged step (`step`, `loss`, `lr`, `grad_norm`, `tokens_per_s` or `examples_per_s`).
+        eval_history: `{"step", "eval_loss"}` on the held-out split (step 0 is before training).
+        eval_loss_selected: Held-out loss of the selected model.
+        num_train_examples: Size `n` of the training set; `num_selection_examples` of the rows `L_S` is taken on.
+        prefix_cache: Mode, dtype, index, size and build time of the cache, or `None` if off.
+
+    Example:
+        ```python
+        >>> result = train(grown, rows, max_steps=10)
+        >>> sorted(result.to_dict())[:3]
+        ['delta_erm', 'eval_history', 'eval_loss_after']
+        ```
+    """
+
+    model: nn.Module
+    selected: str = "new"
+    train_losses: dict[str, float] = field(default_factory=dict)
+    reference: str | None = None
+    delta_erm: float | None = None
+    global_step: int = 0
+    history: list[dict] = field(default_factory=list)
+    eval_history: list[dict] = field(default_factory=list)
+    eval_loss_before: float | None = None
+    eval_loss_after: float | None = None
+    eval_loss_selected: float | None = None
+    train_runtime: float = 0.0
+    units_seen: int = 0
+    unit: str = "tokens"
+    num_trainable_parameters: int = 0
+    trainable: str = "new"
+    num_train_examples: int = 0
+    num_selection_examples: int = 0
+    num_processes: int = 1
+    prefix_cache: dict | None = None
+    stepping_stone: dict | None = None
+    resumed_from: str | None = None
+    model_path: str | None = None
+
+    def to_dict(self) -> dict:
+        """Every field but the model, deep-copied (JSON-ready apart from numbers' types)."""
+        # Not `asdict`: it would deep-copy the model.
+        return {key: copy.deepcopy(getattr(self, key)) for key in self.__dataclass_fields__ if key != "model"}
+
+
+def write_outputs(result: TrainResult, config, *, tokenizer=None, peft_model=None, full_state: dict | None = None) -> None:
+    """Write `<output_dir>/model` (if `save_final_model`), `train_config.json` and `train_result.json`.
+
+    A model still wrapped by PEFT is saved from a merged copy (the caller's model stays as it is);
+    `full_state` is the gathered state dict of an FSDP-sharded model. Sets `result.model_path`.
+
+    Example:
+        ```python
+        >>> write_outputs(result, TrainConfig(output_dir="out"))
+        >>> sorted(p.name for p in Path("out").iterdir())
+        ['model', 'train_config.json', 'train_result.json']
+        ```
+    """
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if config.save_final_model:
+        from ..hub.serialization import save_pretrained
+
+        to_save = result.model
+        if peft_model is not None and result.model is peft_model:
+            to_save = copy.deepcopy(peft_model).merge_and_unload()
+        extra = {"state_dict": full_state} if full_state is not None else {}
+        save_pretrained(to_save, out / FINAL_MODEL, tokenizer=tokenizer, **extra)
+        result.model_path = str(out / FINAL_MODEL)
+    (out / "train_config.json").write_text(config.to_json_string())
+    atomic_write_text(out / "train_result.json", json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
