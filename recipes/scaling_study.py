@@ -13,6 +13,9 @@ Larger grid on GPUs (cells are spread over the processes, one model per device a
 `python recipes/scaling_study.py --config ...` runs every cell in one process. Finished cells are kept
 in `<output_dir>/cells/`, so a rerun only does what is missing; `--aggregate-only` redraws the figures
 and tables from the cells on disk; `--overwrite` starts afresh.
+
+Every model trains through `hf_depthgrow.training.train`, each process on its own (see
+`hf_depthgrow/scaling/cells.py`), so the launcher only spreads cells; it never joins processes in DDP.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from hf_depthgrow.scaling.study import StudyConfig, run_study
+from hf_depthgrow.scaling import StudyConfig, run_study
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,7 @@
-"""Scaling study (issue 7): a 2 x 2 grid at tiny sizes, its outputs, resume, and two processes."""
+"""Scaling study (issue 7): a 2 x 2 grid at tiny sizes, its outputs, resume, and two processes.
+
+Cells train through `hf_depthgrow.training.train` (issue 12: one training loop).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +15,10 @@ import pytest
 import yaml
 
 from hf_depthgrow.growth.families import resolve_family
-from hf_depthgrow.scaling.study import StudyConfig, TaskGrid, build_model, load_task_data, run_study
+from hf_depthgrow.scaling import StudyConfig, TaskGrid, run_study
+from hf_depthgrow.scaling.cells import local_accelerator, train_config
 from hf_depthgrow.scaling.report import _spearman, findings
+from hf_depthgrow.scaling.tasks import build_model, load_task_data
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,6 +59,12 @@ def test_tiny_grid_outputs(tiny_study):
         else:
             assert row["growth"]["train_loss_new"] <= row["growth"]["train_loss_old"]
         assert row["N_grown"] > row["N"]
+        # Both trainings train: the base from scratch, and the grown model starts at f_old.
+        base, grown = row["base"], row["growth"]
+        assert base["steps"] == [0, 15, 30] and base["curve"][-1] < base["curve"][0]
+        assert base["train_curve"][-1] < base["train_curve"][0]
+        assert grown["steps"] == [0, 15] and grown["curve"][0] == pytest.approx(base["curve"][-1], rel=1e-5)
+        assert grown["delta_erm"] == pytest.approx(grown["train_loss_old"] - grown["train_loss_new"])
         unit = 1 if row["task"] == "vit" else TINY["lm"]["block_size"] - 1
         assert row["D"] == row["data_size"] * unit
     # Every finding is decided, and the report says so.
@@ -130,6 +141,27 @@ def test_config_validation(tmp_path):
         assert cfg.tasks and all(g.cells() for g in cfg.tasks.values()), path
 
 
+def test_train_configs_follow_the_grid():
+    grid = TaskGrid(**TINY["digits"])
+    base, grown = train_config(grid, 20, grown=False, seed=3), train_config(grid, 300, grown=True, seed=3)
+    assert (base.trainable, base.fallback, base.max_steps, base.learning_rate) == ("full", False, 30, grid.learning_rate)
+    assert base.per_device_train_batch_size == 20  # never more than the training set
+    assert (grown.trainable, grown.fallback, grown.max_steps, grown.learning_rate) == ("new", True, 15, grid.grow_learning_rate)
+    assert grown.selection_max_examples == 200 and grown.seed == 4 and grown.warmup_steps == 1
+    assert base.lr_scheduler == grown.lr_scheduler == "cosine" and base.mixed_precision == "no"
+
+
+def test_local_accelerator_ignores_the_launcher(monkeypatch):
+    """Each process trains its own cells: no process group, no DDP, whatever torchrun set."""
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29999", "ACCELERATE_MIXED_PRECISION": "bf16"}.items():
+        monkeypatch.setenv(key, value)
+    acc = local_accelerator("cpu")
+    assert acc.num_processes == 1 and acc.device.type == "cpu" and acc.mixed_precision == "no"
+    assert os.environ["WORLD_SIZE"] == "2" and os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert "ACCELERATE_TORCH_DEVICE" not in os.environ
+
+
 def test_spearman_and_findings_criteria():
     assert _spearman([1, 2, 4], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     assert _spearman([1, 2, 4], [1.0, 1.0, 1.0]) != _spearman([1, 2, 4], [1.0, 1.0, 1.0])  # nan: undefined
@@ -162,7 +194,9 @@ def test_two_processes_split_the_grid_and_agree_with_one(tmp_path, tiny_study):
            str(REPO / "recipes" / "scaling_study.py"), "--config", str(path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # torchrun's own summary fills the tail of stderr: show the workers' first traceback too.
+    first = proc.stderr.find("Traceback")
+    assert proc.returncode == 0, (proc.stderr[first : first + 4000] if first >= 0 else "") + proc.stderr[-2000:]
     assert "torchrun --nproc_per_node 2" in (tmp_path / "two" / "RESULTS.md").read_text()
     for cell in (tmp_path / "two" / "cells").glob("*.json"):
         a, b = json.loads(cell.read_text()), json.loads((out_one / "cells" / cell.name).read_text())

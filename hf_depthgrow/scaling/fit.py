@@ -30,11 +30,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..utils import json_safe
+from .bootstrap import bootstrap_intervals
+from .least_squares import EXPONENT_BOUNDS, PARAMS, Problem, covariance, fit_once, start_grid, to_reported, validate
 
-PARAMS = ("E", "A", "alpha", "B", "beta")
-EXPONENT_BOUNDS = (1e-4, 3.0)  # (0, 3]: no LM scaling exponent measured so far comes near 3
-_LOG_COEF_BOUND = 40.0  # |log a|, |log b| after normalisation: keeps a vanishing term from running off
-_SINGULAR_RTOL = 1e-10  # smallest / largest singular value of the column-scaled Jacobian
+__all__ = ["EXPONENT_BOUNDS", "PARAMS", "PowerLawFit", "fit_power_law"]
 
 
 @dataclass
@@ -136,145 +135,6 @@ def _num(v) -> float:
     return float("nan") if v is None else float(v)
 
 
-def _as_1d(values) -> np.ndarray:
-    return np.asarray(values, dtype=np.float64).reshape(-1)
-
-
-def _validate(N, D, loss, weights, loss_floor):
-    N, D, loss = _as_1d(N), _as_1d(D), _as_1d(loss)
-    if not len(N) == len(D) == len(loss):
-        raise ValueError(f"N, D and loss must have the same length, got {len(N)}, {len(D)} and {len(loss)}")
-    if len(N) < len(PARAMS) + 1:
-        raise ValueError(
-            f"need at least {len(PARAMS) + 1} points to fit 5 parameters (E, A, alpha, B, beta) "
-            f"with a residual left over, got {len(N)}"
-        )
-    for name, arr in (("N", N), ("D", D)):
-        bad = np.flatnonzero(~np.isfinite(arr) | (arr <= 0))
-        if bad.size:
-            raise ValueError(f"{name} must be finite and > 0; bad values at positions {bad[:10].tolist()}")
-    bad = np.flatnonzero(~np.isfinite(loss))
-    if bad.size:
-        raise ValueError(f"loss must be finite; non-finite values at positions {bad[:10].tolist()}")
-    for name, arr, term in (("N", N, "A, alpha"), ("D", D, "B, beta")):
-        distinct = np.unique(arr)
-        if distinct.size < 2:
-            raise ValueError(
-                f"{name} takes only {distinct.size} distinct value ({distinct[0]:g}): "
-                f"{term} cannot be told apart from E; measure at least 2 (better 4+) {name} values"
-            )
-    if weights is None:
-        w = np.ones_like(loss)
-    else:
-        w = _as_1d(weights)
-        if len(w) != len(loss):
-            raise ValueError(f"weights must have one entry per point ({len(loss)}), got {len(w)}")
-        if not np.all(np.isfinite(w) & (w > 0)):
-            raise ValueError("weights must be finite and > 0")
-    floor = 0.0 if loss_floor is None else float(loss_floor)
-    if not math.isfinite(floor):
-        raise ValueError(f"loss_floor must be finite, got {loss_floor}")
-    if floor >= loss.min():
-        raise ValueError(
-            f"E is bounded by [loss_floor, min(loss)] = [{floor:g}, {loss.min():g}], which is empty: "
-            "pass a loss_floor below the smallest loss"
-        )
-    return N, D, loss, w, floor
-
-
-class _Problem:
-    """Residuals and Jacobian in the internal parametrisation `(E, log a, alpha, log b, beta)`."""
-
-    def __init__(self, log_n, log_d, loss, w, floor):
-        self.log_n, self.log_d, self.loss = log_n, log_d, loss
-        self.sw = np.sqrt(w)
-        lo_exp, hi_exp = EXPONENT_BOUNDS
-        c = _LOG_COEF_BOUND
-        self.lower = np.array([floor, -c, lo_exp, -c, lo_exp])
-        self.upper = np.array([loss.min(), c, hi_exp, c, hi_exp])
-
-    def terms(self, x):
-        _, la, alpha, lb, beta = x
-        return np.exp(la - alpha * self.log_n), np.exp(lb - beta * self.log_d)
-
-    def residuals(self, x):
-        tn, td = self.terms(x)
-        return self.sw * (x[0] + tn + td - self.loss)
-
-    def jacobian(self, x):
-        tn, td = self.terms(x)
-        cols = [np.ones_like(tn), tn, -tn * self.log_n, td, -td * self.log_d]
-        return self.sw[:, None] * np.stack(cols, axis=1)
-
-    def start(self, alpha, beta):
-        """Best `(E, a, b)` for fixed exponents: the model is linear in them."""
-        from scipy.optimize import lsq_linear
-
-        X = self.sw[:, None] * np.stack(
-            [np.ones_like(self.log_n), np.exp(-alpha * self.log_n), np.exp(-beta * self.log_d)], axis=1
-        )
-        tiny = 1e-12
-        sol = lsq_linear(
-            X, self.sw * self.loss, bounds=([self.lower[0], tiny, tiny], [self.upper[0], np.inf, np.inf])
-        )
-        E, a, b = sol.x
-        x0 = np.array([E, math.log(max(a, tiny)), alpha, math.log(max(b, tiny)), beta])
-        # least_squares wants a start inside the box; the linear solve may sit exactly on it
-        return np.clip(x0, self.lower, self.upper)
-
-    def solve(self, x0, tol):
-        from scipy.optimize import least_squares
-
-        return least_squares(
-            self.residuals, x0, jac=self.jacobian, bounds=(self.lower, self.upper), method="trf",
-            x_scale="jac", ftol=tol, xtol=tol, gtol=tol, max_nfev=2000,
-        )
-
-
-def _start_grid(n_starts: int) -> list[tuple[float, float]]:
-    k = max(1, math.ceil(math.sqrt(n_starts)))
-    # log-spaced: exponents reported for LMs range from ~0.05 to ~1
-    grid = np.geomspace(0.05, 1.5, k) if k > 1 else np.array([0.3])
-    return [(float(a), float(b)) for a in grid for b in grid]
-
-
-def _fit_once(problem: _Problem, starts, tol):
-    best = None
-    for x0 in starts:
-        try:
-            res = problem.solve(x0, tol)
-        except (ValueError, np.linalg.LinAlgError, FloatingPointError):
-            continue
-        if np.isfinite(res.cost) and (best is None or res.cost < best.cost):
-            best = res
-    return best
-
-
-def _to_reported(x, log_gn, log_gd) -> tuple[np.ndarray, np.ndarray]:
-    """Reported parameters `(E, A, alpha, B, beta)` and their Jacobian wrt the internal ones."""
-    E, la, alpha, lb, beta = x
-    # a * (N / gN)**-alpha == (a * gN**alpha) * N**-alpha
-    A, B = math.exp(la + alpha * log_gn), math.exp(lb + beta * log_gd)
-    G = np.zeros((5, 5))
-    G[0, 0] = 1.0
-    G[1, 1], G[1, 2] = A, A * log_gn
-    G[2, 2] = 1.0
-    G[3, 3], G[3, 4] = B, B * log_gd
-    G[4, 4] = 1.0
-    return np.array([E, A, alpha, B, beta]), G
-
-
-def _covariance(J: np.ndarray, sigma2: float) -> np.ndarray | None:
-    """`sigma^2 (J^T J)^-1` through an SVD of the column-scaled `J`; `None` when `J` is rank-deficient."""
-    norms = np.linalg.norm(J, axis=0)
-    if not np.all(np.isfinite(J)) or np.any(norms == 0):
-        return None
-    _, s, vt = np.linalg.svd(J / norms, full_matrices=False)
-    if s[-1] <= _SINGULAR_RTOL * s[0]:
-        return None
-    inv = (vt.T / s**2) @ vt
-    return sigma2 * inv / np.outer(norms, norms)
-
 
 def fit_power_law(
     N,
@@ -314,8 +174,6 @@ def fit_power_law(
     Example:
         ```python
         >>> import numpy as np
-
-from ..utils import json_safe
         >>> N, D = (a.ravel() for a in np.meshgrid(np.geomspace(1e4, 1e6, 4), np.geomspace(1e3, 1e5, 4)))
         >>> loss = 1.7 + 8 * N**-0.34 + 5 * D**-0.28
         >>> fit = fit_power_law(N, D, loss, bootstrap=0)
@@ -329,14 +187,14 @@ from ..utils import json_safe
         raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    N, D, loss, w, floor = _validate(N, D, loss, weights, loss_floor)
+    N, D, loss, w, floor = validate(N, D, loss, weights, loss_floor)
     log_n, log_d = np.log(N), np.log(D)
     # Normalising by the geometric means puts a and b on the scale of the losses themselves.
     log_gn, log_gd = float(log_n.mean()), float(log_d.mean())
-    problem = _Problem(log_n - log_gn, log_d - log_gd, loss, w, floor)
+    problem = Problem(log_n - log_gn, log_d - log_gd, loss, w, floor)
 
-    starts = [problem.start(a, b) for a, b in _start_grid(n_starts)]
-    best = _fit_once(problem, starts, tol=1e-12)
+    starts = [problem.start(a, b) for a, b in start_grid(n_starts)]
+    best = fit_once(problem, starts, tol=1e-12)
     if best is None:  # every start raised: report it rather than crash
         nan = float("nan")
         return PowerLawFit(
@@ -346,39 +204,18 @@ from ..utils import json_safe
 
     notes = [] if best.success else [f"optimizer did not converge: {best.message}"]
     x = best.x
-    values, G = _to_reported(x, log_gn, log_gd)
+    values, G = to_reported(x, log_gn, log_gd)
     n = len(loss)
     dof = n - len(PARAMS)
     rss = float(2.0 * best.cost)  # least_squares' cost is half the sum of squares
     w_mean = float(np.sum(w * loss) / np.sum(w))
     tss = float(np.sum(w * (loss - w_mean) ** 2))
     r2 = 1.0 - rss / tss if tss > 0 else float("nan")
-
-    cov_int = _covariance(problem.jacobian(x), rss / dof) if dof > 0 else None
-    if cov_int is None:
-        why = (
-            "no residual degrees of freedom" if dof <= 0
-            else "J^T J is singular (parameters not identifiable from these points)"
-        )
-        notes.append(f"standard errors undetermined: {why}")
-        cov = np.full((5, 5), np.nan)
-        stderr = {p: float("inf") for p in PARAMS}
-    else:
-        cov = G @ cov_int @ G.T
-        stderr = {p: float(math.sqrt(max(cov[i, i], 0.0))) for i, p in enumerate(PARAMS)}
-    # The asymptotic covariance assumes an interior optimum; flag parameters pinned at a bound.
-    span = problem.upper - problem.lower
-    names_int = ("E", "log a", "alpha", "log b", "beta")
-    pinned = [
-        names_int[i] for i in range(5)
-        if min(x[i] - problem.lower[i], problem.upper[i] - x[i]) <= 1e-8 * max(span[i], 1.0)
-    ]
-    if pinned:
-        notes.append(f"at a bound: {', '.join(pinned)} (its standard errors are not meaningful)")
+    cov, stderr = _standard_errors(problem, x, G, rss, dof, notes)
 
     intervals, succeeded = None, 0
     if bootstrap:
-        intervals, succeeded = _bootstrap(N, D, loss, w, floor, x, log_gn, log_gd, bootstrap, seed, confidence)
+        intervals, succeeded = bootstrap_intervals(N, D, loss, w, floor, x, log_gn, log_gd, bootstrap, seed, confidence)
         if succeeded < bootstrap:
             notes.append(f"bootstrap: {succeeded} of {bootstrap} refits succeeded")
 
@@ -399,27 +236,27 @@ from ..utils import json_safe
     )
 
 
-def _bootstrap(N, D, loss, w, floor, x_best, log_gn, log_gd, n_boot, seed, confidence):
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(loss), size=(n_boot, len(loss)))
-    samples = []
-    for rows in idx:
-        if np.unique(N[rows]).size < 2 or np.unique(D[rows]).size < 2:
-            continue  # the law is not identifiable from this resample
-        # Same normalisation as the full fit, so its optimum is a good (single) start.
-        problem = _Problem(np.log(N[rows]) - log_gn, np.log(D[rows]) - log_gd, loss[rows], w[rows], floor)
-        if problem.lower[0] >= problem.upper[0]:
-            continue
-        x0 = np.clip(x_best, problem.lower, problem.upper)
-        res = _fit_once(problem, [x0], tol=1e-10)
-        if res is None or not res.success or not np.all(np.isfinite(res.x)):
-            continue
-        samples.append(_to_reported(res.x, log_gn, log_gd)[0])
-    if not samples:
-        return None, 0
-    samples = np.array(samples)
-    tail = 100.0 * (1.0 - confidence) / 2.0
-    low, high = np.percentile(samples, [tail, 100.0 - tail], axis=0)
-    return {p: [float(low[i]), float(high[i])] for i, p in enumerate(PARAMS)}, len(samples)
-
-
+def _standard_errors(problem: Problem, x, G, rss: float, dof: int, notes: list[str]) -> tuple[np.ndarray, dict]:
+    """Delta-method covariance and standard errors of the reported parameters; caveats go to `notes`."""
+    cov_int = covariance(problem.jacobian(x), rss / dof) if dof > 0 else None
+    if cov_int is None:
+        why = (
+            "no residual degrees of freedom" if dof <= 0
+            else "J^T J is singular (parameters not identifiable from these points)"
+        )
+        notes.append(f"standard errors undetermined: {why}")
+        cov = np.full((5, 5), np.nan)
+        stderr = {p: float("inf") for p in PARAMS}
+    else:
+        cov = G @ cov_int @ G.T
+        stderr = {p: float(math.sqrt(max(cov[i, i], 0.0))) for i, p in enumerate(PARAMS)}
+    # The asymptotic covariance assumes an interior optimum; flag parameters pinned at a bound.
+    span = problem.upper - problem.lower
+    names_int = ("E", "log a", "alpha", "log b", "beta")
+    pinned = [
+        names_int[i] for i in range(5)
+        if min(x[i] - problem.lower[i], problem.upper[i] - x[i]) <= 1e-8 * max(span[i], 1.0)
+    ]
+    if pinned:
+        notes.append(f"at a bound: {', '.join(pinned)} (its standard errors are not meaningful)")
+    return cov, stderr

@@ -52,87 +52,119 @@ def best_value(row: dict, key: str) -> float:
 
 
 def findings(rows: list[dict]) -> dict:
-    """The four findings, per task, with the numbers behind each verdict."""
+    """The four findings, per task, with the numbers behind each verdict.
+
+    Example:
+        ```python
+        >>> found = findings(load_cells("docs/scaling/cells"))
+        >>> found["lm_shakespeare"]["covariance_near_diagonal"]["reproduced"]
+        True
+        ```
+    """
     out: dict = {}
     for name in sorted({r["name"] for r in rows}):
         cells = [r for r in rows if r["name"] == name]
-        depths = sorted({r["depth"] for r in cells})
-        widths = sorted({r["width"] for r in cells})
-        sizes = sorted({r["data_size"] for r in cells})
-        get = {(r["depth"], r["width"], r["data_size"]): r for r in cells}
-        task: dict = {}
-
-        shares = [v for r in cells for v in r["probe"]["offdiag_share"] if v is not None]
-        median = float(np.median(shares)) if shares else float("nan")
-        task["covariance_near_diagonal"] = {
-            "criterion": f"median off-diagonal share over every cell and position < {NEAR_DIAGONAL}",
-            "median": median,
-            "quartiles": [float(np.percentile(shares, 25)), float(np.percentile(shares, 75))] if shares else None,
-            "by_width": {str(w): float(np.median([v for r in cells if r["width"] == w for v in r["probe"]["offdiag_share"] if v is not None] or [np.nan])) for w in widths},
-            "reproduced": bool(median < NEAR_DIAGONAL),
+        grid = _Grid(cells)
+        out[name] = {
+            "covariance_near_diagonal": _covariance_finding(grid),
+            "signal_decays_with_depth": _signal_depth_finding(grid),
+            "z_grows_with_width": _z_width_finding(grid),
+            "joint_scaling_beats_depth_alone": _joint_scaling_finding(grid),
         }
+    return out
 
-        rhos = []
-        for w in widths:
-            for n in sizes:
-                pts = [(L, best_value(get[(L, w, n)], "population")) for L in depths if (L, w, n) in get]
-                if len(pts) >= 2:
-                    rhos.append(_spearman(*zip(*pts)))
-        rhos = [r for r in rhos if math.isfinite(r)]
-        # Second reading of "decays with depth": along the positions k of one model.
-        within = [_spearman(r["probe"]["positions"], r["probe"]["population"]) for r in cells if r["depth"] >= 2]
-        within = [r for r in within if math.isfinite(r)]
-        task["signal_decays_with_depth"] = {
-            "criterion": "best-position population signal falls with depth L (Spearman rho < 0) in most (width, data) groups",
-            "rho_by_group": rhos,
-            "share_decreasing": float(np.mean([r < 0 for r in rhos])) if rhos else float("nan"),
-            "reproduced": bool(rhos) and float(np.mean([r < 0 for r in rhos])) > 0.5,
-            "within_model": {
-                "criterion": "population signal falls with position k inside a model (Spearman rho < 0), models with L >= 2",
-                "rho_by_cell": within,
-                "share_decreasing": float(np.mean([r < 0 for r in within])) if within else float("nan"),
-                "reproduced": bool(within) and float(np.mean([r < 0 for r in within])) > 0.5,
-            },
-        }
 
-        n_fixed = sizes[0]
-        rhos = []
-        for L in depths:
-            pts = [(w, best_value(get[(L, w, n_fixed)], "z")) for w in widths if (L, w, n_fixed) in get]
+class _Grid:
+    """One task's cells, indexed by `(depth, width, data_size)`, with the axes' values sorted."""
+
+    def __init__(self, cells: list[dict]):
+        self.cells = cells
+        self.depths = sorted({r["depth"] for r in cells})
+        self.widths = sorted({r["width"] for r in cells})
+        self.sizes = sorted({r["data_size"] for r in cells})
+        self.get = {(r["depth"], r["width"], r["data_size"]): r for r in cells}
+
+
+def _covariance_finding(g: _Grid) -> dict:
+    shares = [v for r in g.cells for v in r["probe"]["offdiag_share"] if v is not None]
+    median = float(np.median(shares)) if shares else float("nan")
+    by_width = {
+        str(w): float(np.median([v for r in g.cells if r["width"] == w for v in r["probe"]["offdiag_share"] if v is not None] or [np.nan]))
+        for w in g.widths
+    }
+    return {
+        "criterion": f"median off-diagonal share over every cell and position < {NEAR_DIAGONAL}",
+        "median": median,
+        "quartiles": [float(np.percentile(shares, 25)), float(np.percentile(shares, 75))] if shares else None,
+        "by_width": by_width,
+        "reproduced": bool(median < NEAR_DIAGONAL),
+    }
+
+
+def _signal_depth_finding(g: _Grid) -> dict:
+    rhos = []
+    for w in g.widths:
+        for n in g.sizes:
+            pts = [(L, best_value(g.get[(L, w, n)], "population")) for L in g.depths if (L, w, n) in g.get]
             if len(pts) >= 2:
                 rhos.append(_spearman(*zip(*pts)))
-        rhos = [r for r in rhos if math.isfinite(r)]
-        task["z_grows_with_width"] = {
-            "criterion": f"best-position z-score rises with width at fixed data n={n_fixed} (Spearman rho > 0) for most depths",
-            "data_size": n_fixed,
-            "rho_by_depth": rhos,
-            "share_increasing": float(np.mean([r > 0 for r in rhos])) if rhos else float("nan"),
-            "reproduced": bool(rhos) and float(np.mean([r > 0 for r in rhos])) > 0.5,
-        }
+    rhos = [r for r in rhos if math.isfinite(r)]
+    # Second reading of "decays with depth": along the positions k of one model.
+    within = [_spearman(r["probe"]["positions"], r["probe"]["population"]) for r in g.cells if r["depth"] >= 2]
+    within = [r for r in within if math.isfinite(r)]
+    return {
+        "criterion": "best-position population signal falls with depth L (Spearman rho < 0) in most (width, data) groups",
+        "rho_by_group": rhos,
+        "share_decreasing": float(np.mean([r < 0 for r in rhos])) if rhos else float("nan"),
+        "reproduced": bool(rhos) and float(np.mean([r < 0 for r in rhos])) > 0.5,
+        "within_model": {
+            "criterion": "population signal falls with position k inside a model (Spearman rho < 0), models with L >= 2",
+            "rho_by_cell": within,
+            "share_decreasing": float(np.mean([r < 0 for r in within])) if within else float("nan"),
+            "reproduced": bool(within) and float(np.mean([r < 0 for r in within])) > 0.5,
+        },
+    }
 
-        n_big = sizes[-1]
-        joint = [(depths[i], widths[i]) for i in range(min(len(depths), len(widths)))]
-        narrow = [(L, widths[0]) for L in depths]
 
-        def path_losses(path):
-            return [get[(L, w, n_big)]["test"]["loss_grown"] if (L, w, n_big) in get else None for L, w in path]
+def _z_width_finding(g: _Grid) -> dict:
+    n_fixed = g.sizes[0]
+    rhos = []
+    for L in g.depths:
+        pts = [(w, best_value(g.get[(L, w, n_fixed)], "z")) for w in g.widths if (L, w, n_fixed) in g.get]
+        if len(pts) >= 2:
+            rhos.append(_spearman(*zip(*pts)))
+    rhos = [r for r in rhos if math.isfinite(r)]
+    return {
+        "criterion": f"best-position z-score rises with width at fixed data n={n_fixed} (Spearman rho > 0) for most depths",
+        "data_size": n_fixed,
+        "rho_by_depth": rhos,
+        "share_increasing": float(np.mean([r > 0 for r in rhos])) if rhos else float("nan"),
+        "reproduced": bool(rhos) and float(np.mean([r > 0 for r in rhos])) > 0.5,
+    }
 
-        jl, nl = path_losses(joint), path_losses(narrow)
-        joint_monotone = all(a is not None and b is not None and b < a for a, b in zip(jl, jl[1:]))
-        narrow_monotone = all(a is not None and b is not None and b < a for a, b in zip(nl, nl[1:]))
-        task["joint_scaling_beats_depth_alone"] = {
-            "criterion": "test loss after growth falls at every step of the joint (depth, width) path, and rises somewhere "
-            f"along depth alone at width {widths[0]} (data n={n_big})",
-            "joint_path": [list(p) for p in joint],
-            "joint_losses": jl,
-            "narrow_path": [list(p) for p in narrow],
-            "narrow_losses": nl,
-            "joint_monotone": joint_monotone,
-            "narrow_non_monotone": not narrow_monotone,
-            "reproduced": bool(len(joint) >= 2 and joint_monotone and not narrow_monotone),
-        }
-        out[name] = task
-    return out
+
+def _joint_scaling_finding(g: _Grid) -> dict:
+    n_big = g.sizes[-1]
+    joint = [(g.depths[i], g.widths[i]) for i in range(min(len(g.depths), len(g.widths)))]
+    narrow = [(L, g.widths[0]) for L in g.depths]
+
+    def path_losses(path):
+        return [g.get[(L, w, n_big)]["test"]["loss_grown"] if (L, w, n_big) in g.get else None for L, w in path]
+
+    jl, nl = path_losses(joint), path_losses(narrow)
+    joint_monotone = all(a is not None and b is not None and b < a for a, b in zip(jl, jl[1:]))
+    narrow_monotone = all(a is not None and b is not None and b < a for a, b in zip(nl, nl[1:]))
+    return {
+        "criterion": "test loss after growth falls at every step of the joint (depth, width) path, and rises somewhere "
+        f"along depth alone at width {g.widths[0]} (data n={n_big})",
+        "joint_path": [list(p) for p in joint],
+        "joint_losses": jl,
+        "narrow_path": [list(p) for p in narrow],
+        "narrow_losses": nl,
+        "joint_monotone": joint_monotone,
+        "narrow_non_monotone": not narrow_monotone,
+        "reproduced": bool(len(joint) >= 2 and joint_monotone and not narrow_monotone),
+    }
 
 
 def fits(rows: list[dict], *, bootstrap: int = 200, seed: int = 0) -> dict:
@@ -212,8 +244,16 @@ def results_markdown(config: dict, rows: list[dict], found: dict, fitted: dict, 
 
 
 def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None) -> dict:
-    """Findings, fits, figures and `RESULTS.md` / `summary.json` from the cells on disk."""
-    from ..utils import atomic_write_text
+    """Findings, fits, figures and `RESULTS.md` / `summary.json` from the cells on disk.
+
+    Example:
+        ```python
+        >>> summary = aggregate(StudyConfig.from_yaml("recipes/configs/scaling/default.yaml"), Path("docs/scaling/cells"), Path("docs/scaling"))
+        >>> summary["num_cells"]
+        54
+        ```
+    """
+    from ..utils import atomic_write_text, write_json
 
     rows = load_cells(cells_dir)
     if not rows:
@@ -235,5 +275,5 @@ def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None)
         "num_cells": len(rows),
         "seconds": sum(r["seconds"] for r in rows),
     }
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=float))
+    write_json(out / "summary.json", summary, indent=1)
     return summary
