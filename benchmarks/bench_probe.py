@@ -42,6 +42,41 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def _report(args, num_layers, positions, naive_positions, wall, cpu, rel_errors, load_before, load_after) -> dict:
+    """Medians per unit (naive scaled to every position when only some were measured) and the ratios."""
+    scale = len(positions) / len(naive_positions)
+
+    def medians(table):
+        med = {u: statistics.median(v) for u, v in table.items()}
+        return {
+            "train_step": med["train_step"],
+            "probe": med["probe"],
+            "naive": scale * sum(med[f"naive_{k}"] for k in naive_positions),
+        }
+
+    med_wall, med_cpu = medians(wall), medians(cpu)
+    report = {
+        "model": "SmolLM2-135M-Instruct (float32)",
+        "layers": num_layers,
+        "positions": len(positions),
+        "naive_positions_measured": len(naive_positions),
+        "naive_extrapolated": len(naive_positions) != len(positions),
+        "batch": f"{args.batch_size} x {args.block_size} tokens (Shakespeare)",
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "loadavg_before_after": [load_before[0], load_after[0]],
+        "median_wall_s": med_wall,
+        "median_cpu_s": med_cpu,
+        "probe_over_train_step": {"wall": med_wall["probe"] / med_wall["train_step"], "cpu": med_cpu["probe"] / med_cpu["train_step"]},
+        "naive_over_probe": {"wall": med_wall["naive"] / med_wall["probe"], "cpu": med_cpu["naive"] / med_cpu["probe"]},
+        "max_rel_error_probe_vs_naive": max(rel_errors),
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
+    return report
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -113,36 +148,7 @@ def main(argv=None) -> int:
     for k in naive_positions:
         rel_errors.append(abs(naive_signal[k] - probe_signal[k]) / naive_signal[k])
     load_after = os.getloadavg()
-    scale = len(positions) / len(naive_positions)
-
-    def medians(table):
-        med = {u: statistics.median(v) for u, v in table.items()}
-        return {
-            "train_step": med["train_step"],
-            "probe": med["probe"],
-            "naive": scale * sum(med[f"naive_{k}"] for k in naive_positions),
-        }
-
-    med_wall, med_cpu = medians(wall), medians(cpu)
-    report = {
-        "model": "SmolLM2-135M-Instruct (float32)",
-        "layers": num_layers,
-        "positions": len(positions),
-        "naive_positions_measured": len(naive_positions),
-        "naive_extrapolated": len(naive_positions) != len(positions),
-        "batch": f"{args.batch_size} x {args.block_size} tokens (Shakespeare)",
-        "repeats": args.repeats,
-        "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "loadavg_before_after": [load_before[0], load_after[0]],
-        "median_wall_s": med_wall,
-        "median_cpu_s": med_cpu,
-        "probe_over_train_step": {"wall": med_wall["probe"] / med_wall["train_step"], "cpu": med_cpu["probe"] / med_cpu["train_step"]},
-        "naive_over_probe": {"wall": med_wall["naive"] / med_wall["probe"], "cpu": med_cpu["naive"] / med_cpu["probe"]},
-        "max_rel_error_probe_vs_naive": max(rel_errors),
-        "wall_s": wall,
-        "cpu_s": cpu,
-    }
+    report = _report(args, num_layers, positions, naive_positions, wall, cpu, rel_errors, load_before, load_after)
     print(json.dumps({k: v for k, v in report.items() if k not in ("wall_s", "cpu_s")}, indent=2))
     if args.out:
         with open(args.out, "w") as handle:

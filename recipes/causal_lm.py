@@ -10,7 +10,7 @@ One process on CPU works too (`python recipes/causal_lm.py --config ...`); sever
 Steps: load the model -> cut the corpus into blocks -> seeded train/held-out split -> (stepping stone
 f~_S) -> grow at `positions` -> train the new block (frozen-prefix cache, fallback rule) -> save
 `<output_dir>/model` (plain transformers loads it) and `<output_dir>/loss_curve.png`.
-Any option of the YAML can be overridden on the command line (`--max_steps 10`).
+Any option of the YAML can be overridden on the command line (`--max-steps 10`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_depthgrow import GrowthConfig, grow_depth
-from hf_depthgrow.cli.train import ScriptArguments, load_dataset_for, load_model_and_tokenizer, parse_args, split
-from hf_depthgrow.training.config import TrainConfig
-from hf_depthgrow.training.trainer import train
+from hf_depthgrow import GrowthConfig, grow_depth, stepping_stone
+from hf_depthgrow.config import ScriptArguments, parse_args
+from hf_depthgrow.data import load_data
+from hf_depthgrow.hub.loading import load_model
+from hf_depthgrow.plots import plot_training
+from hf_depthgrow.training import TrainConfig, train
 
 
 @dataclass
@@ -33,31 +35,9 @@ class RecipeArguments:
     loss_curve: bool = field(default=True, metadata={"help": "Plot <output_dir>/loss_curve.png (main process)."})
 
 
-def plot_loss_curve(result, path: Path, title: str) -> None:
-    """Training loss per logged step and held-out loss at each evaluation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    steps = [h["step"] for h in result.history]
-    ax.plot(steps, [h["loss"] for h in result.history], lw=1, alpha=0.7, label="train (batch)")
-    if result.eval_history:
-        ax.plot([e["step"] for e in result.eval_history], [e["eval_loss"] for e in result.eval_history], "o-", label="held-out")
-        ax.axhline(result.eval_history[0]["eval_loss"], ls=":", c="grey", label="held-out, original model")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title(title, fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def parse(argv: list[str] | None = None):
     """`(ScriptArguments, TrainConfig, RecipeArguments)` from the command line and `--config file.yaml`."""
-    return parse_args(argv, RecipeArguments)
+    return parse_args(ScriptArguments, TrainConfig, RecipeArguments, argv=argv, prog="recipes/causal_lm.py", description=__doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,17 +47,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: ScriptArguments, config: TrainConfig, recipe: RecipeArguments):
+    import torch
     from accelerate import PartialState
 
-    model, tokenizer = load_model_and_tokenizer(args.model or "smollm2", args.dtype)
-    ds = load_dataset_for(args, model, tokenizer)  # fixed-size blocks of `block_size` tokens, labels = inputs
-    train_ds, held_out = split(args, ds)
+    model, tokenizer = load_model(args.model or "smollm2", dtype=getattr(torch, args.dtype))
+    # fixed-size blocks of `block_size` tokens, labels = inputs
+    ds = load_data(args.dataset, model=model, tokenizer=tokenizer, block_size=args.block_size, max_examples=args.max_examples, seed=args.split_seed)
+    train_ds, held_out = args.split(ds)
     if not args.positions:
         raise ValueError("set positions (where to insert the new block), e.g. positions: [24]")
     stone = None
     if args.stepping_stone:
-        from hf_depthgrow.probe.stepping_stone import stepping_stone
-
         # f~_S for the fallback rule: one first-order step of the new block, built on a copy.
         stone = stepping_stone(model, args.positions[0], train_ds, block=args.block, init=args.init, seed=args.growth_seed,
                                max_batches=args.stepping_stone_max_batches,
@@ -88,8 +68,7 @@ def run(args: ScriptArguments, config: TrainConfig, recipe: RecipeArguments):
         summary = {k: v for k, v in result.to_dict().items() if k not in ("history", "eval_history")}
         print(json.dumps(summary, indent=2, sort_keys=True, default=str))
         if recipe.loss_curve and config.output_dir:
-            title = f"{args.model or 'smollm2'} + 1 block at k={args.positions}, {args.dataset}, {result.global_step} steps"
-            plot_loss_curve(result, Path(config.output_dir) / "loss_curve.png", title)
+            plot_training(result, Path(config.output_dir) / "loss_curve.png")
     return result
 
 

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hf_depthgrow import GrowthConfig, grow_depth
-from hf_depthgrow.cli.train import ScriptArguments, load_dataset_for, parse_args, split
-from hf_depthgrow.training.config import TrainConfig
-from hf_depthgrow.training.trainer import train
+from hf_depthgrow.config import ScriptArguments, parse_args
+from hf_depthgrow.data import load_data
+from hf_depthgrow.hub.loading import load_model
+from hf_depthgrow.training import TrainConfig, train
 
 
 @dataclass
@@ -56,9 +57,7 @@ def build_base(base: BaseArguments):
     from transformers import ViTConfig, ViTForImageClassification
 
     if base.base_model:
-        from hf_depthgrow.hub.serialization import load_pretrained
-
-        return load_pretrained(base.base_model), True
+        return load_model(base.base_model, "image_classification")[0], True
     config = ViTConfig(
         image_size=base.vit_image_size, patch_size=base.vit_patch_size, num_channels=1, hidden_size=base.vit_hidden_size,
         num_hidden_layers=base.vit_layers, num_attention_heads=base.vit_heads, intermediate_size=4 * base.vit_hidden_size,
@@ -70,7 +69,7 @@ def build_base(base: BaseArguments):
 
 def parse(argv: list[str] | None = None):
     """`(ScriptArguments, TrainConfig, BaseArguments)` from the command line and `--config file.yaml`."""
-    return parse_args(argv, BaseArguments)
+    return parse_args(ScriptArguments, TrainConfig, BaseArguments, argv=argv, prog="recipes/image_classification.py", description=__doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,8 +83,9 @@ def run(args: ScriptArguments, config: TrainConfig, base: BaseArguments):
 
     state = PartialState()
     model, fitted = build_base(base)
-    ds = load_dataset_for(args, model, None)  # pixel values at the model's size and channels
-    train_ds, held_out = split(args, ds)
+    # pixel values at the model's size and channels
+    ds = load_data(args.dataset, model=model, block_size=args.block_size, max_examples=args.max_examples, seed=args.split_seed)
+    train_ds, held_out = args.split(ds)
     if not fitted:
         base_cfg = replace(config, trainable="full", max_steps=base.base_steps, learning_rate=base.base_learning_rate,
                            fallback=False, save_steps=0, resume_from_checkpoint=None, prefix_cache="off", warmup_ratio=0.05,

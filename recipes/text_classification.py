@@ -5,7 +5,7 @@
 all-MiniLM-L6-v2 ships as a sentence encoder without a classification head, so the recipe works in
 two stages, both with the same trainer:
 
-1. base: `BertForSequenceClassification` from the MiniLM folder (`hf_depthgrow.data.embedded.minilm_path()`;
+1. base: `BertForSequenceClassification` from the MiniLM folder (`load_model("minilm", "text_classification")`;
    the head is new), fine-tuned in full for `base_steps` -> this is f_old, saved to `<output_dir>/base`.
    Pass `base_model: <folder>` to reuse a saved base instead.
 2. growth: one adapter block (BERT is post-norm, so `block: auto` picks the exact adapter) at
@@ -20,9 +20,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hf_depthgrow import GrowthConfig, grow_depth
-from hf_depthgrow.cli.train import ScriptArguments, load_dataset_for, parse_args, split
-from hf_depthgrow.training.config import TrainConfig
-from hf_depthgrow.training.trainer import train
+from hf_depthgrow.config import ScriptArguments, parse_args
+from hf_depthgrow.data import load_data
+from hf_depthgrow.hub.loading import load_model
+from hf_depthgrow.training import TrainConfig, train
 
 
 @dataclass
@@ -42,22 +43,17 @@ class BaseArguments:
 
 
 def load_base(args: ScriptArguments, base: BaseArguments):
-    from transformers import AutoTokenizer, BertForSequenceClassification
-
-    from hf_depthgrow.data.embedded import minilm_path
-
+    """`(model, tokenizer, fitted)`: a saved fine-tuned base, or MiniLM (or `args.model`) with a new head."""
     if base.base_model:
-        from hf_depthgrow.hub.serialization import load_pretrained
-
-        return load_pretrained(base.base_model), AutoTokenizer.from_pretrained(base.base_model), True
-    folder = minilm_path() if args.model in (None, "minilm") else args.model
-    model = BertForSequenceClassification.from_pretrained(str(folder), num_labels=base.num_labels)
-    return model, AutoTokenizer.from_pretrained(str(folder)), False
+        model, tokenizer = load_model(base.base_model, "text_classification")
+        return model, tokenizer, True
+    model, tokenizer = load_model(args.model or "minilm", "text_classification", num_labels=base.num_labels)
+    return model, tokenizer, False
 
 
 def parse(argv: list[str] | None = None):
     """`(ScriptArguments, TrainConfig, BaseArguments)` from the command line and `--config file.yaml`."""
-    return parse_args(argv, BaseArguments)
+    return parse_args(ScriptArguments, TrainConfig, BaseArguments, argv=argv, prog="recipes/text_classification.py", description=__doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,8 +68,9 @@ def run(args: ScriptArguments, config: TrainConfig, base: BaseArguments):
     state = PartialState()
     model, tokenizer, fitted = load_base(args, base)
     # max_examples is a seeded sample (hf_depthgrow.data.sources), so the label-sorted tweets file gives every class.
-    ds = load_dataset_for(args, model, tokenizer)  # padded to block_size, integer labels
-    train_ds, held_out = split(args, ds)
+    # padded to block_size, integer labels
+    ds = load_data(args.dataset, model=model, tokenizer=tokenizer, block_size=args.block_size, max_examples=args.max_examples, seed=args.split_seed)
+    train_ds, held_out = args.split(ds)
     if not fitted:
         # Stage 1: fit head and encoder (an ungrown model trains only with trainable="full").
         base_cfg = replace(config, trainable="full", max_steps=base.base_steps, learning_rate=base.base_learning_rate,

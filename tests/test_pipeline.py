@@ -125,10 +125,10 @@ def test_report_numbers_match_the_evaluator(run, workdir):
     report = json.loads((Path(cfg.output_dir) / "eval" / "report.json").read_text())
     # Re-evaluate the saved model on the same test split: the same numbers.
     from hf_depthgrow import load_pretrained
-    from hf_depthgrow.cli.common import load_tokenizer_if_any
+    from hf_depthgrow.hub.loading import load_tokenizer
 
     model = load_pretrained(Path(cfg.output_dir) / "model").eval()
-    tokenizer = load_tokenizer_if_any(str(Path(cfg.output_dir) / "model"))
+    tokenizer = load_tokenizer(Path(cfg.output_dir) / "model")
     data = load_data(cfg.data, model=model, tokenizer=tokenizer, block_size=cfg.block_size, max_examples=cfg.max_examples, seed=cfg.seed)
     test = split_dataset(data, {"train": cfg.train_fraction, "held_out": cfg.held_out_fraction, "test": cfg.test_fraction}, seed=cfg.seed)["test"]
     again = evaluate_delta(model, test, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size)
@@ -173,10 +173,13 @@ def test_yaml_config_with_flag_overrides(tmp_path):
     cfg = RunConfig.from_yaml(path, train_steps=9)
     assert (cfg.train_steps, cfg.learning_rate, cfg.positions) == (9, 0.01, [1, 2])
     path.write_text("train_stepz: 7\n")
-    with pytest.raises(ValueError, match="unknown keys \\['train_stepz'\\]"):
+    with pytest.raises(ValueError, match="unknown key 'train_stepz'; did you mean 'train_steps'"):
         RunConfig.from_yaml(path)
-    args = vars(build_parser().parse_args(["--positions", "3", "4", "--no-progress", "--overwrite"]))
-    assert args == {"config": None, "positions": [3, 4], "progress": False, "overwrite": True}
+    (cfg,) = build_parser().parse(["--positions", "3", "4", "--no-progress", "--overwrite"])
+    assert cfg == RunConfig(positions=[3, 4], progress=False, overwrite=True)
+    path.write_text("train_steps: 7\nlearning_rate: 0.01\n")
+    (cfg,) = build_parser().parse(["--config", str(path), "--train-steps", "9"])
+    assert (cfg.train_steps, cfg.learning_rate) == (9, 0.01)
 
 
 def test_pipeline_pushes_every_file_to_the_hub(workdir, tmp_path, monkeypatch):

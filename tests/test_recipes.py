@@ -33,7 +33,7 @@ def test_every_task_has_a_recipe_and_configs():
 
 @pytest.mark.parametrize("path", RECIPE_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_config_validates(path):
-    from hf_depthgrow.cli.train import ScriptArguments
+    from hf_depthgrow.config import ScriptArguments
     from hf_depthgrow.training.config import TrainConfig
 
     task = path.parent.name
@@ -61,7 +61,7 @@ def test_recipe_docstring_opens_with_launch_command(task):
 def test_command_line_overrides_config(tmp_path):
     recipe = load_recipe("causal_lm")
     path = RECIPES / "configs" / "causal_lm" / "smollm2_shakespeare.yaml"
-    args, config, _ = recipe.parse(["--config", str(path), "--max_steps", "7", "--positions", "3", "5"])
+    args, config, _ = recipe.parse(["--config", str(path), "--max-steps", "7", "--positions", "3", "5"])
     assert config.max_steps == 7 and args.positions == [3, 5]
 
 
@@ -69,11 +69,13 @@ def test_unknown_or_invalid_keys_are_errors(tmp_path):
     recipe = load_recipe("causal_lm")
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: smollm2\nlerning_rate: 0.1\n")
-    with pytest.raises(ValueError, match="lerning_rate"):
+    with pytest.raises(ValueError, match="unknown key 'lerning_rate'; did you mean 'learning_rate'"):
         recipe.parse(["--config", str(bad)])
     bad.write_text("model: smollm2\ntrainable: everything\n")
     with pytest.raises(ValueError, match="trainable"):
         recipe.parse(["--config", str(bad)])
+    with pytest.raises(ValueError, match="unknown option --max-stepz; did you mean --max-steps"):
+        recipe.parse(["--config", str(RECIPES / "configs" / "causal_lm" / "smollm2_shakespeare.yaml"), "--max-stepz", "3"])
 
 
 @pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)

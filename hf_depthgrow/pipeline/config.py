@@ -1,0 +1,90 @@
+"""`RunConfig`: every setting of `hf-depthgrow run`; each field is also a flag and a YAML key (`hf_depthgrow.config`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+from ..growth.engine import BLOCK_KINDS, INITS
+
+
+@dataclass
+class RunConfig:
+    """Settings of `hf-depthgrow run`. Every field is also a command-line flag and a YAML key.
+
+    Example:
+        ```python
+        >>> cfg = RunConfig(output_dir="runs/demo", train_steps=50)
+        >>> result = run_pipeline(cfg)
+        ```
+    """
+
+    model: str = field(default="smollm2", metadata={"help": "'smollm2' (embedded SmolLM2-135M), a local folder, or a Hub id."})
+    data: str = field(default="shakespeare", metadata={"help": "'shakespeare', 'tweets', 'fashion_mnist', 'digits', a local file/folder, or a Hub dataset id."})
+    output_dir: str = field(default="runs/smollm2-shakespeare", metadata={"help": "Where every artifact goes."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output_dir."})
+    block_size: int = field(default=64, metadata={"help": "Tokens per causal-LM example (padded length for classifiers)."})
+    max_examples: int | None = field(default=640, metadata={"help": "Use at most this many examples in all."})
+    train_fraction: float = field(default=0.7, metadata={"help": "Share of examples to train on."})
+    held_out_fraction: float = field(default=0.15, metadata={"help": "Share for evaluation during training and f~_pop."})
+    test_fraction: float = field(default=0.15, metadata={"help": "Share for the final paired test."})
+    positions: list[int] | None = field(default=None, metadata={"help": "Grow here instead of where the probe recommends."})
+    num_blocks: int = field(default=1, metadata={"help": "How many of the probe's best positions to grow at."})
+    force: bool = field(default=False, metadata={"help": "Grow at the best signal even when the probe says 'do not grow'."})
+    block: str = field(default="auto", metadata={"help": "native, adapter or auto."})
+    init: str = field(default="copy", metadata={"help": "copy or random (native blocks)."})
+    probe_max_batches: int | None = field(default=16, metadata={"help": "Probe on at most this many training batches (None: all)."})
+    stone_max_batches: int | None = field(default=4, metadata={"help": "Batches of each stepping stone's line search and of f~_pop's held-out direction (f~_S reuses the probe's G_S)."})
+    selection_max_examples: int | None = field(default=128, metadata={"help": "Training examples on which the fallback rule compares f_new with f~_S (a seeded sample; None: all)."})
+    stone_refine_steps: int = field(default=2, metadata={"help": "Golden-section steps of each stepping stone's line search after bracketing."})
+    route_max_examples: int | None = field(default=64, metadata={"help": "Training examples for rho and B_a of the route terms (None: all; a sample maximum either way)."})
+    batch_size: int = field(default=8, metadata={"help": "Batch size of probe, training and evaluation."})
+    train_steps: int = field(default=80, metadata={"help": "Optimizer steps."})
+    learning_rate: float = field(default=5e-4, metadata={"help": "Peak learning rate of the new blocks."})
+    trainable: str = field(default="new", metadata={"help": "new, new+lora or full."})
+    eval_steps: int = field(default=40, metadata={"help": "Evaluate on the held-out split every N steps."})
+    delta: float = field(default=0.05, metadata={"help": "Failure probability of each interval (confidence 1 - delta)."})
+    loss_bound: float | None = field(default=None, metadata={"help": "A-priori bound B of a per-example loss (None: from the data, with a warning)."})
+    seed: int = field(default=0, metadata={"help": "Seeds splits, blocks, training and the bootstrap."})
+    push_to_hub: str | None = field(default=None, metadata={"help": "Push the result to this repo id (explicit; never pushed otherwise)."})
+    hub_private: bool | None = field(default=None, metadata={"help": "Create the Hub repo as private."})
+    hub_endpoint: str | None = field(default=None, metadata={"help": "Another Hub endpoint (default: HF_ENDPOINT or huggingface.co)."})
+    license: str | None = field(default=None, metadata={"help": "License id for the model card (a grown model inherits its base's)."})
+    progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+
+    def __post_init__(self):
+        if self.block not in BLOCK_KINDS:
+            raise ValueError(f"block must be one of {BLOCK_KINDS}, got {self.block!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        fractions = (self.train_fraction, self.held_out_fraction, self.test_fraction)
+        if any(not 0 < f < 1 for f in fractions) or sum(fractions) > 1 + 1e-9:
+            raise ValueError(f"train/held_out/test fractions must be in (0, 1) and sum to at most 1, got {fractions}")
+        for name in ("route_max_examples", "selection_max_examples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
+        if self.stone_refine_steps < 0:
+            raise ValueError(f"stone_refine_steps must be >= 0, got {self.stone_refine_steps}")
+        for name in ("block_size", "batch_size", "train_steps", "num_blocks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        if self.push_to_hub is not None and not str(self.push_to_hub).strip():
+            raise ValueError("push_to_hub needs a repo id such as 'me/grown-smollm2'")
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, **overrides) -> "RunConfig":
+        """The config a YAML file describes (keys are field names); `overrides` win over the file.
+
+        Example:
+            ```python
+            >>> cfg = RunConfig.from_yaml("runs/demo/config.yaml", train_steps=10)
+            ```
+        """
+        from ..config import load_config
+
+        return load_config(path, cls, **overrides)[0]
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,289 @@
+"""`run_pipeline`, one function per stage: load, probe, choose, stepping stones, train, evaluate, save.
+
+The stages share one `_Run` that carries what each produced to the next; their order, seeds and
+arguments are those of the single function they were cut from, so a run's numbers do not change.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..growth.engine import grow_depth
+from ..plots import plot_training
+from .config import RunConfig
+from .summary import probe_summary, write_summary
+
+
+@dataclass
+class RunResult:
+    """What `run_pipeline` did; `summary` is what `summary.json` holds."""
+
+    output_dir: Path
+    summary: dict
+    model: object = None
+
+
+@dataclass
+class _Run:
+    """The state one run passes from stage to stage."""
+
+    cfg: RunConfig
+    out: Path
+    command: str | None
+    timings: dict = field(default_factory=dict)
+    clock: float = field(default_factory=time.perf_counter)
+    model: object = None
+    tokenizer: object = None
+    base_name: str = ""
+    splits: dict = field(default_factory=dict)
+    probe_result: object = None
+    positions: list = field(default_factory=list)
+    why: str = ""
+    stones: dict = field(default_factory=dict)
+    stone_model: object = None
+    pop_model: object = None
+    train_result: object = None
+    eval_result: object = None
+    report_paths: dict = field(default_factory=dict)
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round(now - self.clock, 1)
+        self.clock = now
+
+    def log(self, message: str) -> None:
+        if self.cfg.progress:
+            print(f"[hf-depthgrow] {message}", file=sys.stderr, flush=True)
+
+    @property
+    def grow_kwargs(self) -> dict:
+        return dict(block=self.cfg.block, init=self.cfg.init, seed=self.cfg.seed)
+
+
+def _prepare_output(path: Path, overwrite: bool) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        if not overwrite:
+            raise FileExistsError(f"{path} exists and is not empty; pass --overwrite to replace it")
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def _load(run: _Run) -> None:
+    """Model, tokenizer and the seeded train / held-out / test splits."""
+    from ..data.sources import load_data, split_dataset
+    from ..hub.loading import base_model_path, load_model
+
+    cfg = run.cfg
+    torch.manual_seed(cfg.seed)
+    run.log(f"loading model {cfg.model!r}")
+    run.model, run.tokenizer = load_model(cfg.model)
+    run.base_name = base_model_path(cfg.model)
+    run.model.eval()
+    data = load_data(cfg.data, model=run.model, tokenizer=run.tokenizer, block_size=cfg.block_size, max_examples=cfg.max_examples, seed=cfg.seed)
+    run.splits = split_dataset(
+        data, {"train": cfg.train_fraction, "held_out": cfg.held_out_fraction, "test": cfg.test_fraction}, seed=cfg.seed
+    )
+    run.lap("load")
+
+
+def _probe(run: _Run) -> None:
+    """Where can a block help, and can it at all at this data size?"""
+    from ..plots import plot_probe
+    from ..probe.signal import probe
+
+    cfg, train_ds = run.cfg, run.splits["train"]
+    run.log(f"probing all {run.model.config.num_hidden_layers + 1} positions on {len(train_ds)} training examples")
+    # keep_gradients: the stepping stones reuse G_S instead of a second pass over the training data.
+    run.probe_result = probe(
+        run.model, train_ds, batch_size=cfg.batch_size, max_batches=cfg.probe_max_batches, progress=cfg.progress,
+        keep_gradients=True, **run.grow_kwargs,
+    )  # fmt: skip
+    probe_dir = run.out / "probe"
+    probe_dir.mkdir()
+    run.probe_result.to_json(probe_dir / "probe.json")
+    plot_probe(run.probe_result, probe_dir / "probe.png", title=f"{Path(run.base_name).name}: first-order signal by depth")
+    run.lap("probe")
+
+
+def _choose_positions(run: _Run) -> bool:
+    """Set `run.positions` and `run.why`; `False` when the probe says not to grow (and nothing forces it)."""
+    cfg, result = run.cfg, run.probe_result
+    recommendation = result.recommendation
+    if cfg.positions:
+        run.positions, run.why = list(cfg.positions), "given by the user"
+        return True
+    if recommendation.get("grow") or cfg.force:
+        ranked = recommendation.get("positions") or [int(max(range(len(result.signal)), key=result.signal.__getitem__))]
+        run.positions = sorted(ranked[: cfg.num_blocks])
+        run.why = recommendation.get("reason", "") + (" (forced)" if not recommendation.get("grow") else "")
+        return True
+    return False
+
+
+def _stepping_stones(run: _Run) -> None:
+    """f~_S (train direction) and f~_pop (held-out direction) at the one chosen position."""
+    from ..probe.stepping_stone import stepping_stone
+
+    cfg, result = run.cfg, run.probe_result
+    if len(run.positions) == 1:
+        k = run.positions[0]
+        run.log(f"stepping stones at k = {k}")
+        g_train = result.gradients[result.positions.index(k)]
+        common = dict(batch_size=cfg.batch_size, max_batches=cfg.stone_max_batches, gradient=g_train,
+                      refine_steps=cfg.stone_refine_steps, progress=cfg.progress, **run.grow_kwargs)  # fmt: skip
+        run.stone_model, stone_s = stepping_stone(run.model, k, run.splits["train"], **common)
+        run.pop_model, stone_pop = stepping_stone(run.model, k, run.splits["train"], direction_data=run.splits["held_out"], **common)
+        run.stones = {"train": stone_s.to_dict(), "held_out": stone_pop.to_dict()}
+        (run.out / "stepping_stones.json").write_text(json.dumps(run.stones, indent=2))
+    result.gradients = None  # free them before training
+    run.lap("stepping_stones")
+
+
+def _grow_and_train(run: _Run) -> None:
+    """Grow and train the new blocks; the fallback rule picks the better of f_new and f~_S."""
+    from ..training.trainer import train
+
+    cfg = run.cfg
+    run.log(f"growing at {run.positions} and training for {cfg.train_steps} steps")
+    grow_depth(run.model, run.positions, **run.grow_kwargs)
+    run.train_result = train(
+        run.model, run.splits["train"], eval_data=run.splits["held_out"], stepping_stone=run.stone_model,
+        max_steps=cfg.train_steps, learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
+        eval_steps=cfg.eval_steps, trainable=cfg.trainable, seed=cfg.seed, output_dir=str(run.out / "train"),
+        save_final_model=False, selection_max_examples=cfg.selection_max_examples, progress_bar=cfg.progress,
+    )  # fmt: skip
+    run.model = run.train_result.model
+    (run.out / "train").mkdir(exist_ok=True)
+    (run.out / "train" / "train_result.json").write_text(json.dumps(run.train_result.to_dict(), indent=2, default=str))
+    plot_training(run.train_result, run.out / "train" / "loss.png")
+    run.lap("train")
+
+
+def _evaluate(run: _Run) -> None:
+    """Paired evaluation on the test split, with the Route A/B terms; writes `eval/`."""
+    from ..evaluation.paired import evaluate_delta, route_inputs
+    from ..evaluation.report import write_report
+
+    cfg, train_ds, held_ds, test_ds = run.cfg, run.splits["train"], run.splits["held_out"], run.splits["test"]
+    run.log(f"paired evaluation on {len(test_ds)} test examples")
+    block_data = train_ds if cfg.route_max_examples is None else train_ds.select(range(min(len(train_ds), cfg.route_max_examples)))
+    routes = route_inputs(
+        run.model, n_train=len(train_ds), train_result=run.train_result, stone_pop=run.pop_model,
+        held_out=held_ds if run.stones else None, stone=run.stone_model,
+        test_data=test_ds if run.stone_model is not None else None, block_data=block_data, batch_size=cfg.batch_size,
+    )  # fmt: skip
+    run.eval_result = evaluate_delta(
+        run.model, test_ds, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size, routes=routes, progress=cfg.progress
+    )
+    title = f"{Path(run.base_name).name} grown at {run.positions}"
+    run.report_paths = write_report(run.eval_result, run.out / "eval", title=title, command=run.command)
+    run.lap("evaluate")
+
+
+def _grown_summary(run: _Run) -> dict:
+    train_result, eval_result = run.train_result, run.eval_result
+    stones = {k: {key: v[key] for key in ("eta", "grad_norm", "loss_old", "loss_stone") if key in v} for k, v in run.stones.items()}
+    return {
+        "decision": "grew",
+        "base_model": run.base_name,
+        "data": run.cfg.data,
+        "positions": run.positions,
+        "why": run.why,
+        "probe": probe_summary(run.probe_result),
+        "stepping_stones": stones,
+        "selected": train_result.selected,
+        "train_losses": train_result.train_losses,
+        "delta_erm": train_result.delta_erm,
+        "held_out_loss": {"before": train_result.eval_loss_before, "after": train_result.eval_loss_after},
+        "test": {
+            "loss_old": eval_result.loss_old,
+            "loss_new": eval_result.loss_new,
+            "delta": eval_result.delta,
+            "intervals": {k: list(v) for k, v in eval_result.intervals.items()},
+            "certified": getattr(eval_result, "certified", None),
+            "verdict": getattr(eval_result, "verdict", None),
+        },
+        "timings_s": run.timings,
+    }
+
+
+def _save(run: _Run, summary: dict) -> None:
+    """The selected model with its card and report in `model/` (and on the Hub when asked)."""
+    from ..hub.model_card import CardInfo, render_model_card
+    from ..hub.serialization import save_pretrained
+
+    cfg = run.cfg
+    card = render_model_card(
+        CardInfo.from_model(
+            run.model, base_model=run.base_name,
+            base_model_id="HuggingFaceTB/SmolLM2-135M-Instruct" if cfg.model == "smollm2" else None,
+            repo_id=cfg.push_to_hub, probe=run.probe_result, training=run.train_result, evaluation=run.eval_result,
+            config=cfg.to_dict(), command=run.command, datasets=[cfg.data], license=cfg.license,
+        )
+    )  # fmt: skip
+    model_dir = save_pretrained(run.model, run.out / "model", tokenizer=run.tokenizer)
+    card.save(str(model_dir / "README.md"))
+    for name in ("json", "markdown"):
+        shutil.copy(run.report_paths[name], model_dir / Path(run.report_paths[name]).name)
+    summary["artifacts"] = {
+        "model": str(model_dir),
+        "report": str(run.report_paths["markdown"]),
+        "probe_plot": str(run.out / "probe" / "probe.png"),
+        "loss_plot": str(run.out / "train" / "loss.png"),
+    }
+    run.lap("save")
+    if cfg.push_to_hub:
+        from ..hub.push import push_to_hub
+
+        summary["pushed"] = push_to_hub(model_dir, cfg.push_to_hub, private=cfg.hub_private, endpoint=cfg.hub_endpoint)
+
+
+def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
+    """Run the whole job; see `hf_depthgrow.pipeline` for what lands in `cfg.output_dir`.
+
+    Args:
+        cfg (`RunConfig`): every setting of the run.
+        command (`str`, *optional*): the command line, quoted in the report and the model card.
+
+    Example:
+        ```python
+        >>> from hf_depthgrow.pipeline import RunConfig, run_pipeline, summary_markdown
+        >>> result = run_pipeline(RunConfig(output_dir="runs/demo", train_steps=20))
+        >>> print(summary_markdown(result.summary))
+        ```
+    """
+    out = Path(cfg.output_dir)
+    _prepare_output(out, cfg.overwrite)
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    run = _Run(cfg, out, command)
+    _load(run)
+    _probe(run)
+    if not _choose_positions(run):
+        summary = {
+            "decision": "do not grow",
+            "reason": run.probe_result.recommendation.get("reason"),
+            "probe": probe_summary(run.probe_result),
+            "timings_s": run.timings,
+        }
+        write_summary(out, summary)
+        run.log("the probe found no observable first-order signal: not growing (pass --force to grow anyway)")
+        return RunResult(out, summary, run.model)
+    _stepping_stones(run)
+    _grow_and_train(run)
+    _evaluate(run)
+    summary = _grown_summary(run)
+    _save(run, summary)
+    summary["timings_s"] = run.timings
+    write_summary(out, summary)
+    return RunResult(out, summary, run.model)
