@@ -92,7 +92,7 @@ def _trainer(args, mode: str):
 
     from hf_depthgrow import grow_depth
     from hf_depthgrow.data.sources import load_data
-    from hf_depthgrow.data.embedded import load_smollm2
+    from hf_depthgrow.data.models import load_smollm2
     from hf_depthgrow.training.config import TrainConfig
     from hf_depthgrow.training.trainer import GrownTrainer
 

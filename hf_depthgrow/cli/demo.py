@@ -33,7 +33,7 @@ class DemoArguments:
 
 
 def run_demo(position: int | None = None, max_new_tokens: int = 32) -> dict:
-    from ..data.embedded import load_smollm2
+    from ..data.models import load_smollm2
 
     start = time.perf_counter()
     model, tokenizer = load_smollm2()

@@ -141,14 +141,14 @@ def load_model(
     if name == "smollm2" and task in (None, "causal_lm") and num_labels is None:
         import torch
 
-        from ..data.embedded import load_smollm2
+        from ..data.models import load_smollm2
 
         return load_smollm2(dtype=torch.float32 if dtype is None else dtype)
     config = None
     if name in EMBEDDED_MODELS:
-        from ..data import embedded
+        from ..data.models import minilm_path, smollm2_path
 
-        source = str(embedded.smollm2_path() if name == "smollm2" else embedded.minilm_path())
+        source = str(smollm2_path() if name == "smollm2" else minilm_path())
     elif Path(name).expanduser().exists():
         source = str(Path(name).expanduser())
     elif _looks_like_path(name):
@@ -179,11 +179,11 @@ def base_model_path(name: str) -> str:
         ```
     """
     if name == "smollm2":
-        from ..data.embedded import smollm2_path
+        from ..data.models import smollm2_path
 
         return str(smollm2_path())
     if name == "minilm":
-        from ..data.embedded import minilm_path
+        from ..data.models import minilm_path
 
         return str(minilm_path())
     return name

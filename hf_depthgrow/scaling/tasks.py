@@ -46,7 +46,7 @@ def load_task_data(grid: TaskGrid, seed: int) -> TaskData:
 
 
 def _vision_data(grid: TaskGrid, seed: int) -> TaskData:
-    from ..data.embedded import digits, fashion_mnist
+    from ..data.corpora import digits, fashion_mnist
 
     n_train = max(grid.data_sizes)
     if grid.dataset == "fashion_mnist":
@@ -90,7 +90,7 @@ def _vision_data(grid: TaskGrid, seed: int) -> TaskData:
 
 
 def _shakespeare_data(grid: TaskGrid, seed: int) -> TaskData:
-    from ..data.embedded import shakespeare_texts
+    from ..data.corpora import shakespeare_texts
 
     n_train = max(grid.data_sizes)
     works = shakespeare_texts()
