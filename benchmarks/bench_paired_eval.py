@@ -71,10 +71,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from hf_depthgrow import grow_depth
-    from hf_depthgrow.data.corpora import shakespeare_texts
-    from hf_depthgrow.data.lm_blocks import causal_lm_blocks
-    from hf_depthgrow.data.models import load_smollm2
-    from hf_depthgrow.evaluation.paired import compare_models, evaluate_delta
+    from hf_depthgrow.data import causal_lm_blocks, load_smollm2, shakespeare_texts
+    from hf_depthgrow.evaluation import compare_models, evaluate_delta
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -91,10 +91,8 @@ def _trainer(args, mode: str):
     import torch
 
     from hf_depthgrow import grow_depth
-    from hf_depthgrow.data.sources import load_data
-    from hf_depthgrow.data.models import load_smollm2
-    from hf_depthgrow.training.config import TrainConfig
-    from hf_depthgrow.training.trainer import GrownTrainer
+    from hf_depthgrow.data import load_data, load_smollm2
+    from hf_depthgrow.training import GrownTrainer, TrainConfig
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_smollm2(dtype=torch.float32)

@@ -81,12 +81,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from hf_depthgrow.data.corpora import shakespeare_texts
-    from hf_depthgrow.data.lm_blocks import causal_lm_blocks
-    from hf_depthgrow.data.models import load_smollm2
-    from hf_depthgrow.growth.engine import grow_depth, new_block_parameters
+    from hf_depthgrow import grow_depth, new_block_parameters, probe
+    from hf_depthgrow.data import causal_lm_blocks, load_smollm2, shakespeare_texts
     from hf_depthgrow.losses import example_losses
-    from hf_depthgrow.probe.signal import probe
 
     model, tokenizer = load_smollm2(dtype=torch.float32)
     model.eval()

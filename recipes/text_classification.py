@@ -22,7 +22,7 @@ from pathlib import Path
 from hf_depthgrow import GrowthConfig, grow_depth
 from hf_depthgrow.config import ScriptArguments, parse_args
 from hf_depthgrow.data import load_data
-from hf_depthgrow.hub.loading import load_model
+from hf_depthgrow import load_model
 from hf_depthgrow.training import TrainConfig, train
 
 

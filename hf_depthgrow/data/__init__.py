@@ -6,6 +6,9 @@ tweets, Fashion-MNIST, digits), `lm_blocks` (causal-LM token blocks), `installed
 """
 
 from .batches import DataFormError, as_batches, as_rows, collate, data_form
+from .corpora import digits, fashion_mnist, shakespeare_texts, tweets_sentiment
+from .lm_blocks import causal_lm_blocks, train_test_split_blocks
+from .models import load_smollm2, minilm_path, smollm2_path
 from .sources import (
     EMBEDDED_SOURCES,
     images_to_pixels,
@@ -20,6 +23,15 @@ __all__ = [
     "DataFormError",
     "as_batches",
     "as_rows",
+    "causal_lm_blocks",
+    "digits",
+    "fashion_mnist",
+    "load_smollm2",
+    "minilm_path",
+    "shakespeare_texts",
+    "smollm2_path",
+    "train_test_split_blocks",
+    "tweets_sentiment",
     "collate",
     "data_form",
     "images_to_pixels",

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..losses import is_causal_lm
+from .checks import check_batch
 
 __all__ = ["EMBEDDED_SOURCES", "images_to_pixels", "infer_task", "load_data", "make_loader", "split_dataset"]
 
@@ -125,6 +126,14 @@ def _image_dataset(model, source: str, split: str, max_examples: int | None, see
     return datasets.Dataset.from_dict({"pixel_values": pixels.numpy(), "labels": np.asarray(labels, dtype=np.int64)})
 
 
+def _check_loaded(model, ds: datasets.Dataset, source: str, tokenizer) -> None:
+    """Refuse data the model cannot score now, not at its first forward (a raw IndexError in the embedding)."""
+    columns = [c for c in ("input_ids", "labels") if c in ds.column_names]
+    batch = {c: torch.as_tensor(np.asarray(ds.with_format("numpy")[c])) for c in columns}
+    by = f" tokenized by {type(tokenizer).__name__}" if tokenizer is not None else ""
+    check_batch(model, batch, where=f"the data {source!r}{by}")
+
+
 def load_data(
     source: str,
     *,
@@ -148,6 +157,10 @@ def load_data(
         block_size: Tokens per causal-LM block, or the padded length of a classified text.
         max_examples: Keep at most this many rows (blocks, texts, images).
 
+    Raises:
+        ValueError: token ids beyond the model's embedding (the tokenizer does not match the model), or
+            labels outside its vocabulary or classes; checked here, before any model runs.
+
     Example:
         ```python
         >>> ds = load_data("shakespeare", model=model, tokenizer=tok, block_size=128, max_examples=64)
@@ -159,6 +172,7 @@ def load_data(
         if source not in ("fashion_mnist", "digits"):
             raise ValueError(f"image classification reads 'fashion_mnist' or 'digits', got {source!r}")
         ds = _image_dataset(model, source, split, max_examples, seed)
+        _check_loaded(model, ds, source, None)
         return ds.with_format("torch")
     if tokenizer is None:
         raise ValueError("text data needs a tokenizer")
@@ -180,6 +194,7 @@ def load_data(
         ds = _lm_dataset(tokenizer, texts, block_size, max_examples)
     else:
         ds = _classification_dataset(tokenizer, texts, labels, block_size, max_examples, seed)
+    _check_loaded(model, ds, source, tokenizer)
     return ds.with_format("torch")
 
 

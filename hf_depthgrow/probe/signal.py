@@ -36,9 +36,10 @@ import torch
 from torch import nn
 
 from ..data.batches import as_batches, to_device
+from ..data.checks import check_batch
 from ..growth.engine import GrowthConfig, check_positions, resolve_block_kind
 from ..growth.families import FamilySpec, model_eps, resolve_family
-from ..losses import example_losses, is_causal_lm, labels_of, model_inputs
+from ..losses import IGNORE_INDEX, example_losses, is_causal_lm, labels_of, model_inputs
 from .capture import CandidateBlock, ResidualTap, next_norm_eps
 from .result import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult, recommend
 from .statistics import PositionStats, token_mask, token_var
@@ -68,11 +69,32 @@ class _Plan:
     batches: int = 0
 
 
-def _check_options(num_splits, norm_factor) -> None:
+def _check_options(num_splits, norm_factor, z_threshold) -> None:
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 2:
         raise ValueError(f"num_splits must be an int >= 2, got {num_splits!r}")
     if not norm_factor > 0:
         raise ValueError(f"norm_factor must be > 0, got {norm_factor!r}")
+    # A NaN threshold would make every comparison false: every position "not observable", silently.
+    if isinstance(z_threshold, bool) or not isinstance(z_threshold, (int, float)) or not math.isfinite(z_threshold):
+        raise ValueError(f"z_threshold must be a finite number, got {z_threshold!r}")
+
+
+def supervised_units(labels: torch.Tensor, causal: bool) -> int:
+    """Tokens (causal LM: labels after the first, which is never predicted) or examples the loss averages over."""
+    return int((labels[:, 1:] != IGNORE_INDEX).sum()) if causal else int(labels.shape[0])
+
+
+NO_SUPERVISION = (
+    "the probe data has no supervised token: every label is -100 (the first label of an example is never "
+    "predicted), so the loss and its gradient are undefined. Set labels = input_ids where the loss should count."
+)
+
+
+def _non_finite(what: str, value, index: int) -> ValueError:
+    return ValueError(
+        f"the {what} is {value} on batch {index} (counting from 0): the model or data produce non-finite values "
+        "(check the weights for NaN/inf and the inputs' range)"
+    )
 
 
 def _plan(model: nn.Module, positions, cfg: GrowthConfig, num_splits: int, covariance: bool) -> _Plan:
@@ -122,6 +144,8 @@ def _frozen(plan: _Plan):
 
 def _add_batch(plan: _Plan, tap: ResidualTap, index: int, batch: dict, norm_factor: float) -> None:
     """One forward and one backward of the original model; every position's statistics take the batch."""
+    # Checked before the forward: a tokenizer that does not match the model is an IndexError inside it.
+    check_batch(plan.model, batch, where=f"the probe data (batch {index})")
     batch = to_device(batch, plan.candidates[0].params[0].device)
     labels = labels_of(batch)
     tap.clear()
@@ -130,13 +154,20 @@ def _add_batch(plan: _Plan, tap: ResidualTap, index: int, batch: dict, norm_fact
         losses = example_losses(outputs.logits, labels, causal=plan.causal)
         loss_sum = losses.total.sum()
         weight = float(losses.weight.sum())
+        loss_value = float(loss_sum.detach())
+        if not math.isfinite(loss_value):
+            raise _non_finite("loss", loss_value, index)
         zs = [tap.z.get(k) for k in plan.positions]
         missing = [k for k, z in zip(plan.positions, zs) if z is None]
         if missing:  # pragma: no cover - guarded by the hooks
             raise RuntimeError(f"no residual stream captured at positions {missing}")
-        gs = torch.autograd.grad(loss_sum, zs, allow_unused=True)
+        # No supervised token: the gradient is exactly zero (ignored targets), so the backward is skipped.
+        gs = torch.autograd.grad(loss_sum, zs, allow_unused=True) if weight > 0 else [None] * len(zs)
     del outputs
-    plan.loss += float(loss_sum.detach())
+    finite = [torch.isfinite(g).all() for g in gs if g is not None]
+    if finite and not bool(torch.stack(finite).all()):  # one device sync for all positions
+        raise _non_finite("activation gradient", "not finite", index)
+    plan.loss += loss_value
     plan.weight += weight
     plan.examples += int(labels.shape[0])
     plan.batches += 1
@@ -164,6 +195,8 @@ def _run(plan: _Plan, batches, norm_factor: float, progress: bool) -> None:
             _add_batch(plan, tap, index, batch, norm_factor)
     if plan.batches == 0:
         raise ValueError("data yielded no batches")
+    if plan.weight == 0:
+        raise ValueError(NO_SUPERVISION)
 
 
 def _z_score(u: float, se: float) -> float:
@@ -290,7 +323,7 @@ def probe(
         True
         ```
     """
-    _check_options(num_splits, norm_factor)
+    _check_options(num_splits, norm_factor, z_threshold)
     cfg = GrowthConfig(block=block, init=init, eps=eps, seed=seed, adapter_dim=adapter_dim, adapter_act=adapter_act)
     batches = as_batches(data, batch_size=batch_size, collate_fn=collate_fn, max_batches=max_batches)
     plan = _plan(model, positions, cfg, num_splits, covariance)

@@ -33,12 +33,13 @@ import torch
 from torch import nn
 
 from ..data.batches import as_batches, to_device
+from ..data.checks import check_batch
 from ..growth.engine import GrowthConfig, grow_depth, resolve_block_kind
 from ..growth.families import resolve_family
 from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
-from ..losses import batch_example_losses
+from ..losses import batch_example_losses, is_causal_lm, labels_of
 from ..utils import json_safe, package_version
-from .signal import probe
+from .signal import NO_SUPERVISION, probe, supervised_units
 
 __all__ = ["SteppingStoneResult", "stepping_stone"]
 
@@ -100,12 +101,29 @@ def _check_search(etas, expand) -> None:
         raise ValueError(f"expand must be > 1, got {expand}")
 
 
+def _check_train_batches(model: nn.Module, batches: list[dict]) -> None:
+    """Every training batch scoreable, and some token supervised, before the probe or any copy of the model."""
+    if not batches:
+        raise ValueError("train_data yielded no batches")
+    for index, batch in enumerate(batches):
+        check_batch(model, batch, where=f"train_data (batch {index})")
+    causal = is_causal_lm(model)
+    if sum(supervised_units(labels_of(b), causal) for b in batches) == 0:
+        raise ValueError(NO_SUPERVISION.replace("the probe data", "train_data"))
+
+
+def _check_gradient(gradient) -> None:
+    if not isinstance(gradient, dict) or not gradient:
+        raise ValueError("gradient must be a non-empty dict of parameter name -> tensor (probe(..., keep_gradients=True))")
+    bad = sorted(n for n, t in gradient.items() if not bool(torch.isfinite(torch.as_tensor(t)).all()))
+    if bad:
+        raise ValueError(f"gradient has non-finite values in {bad[:4]}: the probe that gave it saw NaN or inf")
+
+
 def _gradients(model, position, batches, direction_data, gradient, max_batches, options) -> tuple[dict, dict, str]:
     """`(G_S, G of the direction's data, "train" | "held-out")` of the block at `position`, at zero init."""
     if gradient is None:
         grad_train = probe(model, batches, positions=[position], **options).gradients[0]
-    elif not isinstance(gradient, dict) or not gradient:
-        raise ValueError("gradient must be a non-empty dict of parameter name -> tensor (probe(..., keep_gradients=True))")
     else:
         grad_train = gradient
     if direction_data is None:
@@ -197,7 +215,12 @@ class _TrainingLoss:
     def __call__(self, eta: float) -> float:
         if eta not in self.cache:
             self.step.set(eta)
-            self.cache[eta] = _mean_loss(self.grown, self.batches, self.prefixes, self.index)
+            loss = _mean_loss(self.grown, self.batches, self.prefixes, self.index)
+            if not math.isfinite(loss):
+                if eta == 0:  # the original model's loss: nothing to compare a step with
+                    raise ValueError(f"the training loss is {loss}: the model or data produce non-finite values")
+                loss = math.inf  # a step that overflows is never the best one (NaN would compare false)
+            self.cache[eta] = loss
             self.trace.append((eta, self.cache[eta]))
             if self.bar is not None:
                 self.bar.update(1)
@@ -292,8 +315,9 @@ def stepping_stone(
     options = dict(block=block, init=init, seed=seed, eps=eps, adapter_dim=adapter_dim, adapter_act=adapter_act,
                    covariance=False, collate_fn=collate_fn, batch_size=batch_size, progress=progress, keep_gradients=True)
     batches = list(as_batches(train_data, batch_size=batch_size, collate_fn=collate_fn, max_batches=max_batches))
-    if not batches:
-        raise ValueError("train_data yielded no batches")
+    _check_train_batches(model, batches)
+    if gradient is not None:
+        _check_gradient(gradient)
     grad_train, grad_dir, source = _gradients(model, position, batches, direction_data, gradient, max_batches, options)
     grown, params = _grow_copy(model, position, cfg, grad_train, grad_dir)
     step = _Step(params, grad_train, grad_dir)

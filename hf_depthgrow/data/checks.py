@@ -1,0 +1,114 @@
+"""One check of a batch against a model, run before any forward pass that could fail on it.
+
+A tokenizer that does not match the model, or labels outside its head, otherwise surface as a
+raw `IndexError` (or a CUDA device assert) deep inside an embedding or the loss. The probe,
+stepping stones, trainer, evaluator and `load_data` all call `check_batch`, so the same data
+fails the same way everywhere. It costs a max/min per tensor.
+
+Example:
+    ```python
+    >>> from hf_depthgrow.testing import tiny_model, tiny_inputs
+    >>> model = tiny_model("llama")
+    >>> check_batch(model, tiny_inputs(model), where="the probe data")
+    ```
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..losses import IGNORE_INDEX, is_causal_lm
+
+__all__ = ["check_batch", "vocab_sizes"]
+
+
+def vocab_sizes(model: nn.Module) -> tuple[int | None, int | None]:
+    """Input embeddings and output vocabulary of a model (`None` where it has none, e.g. a ViT)."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    n_in = getattr(emb, "num_embeddings", None)
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    n_out = getattr(out, "out_features", None) or getattr(model.config, "vocab_size", None)
+    return n_in, n_out
+
+
+def _rows(mask: torch.Tensor, ids: Sequence | None) -> list:
+    """The first 10 examples (by id, else by position in the batch) where `mask` holds."""
+    rows = mask.reshape(mask.shape[0], -1).any(dim=1).nonzero().flatten().tolist()[:10] if mask.dim() else []
+    return [ids[r] for r in rows] if ids is not None else rows
+
+
+def _examples(mask: torch.Tensor, ids: Sequence | None) -> str:
+    return f" in examples {_rows(mask, ids)}"
+
+
+def _tensor(value) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+
+
+def _check_token_ids(input_ids: torch.Tensor, n_in: int, ids, where: str) -> None:
+    if input_ids.is_floating_point():
+        raise ValueError(f"{where}: input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    bad = (input_ids >= n_in) | (input_ids < 0)
+    if bad.any():
+        raise ValueError(
+            f"{where}: token ids outside the vocabulary: max id {int(input_ids.max())}, min id {int(input_ids.min())}, "
+            f"but the model embeds {n_in}{_examples(bad, ids)}: the tokenizer does not match the model."
+        )
+
+
+def _check_lm_labels(labels: torch.Tensor, n_out: int | None, ids, where: str, every_example: bool) -> None:
+    if labels.is_floating_point():
+        raise ValueError(f"{where}: causal-LM labels must be token ids, got dtype {labels.dtype}")
+    supervised = labels != IGNORE_INDEX
+    bad = supervised & ((labels >= (n_out or math.inf)) | (labels < 0))
+    if bad.any():
+        raise ValueError(
+            f"{where}: label ids outside the output vocabulary: max id {int(labels[supervised].max())}, but the model "
+            f"predicts {n_out}{_examples(bad, ids)}: the tokenizer does not match the model."
+        )
+    if every_example and labels.dim() == 2:
+        # The label at position 0 is never predicted (the shift), so an example needs one after it.
+        empty = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1) == 0
+        if empty.any():
+            raise ValueError(
+                f"{where}: examples {_rows(empty, ids)} have no supervised token (all labels after the first "
+                f"are {IGNORE_INDEX}): their loss is undefined. Drop them or fix the labels."
+            )
+
+
+def _check_class_labels(labels: torch.Tensor, num_labels: int | None, ids, where: str) -> None:
+    if labels.is_floating_point():
+        raise ValueError(f"{where}: classification labels must be integer classes, got dtype {labels.dtype} (regression is not supported)")
+    bad = (labels < 0) | (labels >= (num_labels or math.inf))
+    if bad.any():
+        raise ValueError(f"{where}: labels outside 0..{num_labels - 1} (the model's classes){_examples(bad, ids)}")
+
+
+def check_batch(
+    model: nn.Module, batch: Mapping, *, where: str, ids: Sequence | None = None, every_example_supervised: bool = False
+) -> None:
+    """Raise `ValueError` naming `where` and the examples if `model` cannot score `batch`.
+
+    Checks that `labels` exist, that token ids fit the input embedding, that causal-LM label ids fit the
+    output vocabulary and that class labels fit `num_labels`. `ids` names the examples (default: their
+    position in the batch); `every_example_supervised` also refuses a causal-LM example with no
+    supervised token (per-example losses need one; a token-weighted mean does not).
+    """
+    labels = batch.get("labels")
+    if labels is None:
+        raise ValueError(
+            f"{where} has no 'labels' (keys: {sorted(batch)}): the loss needs them. "
+            "Causal LMs take labels = input_ids (-100 where unsupervised); classifiers an int class per example."
+        )
+    labels = _tensor(labels)
+    n_in, n_out = vocab_sizes(model)
+    if batch.get("input_ids") is not None and n_in is not None:
+        _check_token_ids(_tensor(batch["input_ids"]), n_in, ids, where)
+    if is_causal_lm(model):
+        _check_lm_labels(labels, n_out, ids, where, every_example_supervised)
+    else:
+        _check_class_labels(labels, getattr(model.config, "num_labels", None), ids, where)
