@@ -2,17 +2,22 @@
 
 Modules by job: `config` (TrainConfig), `trainer` (GrownTrainer, train), `result` (TrainResult),
 `data_order` (rows from any data form, the seeded order), `prefix_cache`, `trainable` (trainable
-sets, LoRA targets, AdamW groups), `forward` (losses on rows), `checkpoints`, `selection` (the fallback rule).
+sets, LoRA targets, AdamW groups), `forward` (losses on rows), `checkpoints`, `selection` (the fallback rule),
+`guards` (run fingerprints, the output_dir lock, non-finite losses).
 """
 
 from .checkpoints import list_checkpoints
 from .config import TrainConfig
+from .guards import CheckpointMismatchError, NonFiniteTrainingLossError, OutputDirLockedError
 from .prefix_cache import PrefixCache, shares_prefix
 from .result import TrainResult
 from .trainable import lora_target_names
 from .trainer import GrownTrainer, train
 
 __all__ = [
+    "CheckpointMismatchError",
+    "NonFiniteTrainingLossError",
+    "OutputDirLockedError",
     "GrownTrainer",
     "PrefixCache",
     "TrainConfig",

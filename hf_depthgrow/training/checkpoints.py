@@ -21,6 +21,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .guards import stored_fingerprint
+
 CHECKPOINT_PREFIX = "checkpoint-"
 TRAINABLE_WEIGHTS = "trainable.safetensors"
 TRAINER_STATE = "trainer_state.json"
@@ -85,7 +87,7 @@ def _write_unsharded(acc, tmp: Path, step: int, named, optimizer, scheduler) -> 
         torch.save(acc.scaler.state_dict(), tmp / "scaler.pt")
 
 
-def _publish(tmp: Path, final: Path, root: Path, save_total_limit: int | None) -> None:
+def _publish(tmp: Path, final: Path, root: Path, save_total_limit: int | None, fingerprint: dict | None) -> None:
     """fsync the temp folder's files, swap it in with `os.replace`, fsync the parent, prune old ones."""
     for file in tmp.rglob("*"):
         if file.is_file():
@@ -104,7 +106,9 @@ def _publish(tmp: Path, final: Path, root: Path, save_total_limit: int | None) -
         os.fsync(fd)
         os.close(fd)
     if save_total_limit:
-        for old in list_checkpoints(root)[:-save_total_limit]:
+        # Only this run's checkpoints (same fingerprint) count and are pruned: never another run's.
+        ours = [p for p in list_checkpoints(root) if fingerprint is not None and stored_fingerprint(p) == fingerprint]
+        for old in ours[:-save_total_limit]:
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -115,6 +119,7 @@ def save_checkpoint(
     """Write `<root>/checkpoint-{step}` atomically: everything goes to a temp folder, then one `os.replace`.
 
     Every process must call it (it synchronises); `trainer_state` is written as `trainer_state.json`.
+    `save_total_limit` prunes only checkpoints whose fingerprint equals `trainer_state["fingerprint"]`.
 
     Example:
         ```python
@@ -141,9 +146,26 @@ def save_checkpoint(
         (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True))
     acc.wait_for_everyone()
     if acc.is_main_process:
-        _publish(tmp, final, root, save_total_limit)
+        _publish(tmp, final, root, save_total_limit, trainer_state.get("fingerprint"))
     acc.wait_for_everyone()
     return final
+
+
+def trainer_state(trainer, step: int) -> dict:
+    """What a checkpoint records of a `GrownTrainer` at `step` (besides tensors), with the run fingerprint."""
+    return {
+        "global_step": step,
+        "micro_batches": step * trainer.config.gradient_accumulation_steps,
+        "global_batch": trainer.order.global_batch,
+        "num_processes": trainer.accelerator.num_processes,
+        "units_seen": trainer.units_seen,
+        "elapsed": trainer._elapsed(),
+        "history": trainer.history,
+        "eval_history": trainer.eval_history,
+        "baseline": trainer.baseline,
+        "config": trainer.config.to_dict(),
+        "fingerprint": trainer.fingerprint,
+    }
 
 
 def resolve_resume(target: str | None, output_dir: str | None, *, is_main_process: bool = True) -> Path | None:

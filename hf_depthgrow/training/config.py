@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 TRAINABLE = ("new", "new+lora", "full")
@@ -10,6 +11,14 @@ SCHEDULERS = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 PREFIX_CACHE = ("auto", "memory", "disk", "off")
 CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Fields a resumed run may set differently from the run that wrote the checkpoint: they change
+# neither the weights nor the data order. Every other field is part of the run fingerprint.
+RESUME_MAY_CHANGE = (
+    "per_device_train_batch_size", "per_device_eval_batch_size", "eval_steps", "logging_steps", "progress_bar",
+    "prefix_cache", "prefix_cache_dir", "prefix_cache_batch_size", "merge_lora", "output_dir", "save_steps",
+    "save_total_limit", "save_final_model", "resume_from_checkpoint", "ddp_timeout", "stop_after_step",
+)  # fmt: skip
+BOOL_FIELDS = ("merge_lora", "progress_bar", "fallback", "save_final_model")
 
 
 @dataclass
@@ -77,6 +86,13 @@ class TrainConfig:
     save_total_limit (`int` or `None`): keep only the last N checkpoints.
     save_final_model (`bool`): save the selected model with `save_pretrained` at the end.
     resume_from_checkpoint (`str` or `None`): a checkpoint folder, or `"latest"` (the newest under output_dir).
+        Only a checkpoint of the same run resumes: same model, training data and training settings.
+        A resumed run may change only `RESUME_MAY_CHANGE` (the per-device batch size if the global
+        micro-batch stays, eval/logging/progress/prefix-cache/save settings, `merge_lora`, `ddp_timeout`,
+        `stop_after_step`); any other change (learning rate, seed, `max_steps`, ...) is refused, naming
+        the fields. To train longer, start a new run from the saved model. A run never prunes
+        checkpoints it did not write, and refuses to write checkpoints beside another run's.
+        One run at a time per output_dir (a lock file `.hf_depthgrow.lock`; a dead run's lock is taken over).
 
     > Distributed and debugging
 
@@ -156,9 +172,11 @@ class TrainConfig:
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)
 
-        def is_num(v):
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        def is_num(v):  # finite: inf/NaN would train on silently to a non-finite model
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
+        for name in BOOL_FIELDS:  # a string such as "false" would be truthy
+            check(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
         check(self.trainable in TRAINABLE, f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
         check(self.lr_scheduler in SCHEDULERS, f"lr_scheduler must be one of {SCHEDULERS}, got {self.lr_scheduler!r}")
         check(
@@ -181,18 +199,18 @@ class TrainConfig:
             value = getattr(self, name)
             check(value is None or (is_int(value) and value >= 1), f"{name} must be None or an int >= 1, got {value!r}")
         check(is_int(self.max_steps) and (self.max_steps == -1 or self.max_steps >= 1), f"max_steps must be -1 or >= 1, got {self.max_steps!r}")
-        check(is_num(self.num_train_epochs) and self.num_train_epochs > 0, f"num_train_epochs must be > 0, got {self.num_train_epochs!r}")
-        check(is_num(self.learning_rate) and self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate!r}")
-        check(is_num(self.weight_decay) and self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        check(is_num(self.num_train_epochs) and self.num_train_epochs > 0, f"num_train_epochs must be a finite number > 0, got {self.num_train_epochs!r}")
+        check(is_num(self.learning_rate) and self.learning_rate > 0, f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
+        check(is_num(self.weight_decay) and self.weight_decay >= 0, f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
         for name in ("adam_beta1", "adam_beta2"):
-            check(is_num(getattr(self, name)) and 0 <= getattr(self, name) < 1, f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-        check(is_num(self.adam_epsilon) and self.adam_epsilon > 0, f"adam_epsilon must be > 0, got {self.adam_epsilon!r}")
-        check(is_num(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+            check(is_num(getattr(self, name)) and 0 <= getattr(self, name) < 1, f"{name} must be a number in [0, 1), got {getattr(self, name)!r}")
+        check(is_num(self.adam_epsilon) and self.adam_epsilon > 0, f"adam_epsilon must be a finite number > 0, got {self.adam_epsilon!r}")
+        check(is_num(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, f"warmup_ratio must be a number in [0, 1), got {self.warmup_ratio!r}")
         check(not (self.warmup_steps and self.warmup_ratio), "set warmup_steps or warmup_ratio, not both")
-        check(is_num(self.lora_dropout) and 0 <= self.lora_dropout < 1, f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+        check(is_num(self.lora_dropout) and 0 <= self.lora_dropout < 1, f"lora_dropout must be a number in [0, 1), got {self.lora_dropout!r}")
         check(
             self.max_grad_norm is None or (is_num(self.max_grad_norm) and self.max_grad_norm >= 0),
-            f"max_grad_norm must be None or >= 0, got {self.max_grad_norm!r}",
+            f"max_grad_norm must be None or a finite number >= 0, got {self.max_grad_norm!r}",
         )
         check(
             self.lora_target_modules is None

@@ -32,6 +32,8 @@ class TrainResult:
         eval_loss_selected: Held-out loss of the selected model.
         num_train_examples: Size `n` of the training set; `num_selection_examples` of the rows `L_S` is taken on.
         prefix_cache: Mode, dtype, index, size and build time of the cache, or `None` if off.
+        nonfinite: `{"step", "loss"}` where a run with the fallback rule on stopped on a non-finite
+            loss (`f_new` is then never selected), else `None`.
 
     Example:
         ```python
@@ -63,12 +65,35 @@ class TrainResult:
     prefix_cache: dict | None = None
     stepping_stone: dict | None = None
     resumed_from: str | None = None
+    nonfinite: dict | None = None
     model_path: str | None = None
 
     def to_dict(self) -> dict:
         """Every field but the model, deep-copied (JSON-ready apart from numbers' types)."""
         # Not `asdict`: it would deep-copy the model.
         return {key: copy.deepcopy(getattr(self, key)) for key in self.__dataclass_fields__ if key != "model"}
+
+
+def initial_result(trainer, global_step: int) -> TrainResult:
+    """A `GrownTrainer`'s `TrainResult` at the end of training, before the fallback rule and the final evaluation."""
+    cfg = trainer.config
+    return TrainResult(
+        model=trainer.model,
+        global_step=global_step,
+        history=trainer.history,
+        eval_history=trainer.eval_history,
+        unit=trainer.unit,
+        units_seen=trainer.units_seen,
+        num_trainable_parameters=sum(p.numel() for _, p in trainer.trainable_named),
+        trainable=cfg.trainable,
+        num_processes=trainer.accelerator.num_processes,
+        num_train_examples=len(trainer.train_dataset),
+        num_selection_examples=len(trainer.selection_rows) if cfg.fallback else 0,
+        prefix_cache=trainer.cache_info,
+        stepping_stone=trainer.stone_info,
+        resumed_from=str(trainer.resume_path) if trainer.resume_path else None,
+        nonfinite=trainer.nonfinite,
+    )
 
 
 def write_outputs(result: TrainResult, config, *, tokenizer=None, peft_model=None, full_state: dict | None = None) -> None:
@@ -95,5 +120,5 @@ def write_outputs(result: TrainResult, config, *, tokenizer=None, peft_model=Non
         extra = {"state_dict": full_state} if full_state is not None else {}
         save_pretrained(to_save, out / FINAL_MODEL, tokenizer=tokenizer, **extra)
         result.model_path = str(out / FINAL_MODEL)
-    (out / "train_config.json").write_text(config.to_json_string())
+    atomic_write_text(out / "train_config.json", config.to_json_string())
     atomic_write_text(out / "train_result.json", json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))

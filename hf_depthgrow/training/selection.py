@@ -17,6 +17,7 @@ from torch import nn
 from ..growth.engine import bypass_new_blocks
 from ..growth.prefix import num_original_below
 from .forward import dataset_loss
+from .guards import NonFiniteTrainingLossError
 from .prefix_cache import shares_prefix
 from .trainable import assign
 
@@ -48,11 +49,12 @@ def unpack_stone(stone) -> tuple[nn.Module | None, dict | None]:
     return stone_model, summary
 
 
-def pick(losses: dict[str, float]) -> tuple[str, str, float]:
+def pick(losses: dict[str, float], *, exclude: tuple[str, ...] = ()) -> tuple[str, str, float]:
     """`(selected, reference, delta_erm)` from the training losses of `"new"`, `"old"` and maybe `"stepping_stone"`.
 
-    `f_new` unless the stepping stone is better; `f_old` if that is not better either. A diverged
-    run (NaN/inf loss) counts as worst. `delta_erm = L_S(reference) - L_S(f_new)`.
+    `f_new` unless the stepping stone is better; `f_old` if that is not better either. A candidate
+    with a NaN/inf loss, or named in `exclude` (a run stopped on a non-finite training loss), is never
+    selected; `NonFiniteTrainingLossError` if no candidate is left. `delta_erm = L_S(reference) - L_S(f_new)`.
 
     Example:
         ```python
@@ -62,8 +64,13 @@ def pick(losses: dict[str, float]) -> tuple[str, str, float]:
     """
     if "new" not in losses or "old" not in losses:
         raise ValueError(f"the fallback rule needs the losses of 'new' and 'old', got {sorted(losses)}")
-    rank = lambda k: (losses[k] if math.isfinite(losses[k]) else math.inf, PREFERENCE.index(k))  # noqa: E731
-    selected = min((k for k in PREFERENCE if k in losses), key=rank)
+    finite = [k for k in PREFERENCE if k in losses and k not in exclude and math.isfinite(losses[k])]
+    if not finite:
+        raise NonFiniteTrainingLossError(
+            f"the fallback rule has no candidate with a finite training loss ({losses}, excluded: {list(exclude)}): "
+            "nothing safe to select"
+        )
+    selected = min(finite, key=lambda k: (losses[k], PREFERENCE.index(k)))
     reference = "stepping_stone" if "stepping_stone" in losses else "old"
     return selected, reference, losses[reference] - losses["new"]
 

@@ -41,12 +41,14 @@ from .checkpoints import (
     load_checkpoint,
     resolve_resume,
     save_checkpoint,
+    trainer_state,
 )
 from .config import TrainConfig
 from .data_order import DataOrder, fetch, input_count, selection_rows, supervised_count, training_rows
 from .forward import batch_losses
+from .guards import guard_output_dir, nonfinite_stop, run_fingerprint
 from .prefix_cache import PrefixCache, build_caches, shares_prefix
-from .result import FINAL_MODEL, TrainResult, write_outputs
+from .result import FINAL_MODEL, TrainResult, initial_result, write_outputs
 from .selection import candidate_loss, initial_weights, pick, selected_model, stone_cache, unpack_stone
 from .trainable import lora_target_names, make_optimizer, set_train_mode, setup_trainable
 
@@ -114,6 +116,9 @@ class GrownTrainer:
             )
         if self.stone is not None and not self.record:
             raise ValueError("a stepping stone is only meaningful for a grown model")
+        # Taken before LoRA is injected; identifies the run in its checkpoints (guards.py).
+        self.fingerprint = run_fingerprint(model, self.train_dataset, self.config)
+        self._lock, self.nonfinite = None, None
 
     list_checkpoints = staticmethod(list_checkpoints)
 
@@ -135,6 +140,10 @@ class GrownTrainer:
             ```
         """
         self._setup_accelerator()
+        # Before any expensive step: lock output_dir, refuse another run's checkpoints.
+        cfg, acc = self.config, self.accelerator
+        self.resume_path = resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir, is_main_process=acc.is_main_process)
+        self._lock = guard_output_dir(cfg, self.resume_path, self.fingerprint, acc)
         self._setup_optimization()
         self._setup_caches()
         start_step = self._setup_state()
@@ -213,7 +222,6 @@ class GrownTrainer:
         self.units_seen, self._elapsed_before, self._t0 = 0, 0.0, time.perf_counter()
         self.selection_rows = selection_rows(len(self.train_dataset), cfg.selection_max_examples, cfg.seed)
         self.eval_rows = list(range(len(self.eval_dataset))) if self.eval_dataset is not None else []
-        self.resume_path = resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir, is_main_process=self.accelerator.is_main_process)
         if self.resume_path is not None:
             return self._load_checkpoint(self.resume_path)
         # Baselines are taken before the first step (the grown model at init *is* f_old), and
@@ -240,24 +248,10 @@ class GrownTrainer:
             progress=self.config.progress_bar, desc=desc,
         )  # fmt: skip
 
-    def _trainer_state(self, step: int) -> dict:
-        return {
-            "global_step": step,
-            "micro_batches": step * self.config.gradient_accumulation_steps,
-            "global_batch": self.order.global_batch,
-            "num_processes": self.accelerator.num_processes,
-            "units_seen": self.units_seen,
-            "elapsed": self._elapsed(),
-            "history": self.history,
-            "eval_history": self.eval_history,
-            "baseline": self.baseline,
-            "config": self.config.to_dict(),
-        }
-
     def _save_checkpoint(self, step: int):
         return save_checkpoint(
             self.accelerator, self.config.output_dir, step, sharded=self.sharded, named=self.trainable_named,
-            optimizer=self.optimizer, scheduler=self.scheduler, trainer_state=self._trainer_state(step),
+            optimizer=self.optimizer, scheduler=self.scheduler, trainer_state=trainer_state(self, step),
             save_total_limit=self.config.save_total_limit,
         )  # fmt: skip
 
@@ -317,16 +311,25 @@ class GrownTrainer:
         return {"loss": float(loss_sum / weight), "units": int(counts[1]), "seconds": time.perf_counter() - t_step, "grad_norm": grad_norm}
 
     def train(self) -> TrainResult:
-        """Run the training; returns a `TrainResult` with the selected model."""
+        """Run the training; returns a `TrainResult` with the selected model. The output_dir lock is released on any exit."""
+        try:
+            return self._train()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def _train(self) -> TrainResult:
         from tqdm.auto import tqdm
 
         cfg = self.config
         start_step = self.setup()
         acc, total_steps = self.accelerator, self.total_steps
         bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not (cfg.progress_bar and acc.is_main_process))
-        window_units, window_time = 0, 0.0
+        window_units, window_time, step = 0, 0.0, start_step
         for step in range(start_step + 1, total_steps + 1):
             out = self.training_step(step)
+            if self._stop_nonfinite(step, out):
+                break
             window_units += out["units"]
             window_time += out["seconds"]
             rate = window_units / max(window_time, 1e-9)
@@ -338,14 +341,24 @@ class GrownTrainer:
             if self.eval_dataset is not None and cfg.eval_steps and step % cfg.eval_steps == 0 and step != total_steps:
                 self._evaluate_during(step, bar)
             if cfg.save_steps and step % cfg.save_steps == 0:
+                if self._stop_nonfinite(step):  # never write a non-finite checkpoint
+                    break
                 self._save_checkpoint(step)
             if cfg.stop_after_step is not None and step == cfg.stop_after_step:
                 bar.close()
                 acc.wait_for_everyone()
                 os._exit(STOP_EXIT_CODE)  # a crash, as far as the run is concerned: no cleanup, no final save
         bar.close()
+        if self.nonfinite is None:
+            self._stop_nonfinite(step)  # the last update's weights, before anything is selected or saved
         self._set_train_mode(False)
-        return self._finish(total_steps)
+        return self._finish(step)
+
+    def _stop_nonfinite(self, step: int, out: dict | None = None) -> bool:
+        """Check a step's loss (`out`) or the trainable weights (`out=None`); `True`: stop (see `guards.nonfinite_stop`)."""
+        self.nonfinite = nonfinite_stop(step, out, named=self.trainable_named, accelerator=self.accelerator,
+                                        sharded=self.sharded, fallback=self.config.fallback)  # fmt: skip
+        return self.nonfinite is not None
 
     def _log_step(self, step: int, out: dict, rate: float) -> None:
         entry = {"step": step, "loss": out["loss"], "lr": self.scheduler.get_last_lr()[0], f"{self.unit}_per_s": rate,
@@ -365,23 +378,7 @@ class GrownTrainer:
     # ------------------------------------------------------------------ the end: fallback rule, save
 
     def _finish(self, total_steps: int) -> TrainResult:
-        cfg, acc = self.config, self.accelerator
-        result = TrainResult(
-            model=self.model,
-            global_step=total_steps,
-            history=self.history,
-            eval_history=self.eval_history,
-            unit=self.unit,
-            units_seen=self.units_seen,
-            num_trainable_parameters=sum(p.numel() for _, p in self.trainable_named),
-            trainable=cfg.trainable,
-            num_processes=acc.num_processes,
-            num_train_examples=len(self.train_dataset),
-            num_selection_examples=len(self.selection_rows) if cfg.fallback else 0,
-            prefix_cache=self.cache_info,
-            stepping_stone=self.stone_info,
-            resumed_from=str(self.resume_path) if self.resume_path else None,
-        )
+        result = initial_result(self, total_steps)
         if self.eval_history and self.eval_history[0]["step"] == 0:
             result.eval_loss_before = self.eval_history[0]["eval_loss"]
         if self.eval_dataset is not None:
@@ -401,7 +398,7 @@ class GrownTrainer:
         if self.config.fallback:
             new = self._dataset_loss(self.train_dataset, self.selection_rows, which="new", cache=self.train_cache, desc="train loss (f_new)")
             result.train_losses = {"new": new, **self.baseline}
-            result.selected, result.reference, result.delta_erm = pick(result.train_losses)
+            result.selected, result.reference, result.delta_erm = pick(result.train_losses, exclude=("new",) if self.nonfinite else ())
         result.model = selected_model(
             result.selected, model=self.model, stone=self.stone, peft_model=self.peft_model,
             named=self.trainable_named, initial=self._initial, merge_lora=self.config.merge_lora,
@@ -454,7 +451,8 @@ def train(
 
     Raises:
         `hf_depthgrow.data.batches.DataFormError` for data in no accepted form; `ValueError` for empty
-        data, rows without `labels`, or a bad configuration.
+        data, rows without `labels`, or a bad configuration. From `training.guards`: `CheckpointMismatchError`,
+        `OutputDirLockedError` (before any work) and `NonFiniteTrainingLossError` (a diverged run, fallback off).
 
     Example:
         ```python

@@ -1,0 +1,288 @@
+"""What keeps a training run from losing or corrupting data: run fingerprints, the output-dir lock, finiteness.
+
+- A run fingerprint (model identity, training data, training-relevant config) is stored in every
+  checkpoint. A checkpoint is resumed only if its fingerprint matches, and a run prunes only
+  checkpoints carrying its own fingerprint, so an older run's checkpoints are neither resumed nor deleted.
+- One trainer per `output_dir`: a lock file made with `O_CREAT | O_EXCL`, holding pid and host.
+- A non-finite training loss stops the run (`NonFiniteTrainingLossError`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import math
+import os
+import socket
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import RESUME_MAY_CHANGE
+
+LOCK_NAME = ".hf_depthgrow.lock"
+FRESH_START = "use a fresh output_dir, or delete the old checkpoints yourself (hf_depthgrow never deletes what another run wrote)"
+
+
+class NonFiniteTrainingLossError(ValueError):
+    """Training produced a non-finite loss (or weights); `step` and `loss` name where."""
+
+    def __init__(self, message: str, step: int | None = None, loss: float | None = None):
+        super().__init__(message)
+        self.step, self.loss = step, loss
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint in the way was written by a different run (model, data or training config)."""
+
+
+class OutputDirLockedError(FileExistsError):
+    """Another trainer holds the lock of this `output_dir`."""
+
+
+# ------------------------------------------------------------------ run fingerprint
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def model_fingerprint(model) -> str:
+    """Hash of the growth record, the config's architecture and every parameter's name, shape and dtype (not values: cheap)."""
+    from ..growth.engine import growth_record
+
+    record = growth_record(model)
+    cfg = getattr(model, "config", None)
+    ident = {
+        "record": record.to_dict() if record else None,
+        "architectures": getattr(cfg, "architectures", None),
+        "model_type": getattr(cfg, "model_type", None),
+        "layers": getattr(cfg, "num_hidden_layers", None),
+        "params": [(n, list(p.shape), str(p.dtype)) for n, p in model.named_parameters()],
+    }
+    return _sha(ident)
+
+
+def data_fingerprint(rows, samples: int = 16) -> dict:
+    """Row count and a hash of up to `samples` evenly spaced rows (first and last included)."""
+    n = len(rows)
+    picks = sorted({round(i * (n - 1) / max(samples - 1, 1)) for i in range(min(samples, n))})
+    h = hashlib.sha256()
+    for i in picks:
+        for key, value in sorted(rows[i].items()):
+            arr = np.ascontiguousarray(value.detach().cpu().numpy() if torch.is_tensor(value) else np.asarray(value))
+            h.update(f"{i}:{key}:{arr.dtype}:{arr.shape}".encode())
+            h.update(arr.tobytes() if arr.dtype != object else repr(arr.tolist()).encode())
+    return {"rows": n, "sha256": h.hexdigest()[:16]}
+
+
+def run_fingerprint(model, rows, config) -> dict:
+    """What identifies a run for resume and pruning: `{"model", "data", "config"}` (config: training-relevant fields only)."""
+    relevant = {k: v for k, v in config.to_dict().items() if k not in RESUME_MAY_CHANGE}
+    return {"model": model_fingerprint(model), "data": data_fingerprint(rows), "config": relevant}
+
+
+def fingerprint_differences(stored: dict | None, current: dict) -> list[str]:
+    """What differs between a checkpoint's fingerprint and this run's, one phrase each ([] if they match)."""
+    if not stored:
+        return ["the checkpoint has no run fingerprint (written by another tool or an older version)"]
+    diffs = []
+    if stored.get("model") != current["model"]:
+        diffs.append("the model differs (architecture, growth or parameter shapes)")
+    if stored.get("data") != current["data"]:
+        old, new = stored.get("data") or {}, current["data"]
+        diffs.append(f"the training data differs (checkpoint: {old.get('rows')} rows, hash {old.get('sha256')}; "
+                     f"this run: {new['rows']} rows, hash {new['sha256']})")  # fmt: skip
+    old_cfg, new_cfg = stored.get("config") or {}, current["config"]
+    for key in sorted(set(old_cfg) | set(new_cfg)):
+        if old_cfg.get(key) != new_cfg.get(key):
+            diffs.append(f"{key}: checkpoint {old_cfg.get(key)!r}, this run {new_cfg.get(key)!r}")
+    return diffs
+
+
+def stored_fingerprint(checkpoint: Path) -> dict | None:
+    from .checkpoints import TRAINER_STATE
+
+    try:
+        return json.loads((Path(checkpoint) / TRAINER_STATE).read_text()).get("fingerprint")
+    except (OSError, ValueError):
+        return None
+
+
+def check_checkpoints(resume_path: Path | None, output_dir, fingerprint: dict, will_save: bool) -> None:
+    """Refuse a resume from another run's checkpoint, and a run that would write checkpoints beside another run's.
+
+    Raises `CheckpointMismatchError` naming what differs and how to proceed.
+    """
+    from .checkpoints import list_checkpoints
+
+    if resume_path is not None:
+        diffs = fingerprint_differences(stored_fingerprint(resume_path), fingerprint)
+        if diffs:
+            raise CheckpointMismatchError(
+                f"cannot resume from {resume_path}: it was written by a different run: {'; '.join(diffs)}. "
+                f"Resume with the settings it was written with, or {FRESH_START}."
+            )
+    if will_save and output_dir:
+        foreign = [p.name for p in list_checkpoints(output_dir) if stored_fingerprint(p) != fingerprint]
+        if foreign:
+            raise CheckpointMismatchError(
+                f"{output_dir} holds checkpoints of a different run ({', '.join(foreign[:4])}); writing this run's "
+                f"checkpoints beside them would mix the two runs on resume: {FRESH_START}."
+            )
+
+
+def guard_output_dir(config, resume_path: Path | None, fingerprint: dict, accelerator) -> "OutputLock | None":
+    """Lock `output_dir` and run `check_checkpoints` on the main process; every process raises the same error.
+
+    Returns the held lock (or `None` without an output_dir / off the main process).
+    """
+    lock, error = None, None
+    if accelerator.is_main_process:
+        try:
+            lock = OutputLock(config.output_dir).acquire() if config.output_dir else None
+            check_checkpoints(resume_path, config.output_dir, fingerprint, will_save=bool(config.save_steps))
+        except (OutputDirLockedError, CheckpointMismatchError) as err:
+            error = err
+            if lock is not None:
+                lock.release()
+    if accelerator.num_processes > 1:  # the others would otherwise wait at the next collective until ddp_timeout
+        from accelerate.utils import broadcast_object_list
+
+        error = broadcast_object_list([error])[0]
+    if error is not None:
+        raise error
+    return lock
+
+
+# ------------------------------------------------------------------ finiteness
+
+
+def check_step(step: int, loss: float, grad_norm: float | None) -> None:
+    """Raise `NonFiniteTrainingLossError` if a step's loss (or, without a grad scaler, its gradient norm) is not finite."""
+    if not math.isfinite(loss):
+        raise NonFiniteTrainingLossError(f"training diverged: the loss at step {step} is {loss}", step, loss)
+    if grad_norm is not None and not math.isfinite(grad_norm):
+        raise NonFiniteTrainingLossError(
+            f"training diverged: the gradient norm at step {step} is {grad_norm} (loss {loss})", step, loss
+        )
+
+
+def nonfinite_weights(named, accelerator) -> list[str]:
+    """Names of trainable weights holding NaN/inf (every process must call it; one host sync)."""
+    named = list(named)
+    ok = torch.stack([torch.isfinite(p.detach()).all() for _, p in named]).cpu().tolist() if named else []
+    bad = [n for (n, _), good in zip(named, ok) if not good]
+    if accelerator.num_processes > 1:
+        flag = accelerator.reduce(torch.tensor([float(len(bad))], device=accelerator.device), reduction="sum")
+        if flag.item() and not bad:
+            bad = ["(on another process)"]
+    return bad
+
+
+def nonfinite_stop(step: int, out: dict | None, *, named, accelerator, sharded: bool, fallback: bool) -> dict | None:
+    """Check a step's loss and gradient norm (`out`), or with `out=None` the trainable weights.
+
+    Non-finite: `NonFiniteTrainingLossError` (the last checkpoint stays, no model is written), or with
+    the fallback rule on, a warning and `{"step", "loss"}`: training stops there and `f_new` is never
+    selected. `None` if all is finite. The loss check costs no extra device sync (the step's loss is
+    read on the host for logging anyway); the weight check is one sync per checkpoint and one at the end.
+    The gradient norm is not checked under a grad scaler (fp16 skips overflowing steps by design),
+    nor the weights under FSDP (sharded).
+    """
+    try:
+        if out is not None:
+            check_step(step, out["loss"], out["grad_norm"] if getattr(accelerator, "scaler", None) is None else None)
+        elif not sharded and (bad := nonfinite_weights(named, accelerator)):
+            raise NonFiniteTrainingLossError(
+                f"training diverged: trainable weights are non-finite after step {step} ({', '.join(bad[:3])})", step
+            )
+    except NonFiniteTrainingLossError as err:
+        if not fallback:
+            raise
+        warnings.warn(f"{err}; training stops here and the fallback rule selects among the other candidates")
+        return {"step": step, "loss": err.loss}
+    return None
+
+
+# ------------------------------------------------------------------ the output-dir lock
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class OutputLock:
+    """`<output_dir>/.hf_depthgrow.lock`: one trainer per output_dir. Released by `release()` or at exit.
+
+    Example:
+        ```python
+        >>> lock = OutputLock("out").acquire()
+        >>> lock.release()
+        ```
+    """
+
+    def __init__(self, output_dir):
+        self.path = Path(output_dir) / LOCK_NAME
+        self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
+        self.held = False
+
+    def acquire(self) -> "OutputLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._take_over_if_stale()
+                continue
+            with os.fdopen(fd, "w") as fh:
+                json.dump({**self.owner, "started": time.time()}, fh)
+            self.held = True
+            atexit.register(self.release)
+            return self
+        raise OutputDirLockedError(f"could not take the lock {self.path}")
+
+    def _take_over_if_stale(self) -> None:
+        try:
+            holder = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return  # released meanwhile: try again
+        except (OSError, ValueError):
+            holder = None
+        if holder is None and time.time() - self.path.stat().st_mtime < 10:
+            holder = {"pid": "?", "host": "?"}  # being written right now
+        stale = holder is None or (holder.get("host") == self.owner["host"] and isinstance(holder.get("pid"), int)
+                                   and holder["pid"] != self.owner["pid"] and not _pid_alive(holder["pid"]))  # fmt: skip
+        if not stale:
+            raise OutputDirLockedError(
+                f"{self.path.parent} is in use by another hf_depthgrow run (pid {holder.get('pid')} on {holder.get('host')}): "
+                f"two runs writing one output_dir would overwrite each other's checkpoints and model. Wait for it to "
+                f"finish or use another output_dir; if that run is gone, delete {self.path}."
+            )
+        warnings.warn(f"taking over the stale lock {self.path} of a run that is gone ({holder})")
+        aside = self.path.with_name(f"{LOCK_NAME}.stale.{os.getpid()}")
+        try:  # a rename, not an unlink: of two runs taking over at once, only one succeeds
+            os.replace(self.path, aside)
+            os.unlink(aside)
+        except FileNotFoundError:
+            pass
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        try:  # only our own lock: never delete another run's
+            if json.loads(self.path.read_text()).get("pid") == self.owner["pid"]:
+                self.path.unlink()
+        except (OSError, ValueError):
+            pass
