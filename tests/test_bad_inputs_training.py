@@ -280,3 +280,19 @@ def test_pruning_never_deletes_checkpoints_of_another_run(tmp_path, outside):
                         scheduler=scheduler, trainer_state={"global_step": step, "fingerprint": {"run": "a"}}, save_total_limit=1)  # fmt: skip
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-3"]
     assert tree(foreign) == before
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_before_training(tmp_path):
+    # Issue 13 #14: token ids beyond the embedding gave a raw IndexError inside the trainer.
+    from hf_depthgrow import grow_depth, train
+    from hf_depthgrow.testing import tiny_model
+
+    model = tiny_model("llama")
+    grow_depth(model, [2])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.full((4, 8), vocab + 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="the tokenizer does not match the model"):
+        train(model, {"input_ids": ids, "labels": ids}, max_steps=1, output_dir=str(tmp_path / "out"))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not (tmp_path / "out" / "model").exists()

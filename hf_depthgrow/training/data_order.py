@@ -12,17 +12,19 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..data.batches import ACCEPTED_FORMS, DataFormError, as_rows, collate
+from ..data.batches import ACCEPTED_FORMS, DataFormError, as_batches, as_rows, batch_size_of, collate
+from ..data.checks import check_batch
 from ..losses import IGNORE_INDEX
 
 FIXED_SIZE_MESSAGE = "the prefix cache needs fixed-size rows (pad or block the data); set prefix_cache='off' otherwise"
 
 
-def training_rows(data, name: str = "train_data"):
+def training_rows(data, name: str = "train_data", model=None):
     """Indexable rows of `data` (any form `hf_depthgrow.data.batches` accepts), checked before any work.
 
     Raises `DataFormError` (naming `name` and the accepted forms) for an unreadable form and
-    `ValueError` for empty data or rows without `labels`.
+    `ValueError` for empty data, rows without `labels`, or (with `model`) token or label ids the
+    model cannot score (a tokenizer that does not match it).
 
     Example:
         ```python
@@ -46,7 +48,24 @@ def training_rows(data, name: str = "train_data"):
         raise DataFormError(f"{name}: rows must be dicts of model inputs, got {type(first).__name__}. Accepted: {ACCEPTED_FORMS}.")
     if "labels" not in first:
         raise ValueError(f"{name}: rows need `labels` to train on (found keys {sorted(first)})")
+    if model is not None:
+        _check_rows(model, rows, name)
     return rows
+
+
+_CHECKED = ("input_ids", "labels", "label", "label_ids")
+_CHUNK = 1024
+
+
+def _check_rows(model, rows, name: str) -> None:
+    """Every row scoreable by `model` before any forward: a mismatched tokenizer is otherwise an IndexError mid-training."""
+
+    def pick(chunk):  # only the checked columns: no pixel stacking
+        return collate([{k: row[k] for k in _CHECKED if k in row} for row in chunk])
+
+    for index, batch in enumerate(as_batches(rows, batch_size=_CHUNK, collate_fn=pick)):
+        start = index * _CHUNK
+        check_batch(model, batch, where=name, ids=range(start, start + batch_size_of(batch)))
 
 
 def fetch(rows, indices: Sequence[int], *, fixed_size: bool = False) -> dict:

@@ -101,8 +101,8 @@ class GrownTrainer:
         accelerator=None,
     ):
         # Every input is read (and refused if unreadable or empty) before any work.
-        self.train_dataset = training_rows(train_dataset, "train_data")
-        self.eval_dataset = training_rows(eval_dataset, "eval_data") if eval_dataset is not None else None
+        self.train_dataset = training_rows(train_dataset, "train_data", model=model)
+        self.eval_dataset = training_rows(eval_dataset, "eval_data", model=model) if eval_dataset is not None else None
         self.config = config or TrainConfig()
         self.model = model
         self.tokenizer = tokenizer
