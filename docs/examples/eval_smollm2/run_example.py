@@ -18,13 +18,9 @@ from pathlib import Path
 
 import torch
 
-from hf_depthgrow import grow_depth
-from hf_depthgrow.data import load_data, split_dataset
-from hf_depthgrow.embedded import load_smollm2
-from hf_depthgrow.evaluate import evaluate_delta, route_inputs
-from hf_depthgrow.report import write_report
-from hf_depthgrow.stepping_stone import stepping_stone
-from hf_depthgrow.trainer import train
+from hf_depthgrow import grow_depth, stepping_stone, train
+from hf_depthgrow.data import load_data, load_smollm2, split_dataset
+from hf_depthgrow.evaluation import evaluate_delta, route_inputs, write_report
 
 K, BLOCK, EXAMPLES, STEPS, LR, BATCH = 15, 128, 160, 20, 3e-4, 4
 STONE_BATCHES = 4  # batches of BATCH examples for each stepping stone's direction and line search (CPU budget)
