@@ -197,3 +197,78 @@ def test_pipeline_pushes_every_file_to_the_hub(workdir, tmp_path, monkeypatch):
     assert files == on_disk
     assert TOKEN in hub.tokens()
     assert result.summary["pushed"]
+
+
+def test_outputs_name_no_local_absolute_path(run, workdir):
+    """Card, summary and reports name inputs by Hub id or folder name, never by a path on this machine."""
+    cfg, result = run
+    out = Path(cfg.output_dir)
+    assert (out / ".hf_depthgrow_run").is_file()
+    assert result.summary["base_model"] == "./tiny" and result.summary["artifacts"]["model"] == "model"
+    # train/train_config.json is the trainer's local reproduction config, as config.yaml is the run's.
+    texts = [p for p in out.rglob("*") if p.suffix in (".md", ".json") and p.name != "train_config.json"]
+    assert len(texts) >= 6 and [p.relative_to(out).as_posix() for p in texts if str(workdir) in p.read_text()] == []
+
+
+def test_failed_run_leaves_the_old_output_untouched(workdir, tmp_path, monkeypatch, capsys):
+    import hf_depthgrow.pipeline.stages as stages
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".hf_depthgrow_run").write_text("hf_depthgrow\n")
+    (out / "summary.json").write_text("{}")
+
+    def boom(run):
+        raise ValueError("probe exploded")
+
+    monkeypatch.setattr(stages, "_probe", boom)
+    code = run_main(["--model", str(workdir / "tiny"), "--data", str(workdir / "sample.txt"), "--output-dir", "o", "--overwrite", "--no-progress"])
+    err = capsys.readouterr().err  # transformers' progress bars come first
+    assert code == 2 and err.strip().splitlines()[-1] == "hf-depthgrow run: probe exploded" and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]  # no temp folder left behind
+    assert sorted(p.name for p in out.iterdir()) == [".hf_depthgrow_run", "summary.json"]
+
+
+def test_overwrite_replaces_a_folder_this_tool_wrote(workdir, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".hf_depthgrow_run").write_text("hf_depthgrow\n")
+    (out / "stale.txt").write_text("old run")
+    run_pipeline(_config(workdir, out, positions=[2], train_steps=1, overwrite=True))
+    assert not (out / "stale.txt").exists() and (out / "summary.json").is_file() and (out / ".hf_depthgrow_run").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+
+
+def test_push_prerequisites_are_checked_before_the_run(workdir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    argv = ["--model", str(workdir / "tiny"), "--data", str(workdir / "sample.txt"), "--output-dir", str(tmp_path / "o"), "--push-to-hub", "me/x"]
+    assert run_main(argv) == 2
+    assert capsys.readouterr().err.strip() == "hf-depthgrow run: cannot push to me/x: HF_HUB_OFFLINE is set"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    assert run_main(argv) == 2
+    assert capsys.readouterr().err.strip() == "hf-depthgrow run: cannot push to me/x: no Hugging Face token (set HF_TOKEN or run `hf auth login`)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_push_failure_keeps_the_run_and_says_so(workdir, tmp_path, monkeypatch, capsys):
+    import hf_depthgrow.hub.push as push
+    import hf_depthgrow.pipeline.stages as stages
+
+    monkeypatch.setattr(stages, "check_run", lambda cfg: None)  # the Hub passes the up-front check, then fails
+
+    def refuse(*args, **kwargs):
+        raise OSError("503 Service Unavailable")
+
+    monkeypatch.setattr(push, "push_to_hub", refuse)
+    out = tmp_path / "o"
+    argv = ["--model", str(workdir / "tiny"), "--data", str(workdir / "sample.txt"), "--output-dir", str(out), "--positions", "2",
+            "--train-steps", "1", "--block-size", "32", "--max-examples", "96", "--push-to-hub", "me/x", "--no-progress"]  # fmt: skip
+    assert run_main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"hf-depthgrow run: the run finished and its outputs and summary are in {out}, but pushing to me/x failed: 503 Service Unavailable"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["push_error"] == "503 Service Unavailable" and (out / "model" / "model.safetensors").is_file()

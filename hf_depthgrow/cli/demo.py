@@ -74,6 +74,14 @@ def run_demo(position: int | None = None, max_new_tokens: int = 32) -> dict:
 
 def _demo(argv: list[str]) -> int:
     (args,) = parse("demo", argv, DemoArguments, description=__doc__)
+    if args.position is not None and args.position < 0:
+        raise ValueError(f"--position must be >= 0, got {args.position}")
+    if args.save:  # refuse a folder that is not ours to fill before the model loads
+        from ..pipeline.output import check_output_dir
+
+        check_output_dir(args.save, overwrite=False)
+    if args.json and Path(args.json).is_dir():
+        raise IsADirectoryError(f"--json {args.json} is a folder")
     result = run_demo(args.position, args.max_new_tokens)
     model, tokenizer = result.pop("_model"), result.pop("_tokenizer")
     ok = result["max_abs_logit_diff"] <= 1e-6 and result["same_greedy_text"]
@@ -85,8 +93,10 @@ def _demo(argv: list[str]) -> int:
     print(f"  {result['norms']} norms; largest Lipschitz bound {bound['bound']:.3g} at {bound['name']} (eps {bound['eps']:g})")
     if args.save:
         from ..hub.serialization import save_pretrained
+        from ..pipeline.output import staged_output
 
-        save_pretrained(model, args.save, tokenizer=tokenizer)
+        with staged_output(args.save) as tmp:
+            save_pretrained(model, tmp, tokenizer=tokenizer)
         print(f"  saved to {args.save}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

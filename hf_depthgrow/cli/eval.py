@@ -18,6 +18,39 @@ from pathlib import Path
 from .common import dtype_of, parse, run_command
 
 
+ROUTE_KEYS = ("n_train", "delta_erm", "delta_r", "delta_r_test", "rho", "b_w", "b_a")
+
+
+def read_routes(path: str | None) -> dict:
+    """The `--routes` file, checked: a JSON object of known keys with numbers (`{}` without one)."""
+    import difflib
+    import math
+
+    if path is None:
+        return {}
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no such --routes file: {path}")
+    try:
+        given = json.loads(Path(path).read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"--routes {path}: not valid JSON ({err})") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"--routes {path}: expected a JSON object of {', '.join(ROUTE_KEYS)}, got {type(given).__name__}")
+    for key, value in given.items():
+        if key == "sources":
+            if not isinstance(value, dict):
+                raise ValueError(f"--routes {path}: sources must be an object")
+            continue
+        if key not in ROUTE_KEYS:
+            near = difflib.get_close_matches(key, ROUTE_KEYS, n=1)
+            raise ValueError(f"--routes {path}: unknown key {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+            raise ValueError(f"--routes {path}: {key} must be a finite number, got {value!r}")
+    if isinstance(given.get("n_train"), float) or (given.get("n_train") is not None and given["n_train"] < 1):
+        raise ValueError(f"--routes {path}: n_train must be an int >= 1, got {given['n_train']!r}")
+    return given
+
+
 @dataclass
 class EvalArguments:
     """Settings of `hf-depthgrow eval`."""
@@ -39,7 +72,7 @@ class EvalArguments:
     seed: int = field(default=0, metadata={"help": "Bootstrap seed."})
     batch_size: int = field(default=8, metadata={"help": "Examples per batch."})
     dtype: str = field(default="float32", metadata={"help": "Weights dtype.", "choices": ["float32", "bfloat16", "float16"]})
-    routes: str | None = field(default=None, metadata={"help": "JSON file with Route A/B inputs (n_train, delta_erm, delta_r, delta_r_test, rho, b_w, b_a)."})
+    routes: str | None = field(default=None, metadata={"help": "JSON file (an object) with Route A/B inputs: any of " + ", ".join(ROUTE_KEYS) + ", and sources."})
     n_train: int | None = field(default=None, metadata={"help": "Training-set size n (Route A/B)."})
     delta_erm: float | None = field(default=None, metadata={"help": "Delta_ERM from the trainer (Route A/B)."})
     block_terms: str | None = field(default=None, metadata={"help": "Estimate rho, B_a, B_W of the new blocks on this split of --splits (usually train)."})
@@ -52,6 +85,22 @@ def _fractions(text: str) -> dict[str, float]:
         return {k.strip(): float(v) for k, v in (part.split("=") for part in text.split(","))}
     except ValueError as err:
         raise ValueError(f"--splits must look like train=0.8,test=0.2, got {text!r}") from err
+
+
+def check_inputs(args: EvalArguments) -> None:
+    """Everything checkable before a model loads: model folders, data, --splits, --routes, --out."""
+    from ..hub.loading import check_model_source
+    from ..pipeline.checks import check_data_source
+
+    for name in (args.model, args.base):
+        if name is not None:
+            check_model_source(name)
+    check_data_source(args.data)
+    if args.splits:
+        _fractions(args.splits)
+    read_routes(args.routes)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise FileExistsError(f"--out {args.out} exists and is not a folder")
 
 
 def load_models(args: EvalArguments):
@@ -97,7 +146,7 @@ def route_terms(args: EvalArguments, model, splits: dict):
 
     if not (args.routes or args.n_train is not None or args.delta_erm is not None or args.block_terms):
         return None
-    given = json.loads(Path(args.routes).read_text()) if args.routes else {}
+    given = read_routes(args.routes)
     if args.block_terms and args.block_terms not in splits:
         raise ValueError(f"--block-terms {args.block_terms!r} is not one of the splits {sorted(splits)}")
     measured = route_inputs(
@@ -122,6 +171,7 @@ def _eval(argv: list[str]) -> int:
     from ..evaluation.report import write_report
 
     (args,) = parse("eval", argv, EvalArguments, description=__doc__)
+    check_inputs(args)
     model, base, tokenizer = load_models(args)
     splits, test = load_splits(args, model, tokenizer)
     kwargs = dict(delta=args.delta, loss_bound=args.loss_bound, n_bootstrap=args.n_bootstrap, seed=args.seed, batch_size=args.batch_size,

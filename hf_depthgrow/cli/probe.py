@@ -92,6 +92,20 @@ def load_inputs(args: ProbeArguments):
     return model, make_loader(data, args.batch_size, shuffle=args.shuffle, seed=args.data_seed)
 
 
+def _check_inputs(args: ProbeArguments) -> None:
+    """Everything checkable before the model loads: the model, the data, --positions and --out."""
+    from ..hub.loading import check_model_source
+    from ..pipeline.checks import check_data_source
+
+    check_model_source(args.model)
+    check_data_source(args.data)
+    positions = parse_positions(args.positions)
+    if positions is not None and (not positions or min(positions) < 0):
+        raise ValueError(f"--positions must be ints >= 0, got {args.positions!r}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise FileExistsError(f"--out {args.out} exists and is not a folder")
+
+
 def _probe(argv: list[str]) -> int:
     import torch
 
@@ -99,6 +113,7 @@ def _probe(argv: list[str]) -> int:
     from ..probe.signal import probe
 
     args, growth = parse("probe", argv, ProbeArguments, GrowthConfig, description=__doc__)
+    _check_inputs(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, loader = load_inputs(args)

@@ -8,6 +8,9 @@ With no arguments it runs the embedded default offline: SmolLM2-135M-Instruct (P
     hf-depthgrow run --model path/to/model --data texts/ --push-to-hub me/grown-model
 
 Every `RunConfig` field is a flag (`--kebab-case`) and a key of `--config file.yaml`; flags win.
+
+Exit codes: 0 done; 2 bad input (one line on stderr, checked before anything loads or changes on
+disk); 1 the run finished and its outputs are in place but the push to the Hub failed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import shlex
 
 from ..config import ConfigParser
-from ..pipeline import RunConfig, run_pipeline, summary_markdown
+import sys
+
+from ..pipeline import PushFailed, RunConfig, run_pipeline, summary_markdown
 from .common import run_command
 
 
@@ -26,7 +31,11 @@ def build_parser() -> ConfigParser:
 
 def _run(argv: list[str]) -> int:
     (config,) = build_parser().parse(argv)
-    result = run_pipeline(config, command="hf-depthgrow run " + shlex.join(argv))
+    try:
+        result = run_pipeline(config, command="hf-depthgrow run " + shlex.join(argv))
+    except PushFailed as err:  # not an input error: the run's outputs and summary are on disk
+        print(f"hf-depthgrow run: {err}", file=sys.stderr)
+        return 1
     print(summary_markdown(result.summary))
     print(f"Everything is in {result.output_dir}/ (summary.md, config.yaml, probe/, train/, eval/, model/).")
     return 0

@@ -52,8 +52,17 @@ def run(args: ScriptArguments, config: TrainConfig):
     from ..hub.loading import load_model
     from ..training.trainer import train
 
+    from ..hub.loading import check_model_source
+    from ..pipeline.checks import check_data_source
+
     if not args.model or not args.dataset:
         raise ValueError("--model and --dataset are required (on the command line or in --config)")
+    if args.positions is not None and min(args.positions) < 0:
+        raise ValueError(f"--positions must be ints >= 0, got {args.positions}")
+    if args.stepping_stone and not args.positions:
+        raise ValueError("stepping_stone=True needs positions (the stone is built while growing)")
+    check_model_source(args.model)  # cheap checks before the (expensive) model load
+    check_data_source(args.dataset)
     model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype))
     train_ds, eval_ds = args.split(_load_dataset(args, model, tokenizer))
     stone = None

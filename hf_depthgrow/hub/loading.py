@@ -38,9 +38,8 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     # transformers 5 builds an empty tokenizer from a bare config.json; a folder without tokenizer files has none.
     if folder.is_dir() and not any((folder / f).exists() for f in _TOKENIZER_FILES):
         return None
-    kwargs = {"trust_remote_code": True} if trust_remote_code else {}
-    try:
-        return AutoTokenizer.from_pretrained(str(name_or_path), **kwargs)
+    try:  # trust_remote_code passed explicitly: never run repository code unless the caller asked
+        return AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=bool(trust_remote_code))
     except (OSError, ValueError, TypeError):
         return None
 
@@ -50,13 +49,49 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
 
 
+def _is_hub_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def check_model_source(name_or_path: str | os.PathLike) -> str:
+    """`"embedded"`, `"folder"` or `"hub"` for what `load_model` would read; cheap, and touches nothing.
+
+    Raises `FileNotFoundError` ("no such model folder") for a name that is neither an existing folder nor
+    a possible Hub id, and `ValueError` for a folder without a saved model in it.
+
+    Example:
+        ```python
+        >>> check_model_source("smollm2")
+        'embedded'
+        ```
+    """
+    name = str(name_or_path)
+    if name in EMBEDDED_MODELS:
+        return "embedded"
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{name} is a file, not a model folder")
+        if not any((path / f).is_file() for f in ("config.json", "adapter_config.json", "depthgrow_adapters.json")):
+            raise ValueError(f"{name} holds no saved model (no config.json)")
+        return "folder"
+    if _looks_like_path(name) or not _is_hub_id(name):
+        raise FileNotFoundError(f"no such model folder: {name}")
+    return "hub"
+
+
 def _hub_config(name: str, trust_remote_code: bool):
     """The config of a Hub id, or a `HubUnreachable` that says what to pass instead."""
     from transformers import AutoConfig
 
-    kwargs = {"trust_remote_code": True} if trust_remote_code else {}
     try:
-        return AutoConfig.from_pretrained(name, **kwargs)
+        return AutoConfig.from_pretrained(name, trust_remote_code=bool(trust_remote_code))
     except (OSError, ValueError) as err:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
         raise HubUnreachable(
@@ -136,8 +171,7 @@ def load_model(
         raise ValueError(f"task must be one of {TASKS} or None, got {task!r}")
     name = str(name_or_path)
     kwargs = {k: v for k, v in (("dtype", dtype), ("num_labels", num_labels)) if v is not None}
-    if trust_remote_code:
-        kwargs["trust_remote_code"] = True
+    kwargs["trust_remote_code"] = bool(trust_remote_code)  # explicit on every load: repository code stays off
     if name == "smollm2" and task in (None, "causal_lm") and num_labels is None:
         import torch
 
@@ -145,20 +179,19 @@ def load_model(
 
         return load_smollm2(dtype=torch.float32 if dtype is None else dtype)
     config = None
-    if name in EMBEDDED_MODELS:
+    kind = check_model_source(name)
+    if kind == "embedded":
         from ..data.models import minilm_path, smollm2_path
 
         source = str(smollm2_path() if name == "smollm2" else minilm_path())
-    elif Path(name).expanduser().exists():
+    elif kind == "folder":
         source = str(Path(name).expanduser())
-    elif _looks_like_path(name):
-        raise FileNotFoundError(f"no such model folder: {name}")
     else:
         source, config = name, _hub_config(name, trust_remote_code)
     if config is None and not Path(source, "adapter_config.json").is_file():
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(source, **({"trust_remote_code": True} if trust_remote_code else {}))
+        config = AutoConfig.from_pretrained(source, trust_remote_code=bool(trust_remote_code))
     model = _load_weights(source, config, task, kwargs)
     try:
         vision = infer_task(model) == "image_classification"
@@ -167,6 +200,31 @@ def load_model(
     if vision:
         return model, None
     return model, load_tokenizer(source, trust_remote_code=trust_remote_code)
+
+
+# The Hub ids the embedded models are copies of: what cards and reports name instead of a cache folder.
+EMBEDDED_HUB_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def public_name(name: str | os.PathLike) -> str:
+    """How cards, summaries and reports name a model or data source: a Hub id, or `./` and a local folder's own name.
+
+    Never a local absolute path (it says nothing to a reader and leaks the machine's layout); the `./`
+    keeps a local name from passing for a Hub id in card metadata.
+
+    Example:
+        ```python
+        >>> public_name("smollm2"), public_name("/home/me/runs/x/model")
+        ('HuggingFaceTB/SmolLM2-135M-Instruct', './model')
+        ```
+    """
+    name = str(name)
+    if name in EMBEDDED_HUB_IDS:
+        return EMBEDDED_HUB_IDS[name]
+    path = Path(name).expanduser()
+    if path.exists() or path.is_absolute() or name.startswith(("~", ".")):
+        return "./" + path.resolve().name if path.resolve().name else name
+    return name
 
 
 def base_model_path(name: str) -> str:

@@ -14,7 +14,11 @@ and writes everything a person wants to read or reuse into `output_dir`:
 
 from ..hub.loading import HubUnreachable
 from .config import RunConfig
-from .stages import RunResult, run_pipeline
+from .output import MARKER, check_output_dir, staged_output
+from .stages import PushFailed, RunResult, run_pipeline
 from .summary import summary_markdown
 
-__all__ = ["HubUnreachable", "RunConfig", "RunResult", "run_pipeline", "summary_markdown"]
+__all__ = [
+    "MARKER", "HubUnreachable", "PushFailed", "RunConfig", "RunResult", "check_output_dir", "run_pipeline", "staged_output",
+    "summary_markdown",
+]  # fmt: skip

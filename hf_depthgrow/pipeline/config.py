@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+import typing
+from dataclasses import asdict, dataclass, field, fields
 
 from ..growth.engine import BLOCK_KINDS, INITS
+
+TRAINABLE = ("new", "new+lora", "full")
+_TYPE_NAMES = {int: "an int", float: "a float", str: "a string", bool: "true or false"}
+
+
+def _type_error(name: str, value, hint) -> str | None:
+    """Why `value` does not fit the annotation `hint` (`None`: it fits); ints count as floats, bools as nothing else."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            return f"{name} must be a list of {_TYPE_NAMES[item].split(' ', 1)[-1]}s, got {value!r}"
+        return next((_type_error(name, v, item) for v in value if _type_error(name, v, item)), None)
+    ok = isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    return None if ok else f"{name} must be {_TYPE_NAMES[hint]}, got {value!r}"
 
 
 @dataclass
@@ -51,8 +73,20 @@ class RunConfig:
     hub_endpoint: str | None = field(default=None, metadata={"help": "Another Hub endpoint (default: HF_ENDPOINT or huggingface.co)."})
     license: str | None = field(default=None, metadata={"help": "License id for the model card (a grown model inherits its base's)."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model (off unless given)."})
 
     def __post_init__(self):
+        # Types first: a string learning rate must fail here, not after the probe has run.
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):
+            problem = _type_error(f.name, getattr(self, f.name), hints[f.name])
+            if problem:
+                raise ValueError(problem)
+        for name in ("train_fraction", "held_out_fraction", "test_fraction", "learning_rate", "delta"):
+            setattr(self, name, float(getattr(self, name)))
+        self._check_values()
+
+    def _check_values(self):
         if self.block not in BLOCK_KINDS:
             raise ValueError(f"block must be one of {BLOCK_KINDS}, got {self.block!r}")
         if self.init not in INITS:
@@ -65,13 +99,26 @@ class RunConfig:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
         if self.stone_refine_steps < 0:
             raise ValueError(f"stone_refine_steps must be >= 0, got {self.stone_refine_steps}")
-        for name in ("block_size", "batch_size", "train_steps", "num_blocks"):
+        if self.trainable not in TRAINABLE:
+            raise ValueError(f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
+        if self.positions is not None and (not self.positions or min(self.positions) < 0):
+            raise ValueError(f"positions must be a non-empty list of ints >= 0, got {self.positions}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        for name in ("max_examples", "probe_max_batches", "stone_max_batches"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
+        if self.loss_bound is not None and not self.loss_bound > 0:
+            raise ValueError(f"loss_bound must be > 0 or None, got {self.loss_bound}")
+        for name in ("block_size", "batch_size", "train_steps", "num_blocks", "eval_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
-        if self.push_to_hub is not None and not str(self.push_to_hub).strip():
+        if self.push_to_hub is not None and not self.push_to_hub.strip():
             raise ValueError("push_to_hub needs a repo id such as 'me/grown-smollm2'")
+        if self.loss_bound is not None:
+            self.loss_bound = float(self.loss_bound)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, **overrides) -> "RunConfig":

@@ -7,6 +7,7 @@ arguments are those of the single function they were cut from, so a run's number
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 import time
@@ -17,9 +18,16 @@ import torch
 import yaml
 
 from ..growth.engine import grow_depth
+from ..hub.loading import EMBEDDED_HUB_IDS, public_name
 from ..plots import plot_training
+from .checks import check_run
 from .config import RunConfig
+from .output import staged_output
 from .summary import probe_summary, write_summary
+
+
+class PushFailed(RuntimeError):
+    """The run succeeded and its outputs are on disk; only the push to the Hub failed."""
 
 
 @dataclass
@@ -68,27 +76,30 @@ class _Run:
         return dict(block=self.cfg.block, init=self.cfg.init, seed=self.cfg.seed)
 
 
-def _prepare_output(path: Path, overwrite: bool) -> None:
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        if not overwrite:
-            raise FileExistsError(f"{path} exists and is not empty; pass --overwrite to replace it")
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    path.mkdir(parents=True, exist_ok=True)
+def public_command(command: str | None) -> str | None:
+    """The command line with every local absolute path cut to its last part (cards and reports are public)."""
+    if not command:
+        return command
+
+    def cut(token: str) -> str:
+        flag, eq, value = token.partition("=") if token.startswith("--") else ("", "", token)
+        if value.startswith(("/", "~")) or Path(value).is_absolute():
+            value = Path(value).expanduser().name or value
+        return flag + eq + value
+
+    return shlex.join(cut(t) for t in shlex.split(command))
 
 
 def _load(run: _Run) -> None:
     """Model, tokenizer and the seeded train / held-out / test splits."""
     from ..data.sources import load_data, split_dataset
-    from ..hub.loading import base_model_path, load_model
+    from ..hub.loading import load_model
 
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
     run.log(f"loading model {cfg.model!r}")
-    run.model, run.tokenizer = load_model(cfg.model)
-    run.base_name = base_model_path(cfg.model)
+    run.model, run.tokenizer = load_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    run.base_name = public_name(cfg.model)
     run.model.eval()
     data = load_data(cfg.data, model=run.model, tokenizer=run.tokenizer, block_size=cfg.block_size, max_examples=cfg.max_examples, seed=cfg.seed)
     run.splits = split_dataset(
@@ -186,6 +197,8 @@ def _evaluate(run: _Run) -> None:
     run.eval_result = evaluate_delta(
         run.model, test_ds, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size, routes=routes, progress=cfg.progress
     )
+    for side, name in (("old", f"{run.base_name} (new blocks bypassed)"), ("new", f"{run.base_name} grown at {run.positions}")):
+        run.eval_result.models.setdefault(side, {})["name_or_path"] = name  # not a local path
     title = f"{Path(run.base_name).name} grown at {run.positions}"
     run.report_paths = write_report(run.eval_result, run.out / "eval", title=title, command=run.command)
     run.lap("evaluate")
@@ -197,7 +210,7 @@ def _grown_summary(run: _Run) -> dict:
     return {
         "decision": "grew",
         "base_model": run.base_name,
-        "data": run.cfg.data,
+        "data": public_name(run.cfg.data),
         "positions": run.positions,
         "why": run.why,
         "probe": probe_summary(run.probe_result),
@@ -224,29 +237,36 @@ def _save(run: _Run, summary: dict) -> None:
     from ..hub.serialization import save_pretrained
 
     cfg = run.cfg
+    # The card is public: inputs by Hub id or folder name, never a path on this machine.
+    config = {**cfg.to_dict(), "model": run.base_name, "data": public_name(cfg.data), "output_dir": Path(cfg.output_dir).resolve().name}
     card = render_model_card(
         CardInfo.from_model(
-            run.model, base_model=run.base_name,
-            base_model_id="HuggingFaceTB/SmolLM2-135M-Instruct" if cfg.model == "smollm2" else None,
+            run.model, base_model=run.base_name, base_model_id=EMBEDDED_HUB_IDS.get(cfg.model),
             repo_id=cfg.push_to_hub, probe=run.probe_result, training=run.train_result, evaluation=run.eval_result,
-            config=cfg.to_dict(), command=run.command, datasets=[cfg.data], license=cfg.license,
+            config=config, command=run.command, datasets=[public_name(cfg.data)], license=cfg.license,
         )
     )  # fmt: skip
     model_dir = save_pretrained(run.model, run.out / "model", tokenizer=run.tokenizer)
     card.save(str(model_dir / "README.md"))
     for name in ("json", "markdown"):
         shutil.copy(run.report_paths[name], model_dir / Path(run.report_paths[name]).name)
-    summary["artifacts"] = {
-        "model": str(model_dir),
-        "report": str(run.report_paths["markdown"]),
-        "probe_plot": str(run.out / "probe" / "probe.png"),
-        "loss_plot": str(run.out / "train" / "loss.png"),
-    }
+    # Relative to the output folder: the run is written in a temp folder and moved into place.
+    summary["artifacts"] = {"model": "model", "report": "eval/report.md", "probe_plot": "probe/probe.png", "loss_plot": "train/loss.png"}
     run.lap("save")
-    if cfg.push_to_hub:
-        from ..hub.push import push_to_hub
 
-        summary["pushed"] = push_to_hub(model_dir, cfg.push_to_hub, private=cfg.hub_private, endpoint=cfg.hub_endpoint)
+
+def _push(cfg: RunConfig, out: Path, summary: dict) -> None:
+    """Push `out/model`; on failure the summary records it and `PushFailed` says where the outputs are."""
+    from ..hub.push import push_to_hub
+
+    try:
+        summary["pushed"] = push_to_hub(out / "model", cfg.push_to_hub, private=cfg.hub_private, endpoint=cfg.hub_endpoint)
+    except Exception as err:
+        reason = " ".join(str(err).split())[:300] or type(err).__name__
+        summary["push_error"] = reason
+        write_summary(out, summary)
+        raise PushFailed(f"the run finished and its outputs and summary are in {cfg.output_dir}, but pushing to {cfg.push_to_hub} failed: {reason}") from err
+    write_summary(out, summary)
 
 
 def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
@@ -263,27 +283,34 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
         >>> print(summary_markdown(result.summary))
         ```
     """
+    check_run(cfg)  # everything that can be checked before the model loads and the output folder changes
     out = Path(cfg.output_dir)
-    _prepare_output(out, cfg.overwrite)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    run = _Run(cfg, out, command)
+    with staged_output(out) as tmp:
+        (tmp / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        run = _Run(cfg, tmp, public_command(command))
+        summary = _stages(run)
+        write_summary(tmp, summary)
+    if cfg.push_to_hub and summary["decision"] == "grew":
+        _push(cfg, out, summary)
+    return RunResult(out, summary, run.model)
+
+
+def _stages(run: _Run) -> dict:
+    """Every stage in order, writing into `run.out`; returns the summary."""
     _load(run)
     _probe(run)
     if not _choose_positions(run):
-        summary = {
+        run.log("the probe found no observable first-order signal: not growing (pass --force to grow anyway)")
+        return {
             "decision": "do not grow",
             "reason": run.probe_result.recommendation.get("reason"),
             "probe": probe_summary(run.probe_result),
             "timings_s": run.timings,
         }
-        write_summary(out, summary)
-        run.log("the probe found no observable first-order signal: not growing (pass --force to grow anyway)")
-        return RunResult(out, summary, run.model)
     _stepping_stones(run)
     _grow_and_train(run)
     _evaluate(run)
     summary = _grown_summary(run)
     _save(run, summary)
     summary["timings_s"] = run.timings
-    write_summary(out, summary)
-    return RunResult(out, summary, run.model)
+    return summary

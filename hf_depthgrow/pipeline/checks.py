@@ -1,0 +1,63 @@
+"""Everything `run_pipeline` checks before its first expensive or destructive step (model load, output folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..data.sources import EMBEDDED_SOURCES
+from ..hub.loading import check_model_source
+from .output import check_output_dir
+
+# File endings of local data (`data.sources._read_local`): a name ending so is a missing file, not a Hub id.
+_DATA_SUFFIXES = (".txt", ".csv", ".json", ".jsonl", ".parquet", ".tsv", ".md")
+
+
+def check_data_source(source: str) -> None:
+    """Refuse a data source that is neither embedded, nor an existing file/folder, nor a possible Hub dataset id."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if source in EMBEDDED_SOURCES or Path(source).expanduser().exists():
+        return
+    looks_local = source.startswith((".", "/", "~")) or source.count("/") > 1 or source.lower().endswith(_DATA_SUFFIXES)
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        looks_local = True
+    if looks_local:
+        raise FileNotFoundError(f"no such data file or folder: {source}")
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)  # what huggingface_hub itself obeys (read from HF_HUB_OFFLINE at import)
+
+
+def check_push(repo_id: str, endpoint: str | None) -> None:
+    """Repo id form, HF_HUB_OFFLINE, a token, and one cheap `whoami` call: a push that must fail fails now."""
+    from huggingface_hub import HfApi, get_token
+
+    from ..hub.push import check_repo_id
+
+    check_repo_id(repo_id)
+    if "/" not in repo_id:  # also refused by check_repo_id; kept so a run never pushes to an implied owner
+        raise ValueError(f"push_to_hub needs 'namespace/name' (an explicit owner), got {repo_id!r}")
+    if _offline():
+        raise ValueError(f"cannot push to {repo_id}: HF_HUB_OFFLINE is set")
+    token = get_token()
+    if not token:
+        raise ValueError(f"cannot push to {repo_id}: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
+    try:
+        HfApi(endpoint=endpoint).whoami(token=token)
+    except Exception as err:  # any failure here means the push would fail after the whole run
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        raise ValueError(f"cannot push to {repo_id}: the Hub did not accept the token or is unreachable ({reason})") from None
+
+
+def check_run(cfg) -> None:
+    """Inputs, output folder and push prerequisites of a run; raises one-line errors and touches nothing."""
+    check_model_source(cfg.model)
+    check_data_source(cfg.data)
+    check_output_dir(cfg.output_dir, overwrite=cfg.overwrite, inputs={"model": cfg.model, "data": cfg.data})
+    if cfg.push_to_hub is not None:
+        check_push(cfg.push_to_hub, cfg.hub_endpoint)
