@@ -58,7 +58,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a saved file gets the usual permissions
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a saved file gets the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -71,7 +71,8 @@ def write_json(path: str | os.PathLike, data, *, indent: int = 2) -> Path:
     return atomic_write_text(path, json.dumps(json_safe(data), indent=indent, sort_keys=True, allow_nan=False) + "\n")
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process umask (read without changing it for good)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -326,5 +326,40 @@ def test_report_says_which_view_of_one_model_each_side_is(grown_llama, lm_rows):
     grown.config._name_or_path = "/models/tiny-llama"
     text = render_markdown(evaluate_delta(grown, lm_rows, n_bootstrap=50, metrics=False))
     line = next(l for l in text.splitlines() if l.startswith("Old = "))
-    assert "/models/tiny-llama, the grown model with its new blocks bypassed" in line
-    assert "new = /models/tiny-llama, grown to" in line and "new blocks at stack index [" in line
+    assert "= tiny-llama, the grown model with its new blocks bypassed" in line  # a folder name, never the path
+    assert "/models/" not in text and "new = tiny-llama, grown to" in line and "new blocks at stack index [" in line
+
+
+def _block_network(monkeypatch):
+    import socket
+
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    return attempts
+
+
+@pytest.mark.parametrize("var", ["HF_HUB_OFFLINE", "HF_EVALUATE_OFFLINE", "HF_DATASETS_OFFLINE"])
+def test_offline_classifier_evaluation_makes_no_network_call(var, monkeypatch):
+    for other in ("HF_HUB_OFFLINE", "HF_EVALUATE_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setenv(var, "1")
+    monkeypatch.setattr(ev_metrics, "_HF_METRICS", {})
+    attempts = _block_network(monkeypatch)
+    grown = grow_depth(tiny_model("bert"), [1], block="adapter")
+    batch = tiny_inputs(grown, batch=6, seq=8, seed=1)
+    res = evaluate_delta(grown, _rows(batch), batch_size=4, loss_bound=5.0, n_bootstrap=50)  # use_evaluate=True
+    assert attempts == []
+    assert res.metrics["source"] == (
+        f"hf_depthgrow numpy (scikit-learn definitions); evaluate not used: {var} is set "
+        "(offline: evaluate.load would look metric scripts up on the Hub)"
+    )
+    preds = np.array([0, 1, 1, 0])
+    assert ev_metrics.classification_metrics(preds, preds, num_labels=2)[0] == {"accuracy": 1.0, "f1_binary": 1.0}

@@ -15,7 +15,7 @@ from huggingface_hub.utils import _runtime
 from hf_depthgrow import grow_depth, save_pretrained
 from hf_depthgrow.hub.push import HubUnreachableError, push_model_to_hub, push_to_hub
 from hf_depthgrow.hub.model_card import CardInfo, render_model_card, validate_card_metadata
-from hf_depthgrow.hub.serialization import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from hf_depthgrow.hub.serialization import ADAPTER_CONFIG, ADAPTER_WEIGHTS, MARKER
 from hf_depthgrow.testing import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parent))  # fake_hub.py sits beside this file, whatever pytest's import mode
@@ -167,7 +167,8 @@ def test_push_model_to_hub_saves_card_and_report_files(plain_hub, grown_llama, t
     readme = _assert_card(uploaded["README.md"].decode(), library_name="transformers", base_model=BASE, model_type="llama")
     assert readme.data.license == "apache-2.0"
     assert readme.data.datasets == ["stanfordnlp/imdb"]  # the local path stays in the text
-    assert str(tmp_path) in readme.text and "growth" in readme.text.lower()
+    assert str(tmp_path) not in readme.text and tmp_path.name in readme.text  # local paths: by name only
+    assert "growth" in readme.text.lower()
 
 
 def test_adapters_only_push_uploads_only_the_adapter_files(plain_hub, adapter_bert, tmp_path):
@@ -175,7 +176,7 @@ def test_adapters_only_push_uploads_only_the_adapter_files(plain_hub, adapter_be
     push_model_to_hub(adapter_bert, "me/bert-adapters", adapters_only=True, base_model=base, endpoint=plain_hub.endpoint)
 
     uploaded = plain_hub.files("me/bert-adapters")
-    assert set(uploaded) == {ADAPTER_WEIGHTS, ADAPTER_CONFIG, "README.md"}
+    assert set(uploaded) == {ADAPTER_WEIGHTS, ADAPTER_CONFIG, "README.md", MARKER}
     reference = save_pretrained(adapter_bert, tmp_path / "ref", adapters_only=True, base_model=base)
     assert uploaded[ADAPTER_WEIGHTS] == (reference / ADAPTER_WEIGHTS).read_bytes()
     assert uploaded[ADAPTER_CONFIG] == (reference / ADAPTER_CONFIG).read_bytes()
@@ -206,6 +207,16 @@ def test_no_push_without_a_valid_repo_id(plain_hub, grown_llama, tmp_path, repo_
         push_to_hub(folder, repo_id, endpoint=plain_hub.endpoint)
     with pytest.raises(ValueError, match="repo_id"):
         push_model_to_hub(grown_llama, repo_id, endpoint=plain_hub.endpoint)
+    assert plain_hub.requests == []
+
+
+def test_repo_id_without_namespace_is_refused_before_any_request(plain_hub, grown_llama, tmp_path):
+    folder = save_pretrained(grown_llama, tmp_path / "grown")
+    expected = r"^repo_id 'grown' has no namespace: pass 'namespace/name', e.g. 'your-name/grown'$"
+    with pytest.raises(ValueError, match=expected):
+        push_to_hub(folder, "grown", token=TOKEN, endpoint=plain_hub.endpoint)
+    with pytest.raises(ValueError, match=expected):
+        push_model_to_hub(grown_llama, "grown", token=TOKEN, endpoint=plain_hub.endpoint)
     assert plain_hub.requests == []
 
 

@@ -271,8 +271,9 @@ def test_local_dataset_paths_stay_out_of_metadata(tmp_path):
     assert card.data.datasets == ["stanfordnlp/imdb"]
     header = _header(card.content)
     assert str(tmp_path) not in header and "shakespeare" not in header and "train.jsonl" not in header
-    for name in datasets:
+    for name in ["corpus.txt", "stanfordnlp/imdb", "shakespeare", "./data/train.jsonl", tmp_path.name]:
         assert f"`{name}`" in card.text or name in card.text, name
+    assert str(tmp_path) not in card.text  # local absolute paths are named by their file or folder name
     assert "[stanfordnlp/imdb](https://huggingface.co/datasets/stanfordnlp/imdb)" in card.text
     validate_card_metadata(card)
 
@@ -280,9 +281,9 @@ def test_local_dataset_paths_stay_out_of_metadata(tmp_path):
 def test_local_base_model_stays_out_of_metadata(tmp_path):
     card = render_model_card(minimal_info(base_model=str(tmp_path)))
     assert "base_model" not in card.data.to_dict()
-    assert f"a local checkpoint at `{tmp_path}`" in card.text
+    assert f"a local checkpoint at `{tmp_path.name}`" in card.text and str(tmp_path) not in card.text
     named = render_model_card(minimal_info(base_model=str(tmp_path), base_model_id=BASE))
-    assert named.data.base_model == BASE and str(tmp_path) in named.text
+    assert named.data.base_model == BASE and tmp_path.name in named.text and str(tmp_path) not in named.text
 
 
 def test_validate_rejects_what_the_hub_would():
@@ -349,3 +350,30 @@ def test_card_info_fields_are_documented():
     for f in fields(CardInfo):
         assert f"{f.name}:" in doc, f.name
         assert f.metadata.get("help"), f.name
+
+
+def test_card_and_report_of_a_model_loaded_from_a_tmp_path_name_no_local_path(tmp_path):
+    import warnings
+
+    from hf_depthgrow import grow_depth, load_pretrained, save_pretrained
+    from hf_depthgrow.evaluation import evaluate_delta, write_report
+    from hf_depthgrow.testing import tiny_inputs, tiny_model
+
+    save_pretrained(grow_depth(tiny_model("llama"), [1]), tmp_path / "grown-llama")
+    model = load_pretrained(tmp_path / "grown-llama")
+    assert str(tmp_path) in model.config._name_or_path  # what transformers records: the absolute path
+    card = render_model_card(CardInfo.from_model(model, datasets=[str(tmp_path / "train.txt")],
+                                                 command=f"hf-depthgrow grow --model {tmp_path}/base --out {tmp_path}/grown-llama"))
+    assert str(tmp_path) not in str(card) and "`grown-llama`" in card.text
+    batch = tiny_inputs(model, batch=4, seq=6, seed=0)
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = evaluate_delta(model, rows, loss_bound=10.0, n_bootstrap=20, use_evaluate=False)
+    result.models["new"]["name_or_path"] = str(tmp_path / "grown-llama")  # as the CLI names it: the path it was given
+    paths = write_report(result, tmp_path / "out", command=f"hf-depthgrow eval --model {tmp_path}/grown-llama",
+                         extra={"model": str(tmp_path / "grown-llama")})
+    for name in ("json", "markdown"):
+        text = paths[name].read_text()
+        assert str(tmp_path) not in text and "grown-llama" in text, name
+    assert str(tmp_path) not in result.to_json()

@@ -113,9 +113,9 @@ def load_smollm2_gguf():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(path.parent), path.name
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True, trust_remote_code=False).eval()
     # No local_files_only here: the tokenizer would write it into the tokenizer_config.json we save.
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
     return model, tokenizer
 
 
@@ -334,8 +334,8 @@ def load_smollm2(dtype: torch.dtype = torch.float32, cache_dir: str | os.PathLik
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = smollm2_path(cache_dir)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, trust_remote_code=False).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     return model, tokenizer
 
 

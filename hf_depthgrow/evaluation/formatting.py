@@ -8,8 +8,51 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
+from pathlib import PurePosixPath
 
 MISSING = "–"  # what a table shows for a value that was not measured
+
+# An absolute local path (`/a/b...` or `~/a...`) inside text; not a URL's path (after `:`, `/` or a word).
+_ABS_PATH = re.compile(r"(?<![\w.:/~\\-])~?/[^\s/'\"`<>|(),;\[\]]+(?:/[^\s/'\"`<>|(),;\[\]]*)+")
+# The Hub cache stores a repository as `.../models--owner--name/snapshots/<rev>`: that is its Hub id.
+_CACHE_REPO = re.compile(r"(?:models|datasets|spaces)--([\w.-]+?)--([\w.-]+)")
+
+
+def public_name(path: str) -> str:
+    """How a report or card names a local path: the Hub id of a Hub-cache folder, else the folder name.
+
+    Absolute paths say where files sat on one machine (a home or temp folder), nothing about the model.
+
+    Example:
+        ```python
+        >>> public_name("/home/me/.cache/huggingface/hub/models--HuggingFaceTB--SmolLM2-135M/snapshots/abc")
+        'HuggingFaceTB/SmolLM2-135M'
+        >>> public_name("/tmp/run3/model"), public_name("runs/x/model")
+        ('model', 'runs/x/model')
+        ```
+    """
+    if not isinstance(path, str) or not path.startswith(("/", "~/")):
+        return path
+    cached = _CACHE_REPO.search(path)
+    if cached:
+        return f"{cached.group(1)}/{cached.group(2)}"
+    return PurePosixPath(path.rstrip("/")).name or path
+
+
+def scrub_paths(value):
+    """`value` (text, or dicts/lists of it) with every absolute local path replaced by `public_name`."""
+    if isinstance(value, str):
+        def name(m):
+            text, dot = (m.group(0)[:-1], ".") if m.group(0).endswith(".") else (m.group(0), "")
+            return public_name(text) + dot
+
+        return _ABS_PATH.sub(name, value)
+    if isinstance(value, dict):
+        return {k: scrub_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(scrub_paths(v) for v in value)
+    return value
 
 
 def format_value(x, digits: int = 4) -> str:

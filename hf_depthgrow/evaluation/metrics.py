@@ -1,6 +1,9 @@
 """Task metrics of a paired evaluation: accuracy and F1 for classifiers, perplexity for causal LMs.
 
-Accuracy and F1 go through Hugging Face `evaluate` where `evaluate.load` works. The HF package is
+Accuracy and F1 go through Hugging Face `evaluate` where `evaluate.load` works and the process is
+online; offline (`HF_HUB_OFFLINE`, `HF_EVALUATE_OFFLINE` or `HF_DATASETS_OFFLINE` set) it is never
+called, since it looks metric scripts up on the Hub even when told the Hub is offline, and the
+built-in numpy definitions are exact (identical to scikit-learn's). The HF package is
 imported lazily (it takes seconds) under the alias `hf_evaluate`; this subpackage is
 `hf_depthgrow.evaluation`, so `import evaluate` always finds Hugging Face's package, never ours.
 """
@@ -8,17 +11,32 @@ imported lazily (it takes seconds) under the alias `hf_evaluate`; this subpackag
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 _HF_METRICS: dict[str, tuple[object | None, str | None]] = {}
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_EVALUATE_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def offline_reason() -> str | None:
+    """Which setting makes this process offline, or `None` when it is online."""
+    for var in _OFFLINE_VARS:
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var} is set (offline: evaluate.load would look metric scripts up on the Hub)"
+    from huggingface_hub import constants
+
+    return "huggingface_hub offline mode is on" if constants.is_offline_mode() else None
 
 
 def _load_hf_metric(name: str):
     """`evaluate.load(name)`, remembered per process; `(None, reason)` where it is unavailable.
 
-    Offline, `evaluate.load("accuracy")` fails: metric scripts live on the Hub and none is cached.
+    Offline it is not called at all (not remembered either: going online later can still use it).
     """
+    offline = offline_reason()
+    if offline:
+        return None, offline
     if name not in _HF_METRICS:
         try:
             import evaluate as hf_evaluate

@@ -29,6 +29,7 @@ from ..growth.record import growth_record
 from ..losses import ExampleLosses, example_losses, is_causal_lm, model_inputs
 from .bounds import INTERVALS, paired_intervals
 from .checks import check_level, check_same_head, prepare_batches, split_batch
+from .formatting import public_name
 from .metrics import task_metrics
 from .result import EvalResult, NonFiniteLossError
 from .routes import RouteInputs, route_bounds
@@ -242,7 +243,7 @@ def describe_model(model: nn.Module) -> dict:
     record = growth_record(model)
     return {
         "class": type(model).__name__,
-        "name_or_path": getattr(model.config, "_name_or_path", "") or "",
+        "name_or_path": public_name(getattr(model.config, "_name_or_path", "") or ""),  # never a local absolute path
         "num_layers": getattr(model.config, "num_hidden_layers", None),
         "grown": bool(record),
         "growth": {k: v for k, v in record.to_dict().items() if k in ("base_num_layers", "native_indices", "adapters")} if record else None,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..utils import json_safe, package_version
 from .bounds import INTERVALS
-from .formatting import format_value, table_cell
+from .formatting import format_value, scrub_paths, table_cell
 from .result import EvalResult
 
 PLOTS = {"differences": "eval_differences.png", "intervals": "eval_intervals.png"}
@@ -144,19 +144,19 @@ def render_markdown(
         ```
     """
     r = result
-    lines = _header_lines(r, title) + _loss_lines(r) + _interval_lines(r)
+    lines = scrub_paths(_header_lines(r, title)) + _loss_lines(r) + _interval_lines(r)
     if r.routes:
         lines += _route_lines(r)
     if extra:
-        lines += ["", "## Setup", ""] + [f"- {k}: {v}" for k, v in extra.items()]
+        lines += ["", "## Setup", ""] + [scrub_paths(f"- {k}: {v}") for k, v in extra.items()]
     if r.warnings:
-        lines += ["", "## Notes", ""] + [f"- {w}" for w in r.warnings]
+        lines += ["", "## Notes", ""] + [scrub_paths(f"- {w}") for w in r.warnings]
     if plots:
         lines += ["", "## Figures", ""]
         lines += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
     lines += HOW_TO_READ
     if command:
-        lines += ["", "Command:", "", "```bash", command, "```"]
+        lines += ["", "Command:", "", "```bash", scrub_paths(command), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -182,9 +182,9 @@ def write_report(
     }
     data = result.to_dict()
     if command:
-        data["command"] = command
+        data["command"] = scrub_paths(command)
     if extra:
-        data["extra"] = json_safe(extra)
+        data["extra"] = scrub_paths(json_safe(extra))
     data["hf_depthgrow_version"] = package_version()
     (out / "report.json").write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
     (out / "report.md").write_text(render_markdown(result, title=title, command=command, plots=plots, extra=extra))

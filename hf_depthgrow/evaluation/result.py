@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..utils import json_number, json_safe
 from .bounds import INTERVALS
+from .formatting import scrub_paths
 
 
 class NonFiniteLossError(ValueError):
@@ -90,6 +91,8 @@ class EvalResult:
         out["intervals"] = {k: list(v) for k, v in self.intervals.items()}
         out["confidence"] = self.confidence
         out["verdict"] = self.verdict
+        # Model names and notes may carry where files sat on this machine: reports name them by id or folder.
+        out["models"], out["warnings"] = scrub_paths(out["models"]), scrub_paths(out["warnings"])
         return json_safe(out)
 
     def to_json(self, path: str | Path | None = None, **kwargs) -> str:

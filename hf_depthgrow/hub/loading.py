@@ -126,7 +126,7 @@ def _load_weights(source: str, config, task: str | None, kwargs: dict):
         raise ValueError(f"{source}: config.architectures is not set; pass task= (one of {TASKS})")
     if is_adapter_folder:
         raise ValueError(f"{source} is a grown {config.architectures} model; it cannot be loaded as {task}")
-    return getattr(transformers, _AUTO_CLASSES[task][0]).from_pretrained(source, **kwargs)
+    return getattr(transformers, _AUTO_CLASSES[task][0]).from_pretrained(source, use_safetensors=True, **kwargs)
 
 
 def load_model(

@@ -25,6 +25,7 @@ from typing import Mapping
 import yaml
 from huggingface_hub import ModelCard
 
+from ..evaluation.formatting import scrub_paths
 from .card_info import CardInfo, as_card_info, head_of, hub_link, looks_like_hub_id
 from .card_metadata import card_metadata, framework_versions, library_name, split_datasets, validate_card_metadata
 from .card_sections import evaluation_section, growth_section, plain, probe_section, selection_section, training_section
@@ -178,7 +179,9 @@ def card_context(info: "CardInfo | Mapping") -> dict:
         "evaluation": evaluation_section(info.evaluation),
         "selection": selection_section(info.selection, info.training),
     }
-    return {**_details(info, base, library), "load": load, **sections, **_reproduction(info)}
+    context = {**_details(info, base, library), "load": load, **sections, **_reproduction(info)}
+    # A card is public: local absolute paths (home, cache, temp folders) become a Hub id or a folder name.
+    return scrub_paths(context)
 
 
 def render_model_card(info: "CardInfo | Mapping", *, template_path: str | os.PathLike | None = None) -> ModelCard:

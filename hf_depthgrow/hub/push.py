@@ -75,6 +75,8 @@ def check_repo_id(repo_id) -> str:
         validate_repo_id(repo_id)
     except HFValidationError as err:
         raise ValueError(f"repo_id {repo_id!r} is not a valid Hub repository id ('namespace/name'): {err}") from err
+    if repo_id.count("/") != 1:  # a bare name would land in whichever account the token belongs to
+        raise ValueError(f"repo_id {repo_id!r} has no namespace: pass 'namespace/name', e.g. 'your-name/{repo_id}'")
     return repo_id
 
 

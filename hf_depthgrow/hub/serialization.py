@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..growth.adapter import POST, PRE
 from ..growth.engine import reattach_adapters
 from ..growth.families import resolve_family
 from ..growth.record import RECORD_KEY, GrowthRecord, InvalidGrowthRecordError, growth_record, store_record
+from ..utils import umask
 
 ADAPTER_WEIGHTS = "depthgrow_adapters.safetensors"
 ADAPTER_CONFIG = "depthgrow_adapters.json"
@@ -52,20 +54,111 @@ def _adapters_detached(model: nn.Module):
             module._modules[name] = blocks
 
 
-def _atomic_dir(path: Path):
+MARKER = ".hf_depthgrow"  # written last into every saved folder: "hf_depthgrow wrote this, completely"
+_LEFTOVER = r"^\.{name}\.(tmp|old)-(\d+)(-[A-Za-z0-9_]+)?$"  # our temp/backup names only, nothing else
+_ACTIVE: set[str] = set()  # temp folders of saves running in this process (never "stale")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # someone else's live process (or unknowable): leave its files alone
+    return True
+
+
+def _leftovers(path: Path) -> list[tuple[str, Path]]:
+    """`(kind, folder)` for each temp/backup of `path` left by a dead save (`kind` is "tmp" or "old")."""
+    if not path.parent.is_dir():
+        return []
+    pattern = re.compile(_LEFTOVER.format(name=re.escape(path.name)))
+    found = []
+    for entry in path.parent.iterdir():
+        m = pattern.match(entry.name)
+        if not m or str(entry) in _ACTIVE or entry.is_symlink() or not entry.is_dir():
+            continue
+        pid = int(m.group(2))
+        if pid == os.getpid() or not _pid_alive(pid):
+            found.append((m.group(1), entry))
+    return found
+
+
+def _recover(path: Path) -> None:
+    """Finish or roll back a save of `path` that died between its steps, then drop its leftovers.
+
+    A missing target is put back from the newest complete temp (its marker is written last, so
+    the save it holds was whole: finish it), else from the backup the dead save moved aside (roll
+    back). Only folders named like this module's own temps and backups are touched.
+    """
+    leftovers = _leftovers(path)
+    if not leftovers:
+        return
+    if not os.path.lexists(path):
+        complete = sorted((p for kind, p in leftovers if kind == "tmp" and (p / MARKER).is_file()), key=lambda p: p.stat().st_mtime)
+        backups = [p for kind, p in leftovers if kind == "old"]
+        source = complete[-1] if complete else (backups[0] if backups else None)
+        if source is not None:
+            os.replace(source, path)
+            leftovers = [(k, p) for k, p in leftovers if p != source]
+    for _, p in leftovers:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _is_model_save(path: Path) -> bool:
+    """A folder this tool (or transformers) saved a model into: replacing it is the normal case."""
+    if (path / MARKER).is_file() or (path / ADAPTER_CONFIG).is_file():
+        return True
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def _check_target(path: Path) -> None:
+    """Refuse to replace a file or a folder of unrelated files (replacing deletes them)."""
+    if os.path.islink(path) or (os.path.lexists(path) and not path.is_dir()):
+        raise FileExistsError(f"{path} exists and is not a folder: save_pretrained writes a folder there; remove it or choose another path")
+    if path.is_dir() and any(path.iterdir()) and not _is_model_save(path):
+        raise FileExistsError(
+            f"{path} is a folder that holds no saved model (no {MARKER}, config.json with safetensors weights, or "
+            f"{ADAPTER_CONFIG}): saving would delete its files; choose an empty or new folder"
+        )
+
+
+def _atomic_dir(path: Path) -> Path:
     """A temp folder beside `path`; `_commit` moves it into place so readers never see half a save."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+    _ACTIVE.add(str(tmp))
+    os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes 0700; a saved folder gets the usual permissions
+    return tmp
+
+
+def _finish_tmp(tmp: Path) -> None:
+    """Usual permissions (safetensors writes files 0600, mkdtemp folders 0700), then the marker, last."""
+    from .. import __version__
+
+    mask = umask()
+    for root, dirs, files in os.walk(tmp):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~mask)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o666 & ~mask)
+    (tmp / MARKER).write_text(json.dumps({"hf_depthgrow": __version__}) + "\n")
+    os.chmod(tmp / MARKER, 0o666 & ~mask)
 
 
 def _commit(tmp: Path, path: Path) -> None:
-    if path.exists():
-        backup = path.with_name(f".{path.name}.old-{os.getpid()}")
-        os.replace(path, backup)
+    if not os.path.lexists(path):
         os.replace(tmp, path)
-        shutil.rmtree(backup, ignore_errors=True)
-    else:
+        return
+    backup = path.with_name(f".{path.name}.old-{os.getpid()}")
+    os.replace(path, backup)
+    try:
         os.replace(tmp, path)
+    except BaseException:
+        os.replace(backup, path)  # roll back: the previous save is back in place
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
 
 
 def save_pretrained(
@@ -96,6 +189,8 @@ def save_pretrained(
     """
     path = Path(path)
     record = growth_record(model)
+    _recover(path)
+    _check_target(path)
     tmp = _atomic_dir(path)
     try:
         if adapters_only:
@@ -115,10 +210,13 @@ def save_pretrained(
             save_file(_adapter_state(model), str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        _finish_tmp(tmp)
         _commit(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _ACTIVE.discard(str(tmp))
     return path
 
 
@@ -139,21 +237,51 @@ def _model_class(architectures):
     return cls
 
 
+def _check_local_folder(folder: Path, trust_remote_code: bool) -> None:
+    """Refuse, before transformers reads it, a folder whose loading would run code: custom code
+    (`auto_map`) unless trusted, or weights only in a pickle format (never unpickled here)."""
+    config = folder / "config.json"
+    if not trust_remote_code and config.is_file():
+        try:
+            auto_map = json.loads(config.read_text(encoding="utf-8")).get("auto_map")
+        except (ValueError, AttributeError):
+            auto_map = None  # transformers reports a broken config.json itself
+        if auto_map:
+            raise ValueError(
+                f"{folder.name}: config.json has auto_map {sorted(auto_map)!r} (custom code shipped with the model); "
+                "hf_depthgrow does not run it. Pass trust_remote_code=True only if you trust that code."
+            )
+    if (folder / "config.json").is_file() and not any(folder.glob("*.safetensors")):
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in (".bin", ".pt", ".pth", ".pkl", ".ckpt"))
+        raise ValueError(
+            f"{folder.name} has no .safetensors weights" + (f" (only pickle files {pickles}, which are never unpickled)" if pickles else "")
+            + ": load_pretrained reads safetensors only; convert the checkpoint to safetensors first"
+        )
+
+
 def load_pretrained(path: str | os.PathLike, *, base_model: str | os.PathLike | None = None, **kwargs) -> nn.Module:
     """Load a model saved by `save_pretrained`: native, adapter, or adapters-only with its base.
 
     `kwargs` go to transformers' `from_pretrained` (e.g. `dtype=`); `trust_remote_code` stays off
-    unless passed.
+    (passed as `False`) unless given, and weights are read from safetensors only.
     """
     path = Path(path)
+    with contextlib.suppress(OSError):  # a read-only location still loads; a missing target then fails below
+        _recover(path)  # a save of this folder that died half-way is finished or rolled back first
+    kwargs.setdefault("trust_remote_code", False)
+    kwargs["use_safetensors"] = True  # never fall back to a pickle checkpoint
+    trusted = bool(kwargs["trust_remote_code"])
     if (path / ADAPTER_CONFIG).exists():
         meta = json.loads((path / ADAPTER_CONFIG).read_text())
         base = base_model or meta["base_model"]
+        if Path(base).is_dir():
+            _check_local_folder(Path(base), trusted)
         model = _model_class(meta.get("architectures")).from_pretrained(str(base), **kwargs)
         record = GrowthRecord.from_dict(meta[RECORD_KEY])
         state = load_file(str(path / ADAPTER_WEIGHTS))
     else:
-        config = transformers.AutoConfig.from_pretrained(str(path))
+        _check_local_folder(path, trusted)
+        config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=trusted)
         raw = getattr(config, RECORD_KEY, None)
         record = GrowthRecord.from_dict(raw) if raw else None  # a forged record is refused before any weights load
         cls = _model_class(config.architectures)
