@@ -8,7 +8,6 @@ a wrong tokenizer or label set fails in a second, naming the examples, not deep 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -16,7 +15,9 @@ import torch
 from torch import nn
 
 from ..data.batches import ID_COLUMNS, DataFormError, as_batches, batch_size_of, dict_kind
-from ..losses import IGNORE_INDEX, is_causal_lm
+from ..data.checks import check_batch as _check_data_batch
+from ..data.checks import vocab_sizes
+from ..losses import is_causal_lm
 
 
 def split_batch(batch: Mapping) -> tuple[dict, object | None]:
@@ -44,70 +45,9 @@ def split_batch(batch: Mapping) -> tuple[dict, object | None]:
     return tensors, ids
 
 
-def vocab_sizes(model: nn.Module) -> tuple[int | None, int | None]:
-    """Input embeddings and output vocabulary of a model (`None` where it has none, e.g. a ViT)."""
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    n_in = getattr(emb, "num_embeddings", None)
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    n_out = getattr(out, "out_features", None) or getattr(model.config, "vocab_size", None)
-    return n_in, n_out
-
-
-def _rows_where(mask: torch.Tensor, ids: list) -> list:
-    return [ids[r] for r in mask.nonzero().flatten().tolist()][:10]
-
-
-def _check_token_ids(input_ids: torch.Tensor, n_in: int, ids: list, name: str) -> None:
-    bad = ((input_ids >= n_in) | (input_ids < 0)).reshape(input_ids.shape[0], -1).any(dim=1)
-    if bad.any():
-        raise ValueError(
-            f"token ids outside the vocabulary of {name} ({n_in} embeddings): max id {int(input_ids.max())}, "
-            f"min id {int(input_ids.min())}, in examples {_rows_where(bad, ids)}. "
-            "The tokenizer does not match the model (different vocabulary)."
-        )
-
-
-def _check_lm_labels(labels: torch.Tensor, n_out: int | None, ids: list, name: str) -> None:
-    if labels.is_floating_point():
-        raise ValueError(f"causal-LM labels must be token ids, got dtype {labels.dtype}")
-    supervised = labels != IGNORE_INDEX
-    bad = (supervised & ((labels >= (n_out or math.inf)) | (labels < 0))).any(dim=1)
-    if bad.any():
-        raise ValueError(
-            f"label ids outside the output vocabulary of {name} ({n_out}) in examples {_rows_where(bad, ids)}: "
-            "the tokenizer does not match the model."
-        )
-    # The label at position 0 is never predicted (the shift), so an example needs one after it.
-    empty = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1) == 0
-    if empty.any():
-        raise ValueError(
-            f"examples {_rows_where(empty, ids)} have no supervised token (all labels after the first are "
-            f"{IGNORE_INDEX}): their loss is undefined. Drop them or fix the labels."
-        )
-
-
-def _check_class_labels(labels: torch.Tensor, num_labels: int | None, ids: list, name: str) -> None:
-    if labels.is_floating_point():
-        raise ValueError(f"classification labels must be integer classes, got dtype {labels.dtype} (regression is not supported)")
-    bad = (labels < 0) | (labels >= (num_labels or math.inf))
-    if bad.any():
-        raise ValueError(f"labels outside 0..{num_labels - 1} (the classes of {name}) in examples {_rows_where(bad, ids)}")
-
-
 def check_batch(model: nn.Module, batch: dict, ids: list, causal: bool, name: str) -> None:
-    """Raise `ValueError` naming the examples if `batch` cannot be scored by `model`."""
-    if "labels" not in batch:
-        raise ValueError(
-            f"the evaluation data has no 'labels' (keys: {sorted(batch)}): the loss needs them. "
-            "Causal LMs take labels = input_ids (-100 where unsupervised); classifiers an int class per example."
-        )
-    n_in, n_out = vocab_sizes(model)
-    if batch.get("input_ids") is not None and n_in is not None:
-        _check_token_ids(batch["input_ids"], n_in, ids, name)
-    if causal:
-        _check_lm_labels(batch["labels"], n_out, ids, name)
-    else:
-        _check_class_labels(batch["labels"], getattr(model.config, "num_labels", None), ids, name)
+    """Raise `ValueError` naming the examples if `model` cannot score `batch` (the one check every caller shares)."""
+    _check_data_batch(model, batch, where=f"the evaluation data for {name}", ids=ids, every_example_supervised=True)
 
 
 def prepare_batches(models: dict[str, nn.Module], data, batch_size: int, example_ids: Sequence | None) -> tuple[object, list]:
