@@ -349,9 +349,11 @@ def test_norm_inventory_sees_adapter_norms_without_offset():
 
 
 def test_eps_below_dtype_resolution_warns():
+    # 1e-6 is subnormal in float16 (non-zero, so accepted with a warning); 1e-8 rounds to 0 and is refused
+    # (tests/test_bad_inputs_growth.py).
     model = tiny_model("llama").to(torch.float16)
     with pytest.warns(UserWarning, match="cannot resolve"):
-        grow_depth(model, [1], block="adapter", eps=1e-8)
+        grow_depth(model, [1], block="adapter", eps=1e-6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         grow_depth(tiny_model("llama"), [1], block="adapter", eps=1e-8)  # fine in fp32
@@ -360,8 +362,8 @@ def test_eps_below_dtype_resolution_warns():
 def test_eps_warning_points_at_the_caller():
     model = tiny_model("llama").to(torch.float16)
     with pytest.warns(UserWarning, match="cannot resolve") as caught:
-        grow_depth(model, [1], block="adapter", eps=1e-8)
-    assert caught[0].filename == __file__
+        grow_depth(model, [1], block="adapter", eps=1e-6)
+    assert [w.filename for w in caught] == [__file__]
 
 
 # ----------------------------------------------------------------------------- layout of the package
@@ -403,3 +405,50 @@ def test_adapter_detach_is_the_inverse_of_attach():
     assert adapter.detach(layer, block) is False
     z = torch.randn(2, 8)
     assert torch.equal(layer(z), nn.functional.linear(z, layer.weight, layer.bias))
+
+
+# ----------------------------------------------------------------------------- reliability (issue 13)
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("kwargs", [dict(block="native", init="random"), dict(block="native", init="copy"), dict(block="adapter")])
+def test_new_blocks_follow_the_model_mode(training, kwargs):
+    model = tiny_model("llama").train(training)
+    model.model.layers[1].train(True)  # a copy source in train mode must not leak its mode either
+    grow_depth(model, [0, 2], **kwargs)
+    assert all(m.training == training for block in new_block_modules(model) for m in block.modules())
+
+
+def test_reattached_adapters_follow_the_model_mode():
+    from hf_depthgrow.growth.engine import reattach_adapters
+
+    grown = grow_depth(tiny_model("llama"), [1], block="adapter")
+    base = tiny_model("llama").eval()
+    blocks = reattach_adapters(base, growth_record(grown))
+    assert blocks and not any(m.training for b in blocks for m in b.modules())
+
+
+def test_exactness_check_leaves_rng_modes_and_cache_setting_alone():
+    model = tiny_model("llama").train()
+    model.model.layers[3].eval()  # a mixed state must come back as it was, not as model.train()
+    modes = [m.training for m in model.modules()]
+    use_cache = model.config.use_cache
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    grow_depth(model, [2], block="native")
+    assert torch.equal(torch.get_rng_state(), state)
+    assert model.config.use_cache == use_cache
+    new = {id(m) for b in new_block_modules(model) for m in b.modules()}
+    assert [m.training for m in model.modules() if id(m) not in new] == modes
+
+
+def test_exactness_check_can_be_skipped_and_is_not_recorded(monkeypatch):
+    import hf_depthgrow.growth.verify as verify
+
+    calls = []
+    monkeypatch.setattr(verify, "run_probe", lambda model, inputs: calls.append(1) or torch.zeros(1))
+    grow_depth(tiny_model("llama"), [2], verify=False)
+    assert calls == []
+    model = grow_depth(tiny_model("llama"), [2])
+    assert calls == [1, 1]
+    assert "verify" not in growth_record(model).history[0].config

@@ -1,12 +1,14 @@
 """The typed growth record: derived indices, round trips, old records, and forged records refused."""
 
 import copy
+import dataclasses
 import json
 
 import pytest
 
 from hf_depthgrow import grow_depth, growth_record, load_pretrained, save_pretrained
-from hf_depthgrow.growth.record import AdapterEntry, GrowthRecord, InvalidGrowthRecordError
+from hf_depthgrow.growth.record import AdapterEntry, GrowthRecord, InvalidGrowthRecordError, check_record_matches
+from hf_depthgrow.hub.serialization import _adapter_state
 from hf_depthgrow.testing import tiny_model
 
 # A record as the first release wrote it (no num_layers key): it must still load.
@@ -80,4 +82,60 @@ def test_a_saved_record_that_does_not_match_the_weights_is_refused(tmp_path):
     config["depth_growth"]["native_indices"] = [7]
     config_path.write_text(json.dumps(config))
     with pytest.raises(InvalidGrowthRecordError, match="native_indices"):
+        load_pretrained(tmp_path / "m")
+
+
+def _adapter_model():
+    model = tiny_model("llama")
+    grow_depth(model, [1, 1, 4], block="adapter", adapter_dim=8)
+    return model, growth_record(model), _adapter_state(model)
+
+
+def test_check_record_matches_accepts_what_grow_depth_wrote():
+    model, record, state = _adapter_model()
+    check_record_matches(model, record, state)
+    native = tiny_model("llama")
+    grow_depth(native, [0, 4], block="native")
+    check_record_matches(native, growth_record(native))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda r: dataclasses.replace(r, adapters=(dataclasses.replace(r.adapters[0], dim=16), *r.adapters[1:])),
+            "growth record: adapter model.layers.1.depthgrow_pre.0.w_in.weight has shape (8, 32), but the record's dim 16 "
+            "and hidden size 32 give (16, 32)",
+        ),
+        (
+            lambda r: dataclasses.replace(r, adapters=r.adapters[1:]),
+            "growth record lists 1 pre adapters on layer 1, the model hosts 2",
+        ),
+        (
+            lambda r: dataclasses.replace(r, adapters=(*r.adapters[:2], dataclasses.replace(r.adapters[2], host=2))),
+            "growth record: a post adapter hangs on layer 2, not on the last layer 3",
+        ),
+        (
+            lambda r: dataclasses.replace(r, num_layers=5, native_indices=(2,)),
+            "growth record says 5 layers but the model has 4: the record does not describe these weights",
+        ),
+    ],
+    ids=["adapter dim vs weights", "adapter count vs hosted", "post adapter host", "native layer count"],
+)
+def test_check_record_matches_refuses_a_record_the_weights_contradict(change, message):
+    model, record, state = _adapter_model()
+    with pytest.raises(InvalidGrowthRecordError) as caught:
+        check_record_matches(model, change(record), state)
+    assert str(caught.value) == message
+
+
+def test_saved_adapter_weights_that_contradict_the_record_are_refused(tmp_path):
+    model = tiny_model("llama")
+    grow_depth(model, [1], block="adapter")
+    save_pretrained(model, tmp_path / "m")
+    config_path = tmp_path / "m" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["depth_growth"]["adapters"][0]["dim"] = 7  # the saved tensors hold the real width
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(InvalidGrowthRecordError, match=r"m: growth record: adapter .*w_in.weight has shape"):
         load_pretrained(tmp_path / "m")

@@ -10,7 +10,8 @@
 - `families`: the family table keyed by `config.model_type`;
 - `adapter`: the generic normalised residual block and its hooks;
 - `norms`: normalisation inventory and eps checks;
-- `prefix`: running a grown model from (or up to) its lowest new block.
+- `prefix`: running a grown model from (or up to) its lowest new block;
+- `verify`: the exactness post-check `grow_depth` runs on a tiny probe input (`GrowthNotExactError`).
 """
 
 from .blocks import build_block
@@ -20,7 +21,8 @@ from .config import BLOCK_KINDS, INITS, GrowthConfig
 from .engine import grow_depth, new_block_modules, new_block_parameters, reattach_adapters
 from .families import FAMILIES, SUPPORTED_FAMILIES, FamilySpec, resolve_family
 from .norms import NormInfo, norm_inventory
-from .record import GrowthRecord, InvalidGrowthRecordError, growth_record
+from .record import GrowthRecord, InvalidGrowthRecordError, check_record_matches, growth_record
+from .verify import GrowthNotExactError
 
 __all__ = [
     "BLOCK_KINDS",
@@ -29,11 +31,13 @@ __all__ = [
     "SUPPORTED_FAMILIES",
     "FamilySpec",
     "GrowthConfig",
+    "GrowthNotExactError",
     "GrowthRecord",
     "InvalidGrowthRecordError",
     "NormInfo",
     "build_block",
     "bypass_new_blocks",
+    "check_record_matches",
     "check_positions",
     "grow_depth",
     "growth_record",

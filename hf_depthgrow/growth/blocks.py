@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import adapter
-from .checks import check_positions, resolve_block_kind
+from .checks import check_positions, check_zeroable, resolve_block_kind
 from .config import GrowthConfig
 from .families import FamilySpec, model_eps, residual_output_modules, resolve_family
 
@@ -84,11 +84,15 @@ def build_native_block(
         for attr in ("attention_type", "is_sliding", "sliding_window"):
             if hasattr(source, attr):
                 setattr(block, attr, getattr(source, attr))
+    modules = residual_output_modules(spec, block)
+    for entry, module in zip(spec.residual_outputs, modules):
+        check_zeroable(module, f"layer {max(position - 1, 0)}: {entry}")
     with torch.no_grad():
-        for module in residual_output_modules(spec, block):
+        for module in modules:
             for param in module.parameters(recurse=False):
                 param.zero_()
-    return block
+    # A new block follows the model's mode: a train-mode block in an eval-mode model would drop out at evaluation.
+    return block.train(model.training)
 
 
 def build_adapter_block(
@@ -112,7 +116,7 @@ def build_adapter_block(
     block = adapter.NormalizedResidualBlock(
         hidden, cfg.adapter_dim or hidden, norm=spec.norm, eps=eps, act=cfg.adapter_act, generator=generator
     )
-    return block.to(dtype=like.dtype, device=like.device)
+    return block.to(dtype=like.dtype, device=like.device).train(model.training)
 
 
 def build_blocks(

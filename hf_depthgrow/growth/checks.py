@@ -8,14 +8,23 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import torch
 from torch import nn
 
 from .config import GrowthConfig
 from .families import FamilySpec
 
 
+_TORCH_QUANTIZED = ("torch.ao.nn.quantized", "torch.nn.quantized", "torch.ao.nn.intrinsic.quantized")
+
+
+def _torch_quantized_module(model: nn.Module) -> tuple[str, nn.Module] | None:
+    # torch's eager quantisation swaps modules in place and sets no config flag: find them by class.
+    return next(((n, m) for n, m in model.named_modules() if type(m).__module__.startswith(_TORCH_QUANTIZED)), None)
+
+
 def is_quantized(model: nn.Module) -> bool:
-    """True where transformers flags the model as quantised (GGUF, bitsandbytes, ...).
+    """True where transformers flags the model as quantised (GGUF, bitsandbytes, ...) or torch quantised its modules.
 
     Example:
         ```python
@@ -28,6 +37,7 @@ def is_quantized(model: nn.Module) -> bool:
         getattr(model, "is_quantized", False)
         or getattr(model, "hf_quantizer", None) is not None
         or (config is not None and getattr(config, "quantization_config", None))
+        or _torch_quantized_module(model) is not None
     )
 
 
@@ -39,10 +49,70 @@ def check_not_quantized(model: nn.Module) -> None:
         >>> check_not_quantized(tiny_model("llama"))   # returns None, or raises ValueError
         ```
     """
+    found = _torch_quantized_module(model)
+    if found is not None:
+        name, module = found
+        raise ValueError(
+            f"module `{name}` is a torch quantised {type(module).__module__}.{type(module).__name__}: the model cannot be "
+            "grown or trained exactly; grow the float model and quantise afterwards."
+        )
     if is_quantized(model):
         raise ValueError(
             "the model is flagged as quantised (e.g. loaded with gguf_file= or a quantization_config) and cannot be "
             "grown or trained: make a float copy first (see hf_depthgrow.data.embedded for the GGUF case)."
+        )
+
+
+def check_not_peft_wrapped(model: nn.Module) -> None:
+    """Refuse a peft `PeftModel`: its layer stack sits under the tuner, and the grown blocks would be hidden from peft.
+
+    Found by class name so that peft need not be importable.
+    """
+    names = {c.__name__ for c in type(model).__mro__}
+    if names & {"PeftModel", "PeftMixedModel"}:
+        raise ValueError(
+            f"the model is a peft {type(model).__name__}: grow the transformers model before wrapping it with peft, "
+            "or merge the adapters first (model.merge_and_unload())."
+        )
+
+
+def check_zeroable(module: nn.Module, where: str) -> None:
+    """Refuse a residual output module that zeroing its own weights does not silence (a wrapper or quantised layer).
+
+    A plain projection (`nn.Linear`, GPT-2's `Conv1D`) has no sub-modules and floating weights;
+    a peft LoRA layer adds `lora_B(lora_A(x))` from sub-modules, a quantised layer keeps packed
+    weights that are not parameters: zeroing what `parameters(recurse=False)` holds leaves both non-zero.
+    """
+    params = list(module.parameters(recurse=False))
+    weight = getattr(module, "weight", None)
+    plain = (
+        not any(True for _ in module.children())
+        and isinstance(weight, nn.Parameter)
+        and all(p.is_floating_point() for p in params)
+    )
+    if not plain:
+        cls = type(module)
+        raise ValueError(
+            f"cannot zero the residual output `{where}`: it is a {cls.__module__}.{cls.__name__} (a wrapper or quantised "
+            "layer), so a native block copied from it would not start as the identity. Merge or remove the wrapper "
+            "first (peft: merge_and_unload()), or use block='adapter'."
+        )
+
+
+def check_eps_representable(eps: float, dtype: torch.dtype) -> None:
+    """Refuse an eps that rounds to 0 in the model's dtype: a norm with eps 0 returns NaN on an all-zero input.
+
+    Example:
+        ```python
+        >>> check_eps_representable(1e-8, torch.float16)
+        Traceback (most recent call last):
+        ValueError: eps=1e-08 rounds to 0 in torch.float16 ...
+        ```
+    """
+    if dtype.is_floating_point and float(torch.tensor(eps, dtype=dtype)) == 0.0:
+        raise ValueError(
+            f"eps={eps:g} rounds to 0 in {dtype} (smallest positive value {torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps:g}): "
+            "a norm with eps 0 is singular at z = 0. Pass a larger eps with block='adapter', or grow the model in float32."
         )
 
 

@@ -6,6 +6,7 @@ grow --block ... --eps ...`), so each option's help is written once, here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .adapter import ACTIVATIONS
@@ -31,6 +32,9 @@ class GrowthConfig:
             same block.
         adapter_dim: Hidden width of an adapter block; `None` takes the model's hidden size.
         adapter_act: Activation of an adapter block (`gelu`, `silu`, `relu`, `tanh`).
+        verify: After growing, run the model once on a tiny input with and without the new blocks
+            and roll the growth back if the outputs differ (see `hf_depthgrow.growth.verify`).
+            `False` skips the two forward passes, for models too large to run twice.
 
     Raises:
         ValueError: a field is out of range; the message names the field and the value.
@@ -48,22 +52,31 @@ class GrowthConfig:
     seed: int = field(default=0, metadata={"help": "Seed for every random part of a new block."})
     adapter_dim: int | None = field(default=None, metadata={"help": "Adapter hidden width; None: hidden size."})
     adapter_act: str = field(default="gelu", metadata={"help": "Adapter activation: gelu, silu, relu or tanh."})
+    verify: bool = field(
+        default=True,
+        metadata={"help": "Check the grown model against the original on a tiny input and roll back if it differs; "
+                  "False skips the check (huge models)."},
+    )
 
     def __post_init__(self):
-        if self.block not in BLOCK_KINDS:
-            raise ValueError(f"block must be one of {BLOCK_KINDS}, got {self.block!r}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        # Strings are checked for type first: `in` on a tuple would accept an equal non-str, and
+        # a bool is an int to Python, so bool-as-number is refused explicitly everywhere.
+        for name, allowed in (("block", BLOCK_KINDS), ("init", INITS), ("adapter_act", sorted(ACTIVATIONS))):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if self.eps is not None:
-            if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)):
-                raise ValueError(f"eps must be a positive number or None, got {self.eps!r}")
+            if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not math.isfinite(self.eps):
+                raise ValueError(f"eps must be a finite positive number or None, got {self.eps!r}")
             if not self.eps > 0:
                 raise ValueError(
                     f"eps must be > 0, got {self.eps}: a norm without epsilon is singular at z = 0 (THEORY §6)."
                 )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
-        if self.adapter_dim is not None and (not isinstance(self.adapter_dim, int) or self.adapter_dim < 1):
+        if self.adapter_dim is not None and (
+            isinstance(self.adapter_dim, bool) or not isinstance(self.adapter_dim, int) or self.adapter_dim < 1
+        ):
             raise ValueError(f"adapter_dim must be a positive int or None, got {self.adapter_dim!r}")
-        if self.adapter_act not in ACTIVATIONS:
-            raise ValueError(f"adapter_act must be one of {sorted(ACTIVATIONS)}, got {self.adapter_act!r}")
+        if not isinstance(self.verify, bool):
+            raise ValueError(f"verify must be True or False, got {self.verify!r}")

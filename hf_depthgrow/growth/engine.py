@@ -21,15 +21,18 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Iterable, Iterator
 
+import torch
 from torch import nn
 
-from . import adapter
+from . import adapter, verify
 from ..utils import package_version
 from .blocks import _hidden_size, _param_like, build_adapter_block, build_block, build_blocks, build_native_block
 from .bypass import bypass_new_blocks
 from .checks import (
+    check_eps_representable,
     check_growable,
     check_native_eps,
+    check_not_peft_wrapped,
     check_not_quantized,
     check_positions,
     is_quantized,
@@ -53,6 +56,8 @@ __all__ = [
     "GrowthConfig",
     "is_quantized",
     "check_not_quantized",
+    "check_not_peft_wrapped",
+    "check_eps_representable",
     "check_growable",
     "check_positions",
     "check_native_eps",
@@ -89,7 +94,12 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
             (others: adapter blocks, where the layer stack can be found).
         positions: Insertion points, each an int with 0 <= k <= L.
         config: A `GrowthConfig`; or pass its fields as keyword arguments (`block`, `init`,
-            `eps`, `seed`, `adapter_dim`, `adapter_act`).
+            `eps`, `seed`, `adapter_dim`, `adapter_act`, `verify`).
+
+    Raises:
+        ValueError: a bad argument or a model that cannot be grown exactly (before any change).
+        GrowthNotExactError: (a `ValueError`) the grown model's output moved on a probe input;
+            the growth is rolled back first. Skipped with `verify=False`.
 
     Example:
         ```python
@@ -104,6 +114,7 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
     if config is not None and kwargs:
         raise ValueError(f"pass either config= or keyword arguments, not both (got {sorted(kwargs)})")
     cfg = config or GrowthConfig(**kwargs)
+    check_not_peft_wrapped(model)
     check_not_quantized(model)
     spec, stack, _ = resolve_family(model)
     check_growable(model, stack)
@@ -113,12 +124,18 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
     own_eps = model_eps(spec, model.config)
     check_native_eps(kind, cfg, own_eps)
     check_eps = cfg.eps if cfg.eps is not None else own_eps
+    dtype = _param_like(stack[0]).dtype
     if check_eps is not None:
+        # An eps the user picks must survive the model's dtype. The model's own eps is checked where its
+        # norms compute it (torch upcasts half-precision norms to float32): a block that inherits it is
+        # no worse than the model's existing norms, and an fp16 BERT (eps 1e-12) stays growable.
+        check_eps_representable(check_eps, dtype if cfg.eps is not None else torch.promote_types(dtype, torch.float32))
         # Called from here, not from a helper: its warning's stacklevel points at our caller.
-        check_norm_eps(check_eps, _param_like(stack[0]).dtype)
+        check_norm_eps(check_eps, dtype)
 
     # Build every block before touching the model: a failure here leaves it as it was.
     new_blocks = build_blocks(model, stack, spec, kind, sorted_positions, cfg)
+    probe = verify.reference(model) if cfg.verify else None
     snapshot = _Snapshot.take(model, stack)
     try:
         if kind == "native":
@@ -128,6 +145,8 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
             for k, block in new_blocks:
                 adapter.attach(old[k] if k < num_layers else old[-1], block, "pre" if k < num_layers else "post")
         _update_record(model, stack, snapshot, kind, cfg, sorted_positions, new_blocks, own_eps)
+        if probe is not None:
+            verify.check_exact(model, *probe, dtype)
     except Exception:
         if kind == "adapter":
             for _, block in new_blocks:
@@ -172,7 +191,8 @@ def _update_record(model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, p
         init=cfg.init if kind == "native" else "random",
         eps=cfg.eps if cfg.eps is not None else own_eps,
         seed=cfg.seed,
-        config=asdict(cfg),
+        # `verify` says how the growth was checked, not how a block is built: records stay as they were.
+        config={k: v for k, v in asdict(cfg).items() if k != "verify"},
     )
     record = GrowthRecord(
         base_num_layers=before.base_num_layers if before else len(snapshot.layers),
@@ -237,7 +257,7 @@ def reattach_adapters(model: nn.Module, record: GrowthRecord) -> list[adapter.No
     built = []
     for entry in record.adapters:
         block = adapter.NormalizedResidualBlock(hidden, entry.dim, norm=entry.norm, eps=entry.eps, act=entry.act)
-        block = block.to(dtype=like.dtype, device=like.device)
+        block = block.to(dtype=like.dtype, device=like.device).train(model.training)
         adapter.attach(stack[entry.host], block, entry.where)
         built.append(block)
     return built

@@ -225,3 +225,53 @@ def growth_record(model) -> GrowthRecord | None:
     """
     raw = stored_record(model.config)
     return GrowthRecord.from_dict(raw) if raw is not None else None
+
+
+def check_record_matches(model, record: GrowthRecord, adapter_state: dict | None = None) -> None:
+    """Refuse a record that does not describe these weights, as far as the weights can tell.
+
+    Checked: the stack holds `base_num_layers + len(native_indices)` layers; every adapter's host
+    exists (a `post` adapter only on the last layer); adapters already hosted on the model, and
+    those in `adapter_state` (the saved adapter tensors, by parameter name), have the record's
+    count per host and the shapes its `dim` and the hidden size give. Native blocks cannot be told
+    from original layers by their weights once trained, so their indices are checked by count only.
+
+    Raises:
+        InvalidGrowthRecordError: naming the first mismatch.
+    """
+    # Imported here: the rest of this module is plain data and needs neither torch nor the model code.
+    from . import adapter
+    from .blocks import _hidden_size
+    from .families import resolve_family
+
+    _, stack, path = resolve_family(model)
+    record.validate(num_layers=len(stack))
+    hidden = _hidden_size(model, stack[0])
+    expected: dict[tuple[int, str], list[AdapterEntry]] = {}
+    for entry in record.adapters:
+        if entry.where == "post" and entry.host != len(stack) - 1:
+            raise InvalidGrowthRecordError(f"growth record: a post adapter hangs on layer {entry.host}, not on the last layer {len(stack) - 1}")
+        expected.setdefault((entry.host, entry.where), []).append(entry)
+    for i, layer in enumerate(stack):
+        for where, hosted in adapter.hosted_blocks(layer).items():
+            if hosted and len(hosted) != len(expected.get((i, where), [])):
+                raise InvalidGrowthRecordError(
+                    f"growth record lists {len(expected.get((i, where), []))} {where} adapters on layer {i}, the model hosts {len(hosted)}"
+                )
+    if adapter_state is not None:
+        _check_adapter_shapes(adapter_state, expected, hidden, f"{path}." if path else "")
+
+
+def _check_adapter_shapes(state: dict, expected: dict, hidden: int, prefix: str) -> None:
+    from .adapter import POST, PRE  # see check_record_matches
+
+    for (host, where), entries in expected.items():
+        for j, entry in enumerate(entries):
+            base = f"{prefix}{host}.{PRE if where == 'pre' else POST}.{j}."
+            for name, shape in (("w_in.weight", (entry.dim, hidden)), ("w_out.weight", (hidden, entry.dim)), ("norm.weight", (hidden,))):
+                tensor = state.get(base + name)
+                if tensor is not None and tuple(tensor.shape) != shape:
+                    raise InvalidGrowthRecordError(
+                        f"growth record: adapter {base}{name} has shape {tuple(tensor.shape)}, but the record's dim {entry.dim} "
+                        f"and hidden size {hidden} give {shape}"
+                    )

@@ -27,8 +27,7 @@ from torch import nn
 
 from ..growth.adapter import POST, PRE
 from ..growth.engine import reattach_adapters
-from ..growth.families import resolve_family
-from ..growth.record import RECORD_KEY, GrowthRecord, InvalidGrowthRecordError, growth_record, store_record
+from ..growth.record import RECORD_KEY, GrowthRecord, InvalidGrowthRecordError, check_record_matches, growth_record, store_record
 from ..utils import umask
 
 ADAPTER_WEIGHTS = "depthgrow_adapters.safetensors"
@@ -220,11 +219,10 @@ def save_pretrained(
     return path
 
 
-def _check_record_matches(model: nn.Module, record: GrowthRecord, path: Path) -> None:
-    """The record must describe these weights: as many layers as the stack holds."""
-    _, stack, _ = resolve_family(model)
+def _check_record_matches(model: nn.Module, record: GrowthRecord, path: Path, adapter_state: dict | None = None) -> None:
+    """The record must describe these weights (layer count, adapter hosts, adapter shapes)."""
     try:
-        record.validate(num_layers=len(stack))
+        check_record_matches(model, record, adapter_state)
     except InvalidGrowthRecordError as err:
         raise InvalidGrowthRecordError(f"{path.name}: {err}") from None
 
@@ -293,7 +291,7 @@ def load_pretrained(path: str | os.PathLike, *, base_model: str | os.PathLike | 
         if not (path / ADAPTER_WEIGHTS).exists():
             raise ValueError(f"{path}: the growth record lists adapter blocks but {ADAPTER_WEIGHTS} is missing")
         state = load_file(str(path / ADAPTER_WEIGHTS))
-    _check_record_matches(model, record, path)
+    _check_record_matches(model, record, path, state)
     store_record(model.config, record)
     reattach_adapters(model, record)
     expected = set(_adapter_state(model))

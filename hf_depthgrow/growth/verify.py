@@ -1,0 +1,118 @@
+"""The exactness post-check of `grow_depth`: the model before and after, on one tiny input.
+
+Zeroing a block's residual outputs is exact only if nothing else sits in the residual path (a
+wrapper, a hook, a quantised kernel). Rather than trust every such case to be caught up front,
+`grow_depth` runs the model once before and once after growing, on a probe input built from the
+config (batch 1, a few tokens or one image), and rolls back when they differ by more than the
+dtype's tolerance. Both runs leave the RNG state, every module's train/eval mode and the KV
+caches as they were: they run in eval mode, under a forked RNG, with `use_cache=False`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+
+import torch
+from torch import nn
+
+# Allowed max |after - before|, relative to max(1, max |before|). The grown model at init is
+# exact up to float reassociation at most; these bounds sit well above that and well below any
+# real change (a wrapped projection moved fp32 logits by ~0.2).
+TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+PROBE_TOKENS = 8
+
+
+class GrowthNotExactError(ValueError):
+    """The grown model does not compute what the original did on the probe input; the growth was rolled back."""
+
+
+def probe_inputs(model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """Batch-1 inputs built from the config alone: one image for vision models, a few token ids otherwise."""
+    config = model.config
+    generator = torch.Generator().manual_seed(0)  # its own generator: the global RNG is not drawn from
+    size = getattr(config, "image_size", None)
+    if size is not None:
+        h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
+        pixels = torch.randn(1, getattr(config, "num_channels", 3), h, w, generator=generator)
+        return {"pixel_values": pixels.to(device=device, dtype=_dtype(model))}
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 1:
+        raise ValueError("the config has neither image_size nor vocab_size to build a probe input from")
+    ids = torch.randint(min(2, vocab - 1), vocab, (1, PROBE_TOKENS), generator=generator).to(device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _devices(model: nn.Module) -> list[int]:
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+@contextlib.contextmanager
+def _quiet_run(model: nn.Module):
+    """Eval mode, no grad, forked RNG for the duration; every module's own mode restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        with torch.random.fork_rng(devices=_devices(model)), torch.no_grad():
+            model.eval()
+            yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _signal(output) -> torch.Tensor:
+    # What the model's head returns: logits where it has a head, else the last hidden state.
+    for key in ("logits", "last_hidden_state", "pooler_output"):
+        value = getattr(output, key, None) if not isinstance(output, dict) else output.get(key)
+        if isinstance(value, torch.Tensor):
+            return value
+    if isinstance(output, torch.Tensor):
+        return output
+    first = output[0] if isinstance(output, (tuple, list)) else None
+    if isinstance(first, torch.Tensor):
+        return first
+    raise ValueError(f"cannot find a tensor in the model's output ({type(output).__name__})")
+
+
+def run_probe(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's output on `inputs` in fp32, without touching RNG, modes or caches."""
+    kwargs = dict(inputs)
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False
+    with _quiet_run(model):
+        return _signal(model(**kwargs)).detach().float()
+
+
+def reference(model: nn.Module) -> tuple[dict, torch.Tensor] | None:
+    """`(inputs, output)` of the model before growing, or `None` (with a warning) where it cannot be run."""
+    try:
+        device = next(model.parameters()).device
+        inputs = probe_inputs(model, device)
+        return inputs, run_probe(model, inputs)
+    except Exception as err:  # a model we cannot run is grown unchecked, but not silently
+        warnings.warn(
+            f"grow_depth could not run {type(model).__name__} on a probe input ({type(err).__name__}: {err}), so "
+            "exactness is not checked; pass verify=False to skip the check on purpose.",
+            stacklevel=3,
+        )
+        return None
+
+
+def check_exact(model: nn.Module, inputs: dict, before: torch.Tensor, dtype: torch.dtype) -> None:
+    """Raise `GrowthNotExactError` with the measured max |diff| if the grown model's output moved."""
+    after = run_probe(model, inputs)
+    if after.shape != before.shape:
+        raise GrowthNotExactError(f"the grown model's output shape {tuple(after.shape)} != the original's {tuple(before.shape)}")
+    diff = float((after - before).abs().max())
+    tol = TOLERANCES.get(dtype, 1e-2) * max(1.0, float(before.abs().max()))
+    if not diff <= tol:  # NaN fails too
+        raise GrowthNotExactError(
+            f"the grown model is not exact: max |diff| {diff:.3g} > tolerance {tol:.3g} ({dtype}) on a probe input, so "
+            "the growth was rolled back. Something in the residual path (a wrapper, a hook, a custom layer) is not "
+            "silenced by zeroing its weights: try block='adapter'; verify=False skips this check."
+        )
