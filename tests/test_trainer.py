@@ -131,6 +131,31 @@ def test_full_trains_everything_and_turns_cache_off():
 # ----------------------------------------------------------------------------- prefix cache
 
 
+@pytest.mark.parametrize("model_type", ["llama", "vit"])
+def test_prefix_at_the_top_of_the_stack_equals_a_full_forward(model_type):
+    # Regression: a block grown on top of the stack (k = L) with the fallback rule on crashed with
+    # "index L is outside the layer stack": f_old's cached prefix inside the bypass starts at L.
+    from hf_depthgrow import bypass_new_blocks
+    from hf_depthgrow.growth.prefix import prefix_hidden, start_at
+
+    model = tiny_model(model_type).eval()
+    batch = tiny_inputs(model)
+    top = model.config.num_hidden_layers
+    full = model_output(model, batch)
+    z = prefix_hidden(model, batch, top)
+    with start_at(model, top, z):
+        torch.testing.assert_close(model_output(model, batch), full, rtol=0, atol=0)
+    grow_depth(model, [top])
+    with bypass_new_blocks(model), start_at(model, top, z):
+        torch.testing.assert_close(model_output(model, batch), full, rtol=0, atol=0)
+
+
+def test_top_of_stack_block_trains_with_the_fallback_rule_and_prefix_cache():
+    model = grow_depth(tiny_model("llama"), [4])
+    result = train(model, lm_rows(16), config=quick(max_steps=2, prefix_cache="memory", fallback=True))
+    assert result.prefix_cache is not None and result.selected in ("new", "old")
+
+
 @pytest.mark.parametrize("model_type, block, rows", [("llama", "native", lm_rows), ("bert", "adapter", cls_rows)])
 def test_prefix_cache_gives_the_same_losses(model_type, block, rows, tmp_path):
     data, losses, weights = rows(24), {}, {}

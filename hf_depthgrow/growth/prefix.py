@@ -27,17 +27,18 @@ class _Stop(Exception):
 
 
 class _Passthrough(nn.Module):
-    """Stands in for a skipped layer: returns its hidden-state input unchanged."""
+    """Stands in for a skipped layer: returns its hidden-state input unchanged (or `output`, if given)."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: nn.Module, output: torch.Tensor | None = None):
         super().__init__()
+        self.output = output
         # Families read per-layer attributes in their loop (Llama: `decoder_layer.attention_type`).
         for attr in ("attention_type", "is_sliding", "layer_idx"):
             if hasattr(layer, attr):
                 object.__setattr__(self, attr, getattr(layer, attr))
 
     def forward(self, hidden_states=None, *args, **kwargs):
-        return hidden_states
+        return hidden_states if self.output is None else self.output
 
 
 def lowest_new_index(model: nn.Module) -> int | None:
@@ -59,7 +60,8 @@ def num_original_below(model: nn.Module, index: int) -> int:
 def prefix_hidden(model: nn.Module, batch: dict, index: int) -> torch.Tensor:
     """The residual stream entering stack layer `index` (before any adapter hosted there).
 
-    Runs only the embeddings and layers `0..index-1`; no gradient.
+    Runs only the embeddings and layers `0..index-1`; no gradient. `index == len(stack)` is the
+    stream leaving the last layer (what a block on top of the stack, or the final norm, sees).
 
     Example:
         ```python
@@ -69,15 +71,21 @@ def prefix_hidden(model: nn.Module, batch: dict, index: int) -> torch.Tensor:
         ```
     """
     _, stack, _ = resolve_family(model)
-    if not 0 <= index < len(stack):
-        raise ValueError(f"index {index} is outside the layer stack (0..{len(stack) - 1})")
+    _check_index(index, stack)
     captured = {}
 
     def capture(module, args, kwargs):
         captured["z"] = args[0] if args else kwargs["hidden_states"]
         raise _Stop
 
-    handle = stack[index].register_forward_pre_hook(capture, with_kwargs=True, prepend=True)
+    def capture_output(module, args, output):  # index == len(stack): the last layer's own output
+        captured["z"] = output[0] if isinstance(output, tuple) else output
+        raise _Stop
+
+    if index < len(stack):
+        handle = stack[index].register_forward_pre_hook(capture, with_kwargs=True, prepend=True)
+    else:  # prepend: before a post adapter hosted on the last layer changes the output
+        handle = stack[index - 1].register_forward_hook(capture_output, prepend=True)
     try:
         model(**model_inputs(batch))
     except _Stop:
@@ -94,12 +102,21 @@ def start_at(model: nn.Module, index: int, hidden: torch.Tensor):
     """Inside the context, a forward pass skips layers `0..index-1` and feeds `hidden` to layer `index`.
 
     The model still computes its embeddings and masks from the batch (cheap), so pass the same
-    batch that produced `hidden`. Restores the layer stack on exit.
+    batch that produced `hidden`. Restores the layer stack on exit. `index == len(stack)` skips
+    every layer and hands `hidden` to what follows the stack (the final norm and the head).
     """
     _, stack, _ = resolve_family(model)
-    if not 0 <= index < len(stack):
-        raise ValueError(f"index {index} is outside the layer stack (0..{len(stack) - 1})")
+    _check_index(index, stack)
     skipped = [stack[i] for i in range(index)]
+    if index == len(stack):
+        try:
+            for i, layer in enumerate(skipped):
+                stack._modules[str(i)] = _Passthrough(layer, output=hidden if i == index - 1 else None)
+            yield model
+        finally:
+            for i, layer in enumerate(skipped):
+                stack._modules[str(i)] = layer
+        return
 
     def inject(module, args, kwargs):
         if args:
@@ -118,3 +135,8 @@ def start_at(model: nn.Module, index: int, hidden: torch.Tensor):
         handle.remove()
         for i, layer in enumerate(skipped):
             stack._modules[str(i)] = layer
+
+
+def _check_index(index: int, stack: nn.ModuleList) -> None:
+    if not 0 <= index <= len(stack):
+        raise ValueError(f"index {index} is outside the layer stack (0..{len(stack)})")

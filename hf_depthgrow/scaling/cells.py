@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import math
 import os
 import time
@@ -149,10 +148,6 @@ def run_cell(grid: TaskGrid, data: TaskData, depth: int, width: int, n: int, *, 
     grown = copy.deepcopy(model)
     grow_depth(grown, [best_k], seed=seed)
     grow_config = train_config(grid, n, grown=True, seed=seed)
-    if best_k == depth:
-        # A block on top of the stack: the trainer's cached f_old loss would start *past* the last
-        # original layer, which `growth.prefix.start_at` rejects; train it uncached (same result).
-        grow_config = dataclasses.replace(grow_config, prefix_cache="off")
     grow = _train(grown, grow_config, train_rows, data.heldout, device)
     # The fallback rule (THEORY §4) decided on training losses; f_old is the base model itself, so the
     # paired delta of a fallback is exactly 0.
