@@ -452,3 +452,24 @@ def test_exactness_check_can_be_skipped_and_is_not_recorded(monkeypatch):
     model = grow_depth(tiny_model("llama"), [2])
     assert calls == [1, 1]
     assert "verify" not in growth_record(model).history[0].config
+
+
+def test_exactness_check_judges_a_nan_model_on_its_finite_part():
+    # A model whose weights are already NaN is not made worse by growth: the check must not blame the
+    # growth for NaN that was there before (the probe and trainer name the real cause); a hook that
+    # adds NaN after growth is caught.
+    import math
+
+    from hf_depthgrow.growth.verify import GrowthNotExactError
+
+    model = tiny_model("llama")
+    with torch.no_grad():
+        model.model.layers[3].mlp.down_proj.weight.fill_(math.nan)
+    grow_depth(model, [1])
+    assert growth_record(model).native_indices == (1,)
+    clean = tiny_model("llama")
+    handle = clean.model.layers[0].register_forward_hook(lambda m, a, out: out * math.nan if len(clean.model.layers) > 4 else out)
+    with pytest.raises(GrowthNotExactError, match="not exact: max \\|diff\\| nan"):
+        grow_depth(clean, [1])
+    handle.remove()
+    assert growth_record(clean) is None
