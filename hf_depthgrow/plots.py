@@ -158,24 +158,33 @@ def plot_intervals(result: EvalResult, path: str | Path) -> Path:
 
 
 def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
-    """One figure per finding (each with a panel per task). Returns name -> path."""
-    from .scaling.report import NEAR_DIAGONAL, best_value
-
+    """One figure per finding of the scaling study (each with a panel per task). Returns name -> path."""
     names = sorted(found)
-    paths = {}
-    cmap = matplotlib.colormaps.get_cmap("viridis")
+    figures = {
+        "covariance": _plot_covariance,
+        "signal_depth": _plot_signal_depth,
+        "z_width": _plot_z_width,
+        "growth_paths": _plot_growth_paths,
+    }
+    return {key: str(draw(rows, found, out, names)) for key, draw in figures.items()}
 
-    def panels(title):
-        fig = new_figure(figsize=(5.2 * len(names), 3.8))
-        axes = fig.subplots(1, len(names), squeeze=False)
-        fig.suptitle(title)
-        return fig, axes[0]
 
-    def colour(i, n):
-        return cmap(0.15 + 0.7 * i / max(1, n - 1))
+def _panels(title: str, names: list[str]):
+    fig = new_figure(figsize=(5.2 * len(names), 3.8))
+    axes = fig.subplots(1, len(names), squeeze=False)
+    fig.suptitle(title)
+    return fig, axes[0]
 
-    # 1. Covariance off-diagonal share against relative position, largest data.
-    fig, axes = panels("Activation-gradient covariance: off-diagonal share")
+
+def _colour(i: int, n: int):
+    return matplotlib.colormaps.get_cmap("viridis")(0.15 + 0.7 * i / max(1, n - 1))
+
+
+def _plot_covariance(rows: list[dict], found: dict, out: Path, names: list[str]) -> Path:
+    """Covariance off-diagonal share against relative position, largest data."""
+    from .scaling.report import NEAR_DIAGONAL
+
+    fig, axes = _panels("Activation-gradient covariance: off-diagonal share", names)
     for ax, name in zip(axes, names):
         cells = [r for r in rows if r["name"] == name]
         n_big = max(r["data_size"] for r in cells)
@@ -185,14 +194,16 @@ def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
                 continue
             ks = np.array(r["probe"]["positions"]) / max(1, r["depth"])
             ax.plot(ks, r["probe"]["offdiag_share"], "o-", ms=3, alpha=0.8,
-                    color=colour(widths.index(r["width"]), len(widths)), label=f"d={r['width']}, L={r['depth']}")
+                    color=_colour(widths.index(r["width"]), len(widths)), label=f"d={r['width']}, L={r['depth']}")
         ax.axhline(NEAR_DIAGONAL, color="grey", ls=":", lw=1)
         ax.set(title=f"{name} (n={n_big})", xlabel="position k / L", ylabel="||Σ - diag Σ||_F / ||Σ||_F", ylim=(0, 1.02))
         ax.legend(fontsize=6, ncol=2)
-    paths["covariance"] = out / "covariance.png"
-    save_figure(fig, paths["covariance"], dpi=120, bbox_inches="tight")
+    return save_figure(fig, out / "covariance.png", dpi=120, bbox_inches="tight")
 
-    # 2. Population signal against depth: across models (best position vs L) and inside the deepest models (vs k).
+
+
+def _plot_signal_depth(rows: list[dict], found: dict, out: Path, names: list[str]) -> Path:
+    """Population signal against depth: across models (best position vs L) and inside the deepest models (vs k)."""
     fig = new_figure(figsize=(5.2 * len(names), 7.0))
     grid = fig.subplots(2, len(names), squeeze=False)
     fig.suptitle("First-order signal against depth (population estimate ± SE)")
@@ -210,7 +221,7 @@ def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
                 j = int(np.nanargmax(pop))
                 ys.append(pop[j])
                 es.append(r["probe"]["population_se"][j] or 0.0)
-            ax.errorbar([r["depth"] for r in sel], ys, yerr=es, fmt="o-", capsize=2, color=colour(i, len(widths)), label=f"d={w}")
+            ax.errorbar([r["depth"] for r in sel], ys, yerr=es, fmt="o-", capsize=2, color=_colour(i, len(widths)), label=f"d={w}")
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.set(title=f"{name} (n={n_big}): best position", xlabel="depth L of the model", ylabel="population signal ||G_D||²",
                xticks=depths)
@@ -221,35 +232,41 @@ def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
             for r in deep:
                 pop = [v if v is not None else np.nan for v in r["probe"]["population"]]
                 se = [v if v is not None else 0.0 for v in r["probe"]["population_se"]]
-                ax.errorbar(r["probe"]["positions"], pop, yerr=se, fmt="o-", capsize=2, color=colour(i, len(widths)), label=f"d={w}")
+                ax.errorbar(r["probe"]["positions"], pop, yerr=se, fmt="o-", capsize=2, color=_colour(i, len(widths)), label=f"d={w}")
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.set(title=f"{name} (n={n_big}): by position, L={depths[-1]}", xlabel="position k", ylabel="population signal ||G_D||²",
                xticks=list(range(depths[-1] + 1)))
         ax.legend(fontsize=7)
     fig.tight_layout()
-    paths["signal_depth"] = out / "signal_depth.png"
-    save_figure(fig, paths["signal_depth"], dpi=120, bbox_inches="tight")
+    return save_figure(fig, out / "signal_depth.png", dpi=120, bbox_inches="tight")
 
-    # 3. z against width at fixed (smallest) data.
-    fig, axes = panels("Observability: best-position z-score against width at fixed data")
+
+
+def _plot_z_width(rows: list[dict], found: dict, out: Path, names: list[str]) -> Path:
+    """z against width at fixed (smallest) data."""
+    from .scaling.report import best_value
+
+    fig, axes = _panels("Observability: best-position z-score against width at fixed data", names)
     for ax, name in zip(axes, names):
         cells = [r for r in rows if r["name"] == name]
         n_fixed = found[name]["z_grows_with_width"]["data_size"]
         depths = sorted({r["depth"] for r in cells})
         for i, L in enumerate(depths):
             sel = sorted((r for r in cells if r["depth"] == L and r["data_size"] == n_fixed), key=lambda r: r["width"])
-            ax.plot([r["width"] for r in sel], [best_value(r, "z") for r in sel], "o-", color=colour(i, len(depths)), label=f"L={L}")
+            ax.plot([r["width"] for r in sel], [best_value(r, "z") for r in sel], "o-", color=_colour(i, len(depths)), label=f"L={L}")
         ax.axhline(2.0, color="grey", ls=":", lw=1)
         widths = sorted({r["width"] for r in cells})
         ax.set(title=f"{name} (n={n_fixed})", xlabel="width d", ylabel="max z", xscale="log")
         ax.set_xticks(widths, [str(w) for w in widths])
         ax.minorticks_off()
         ax.legend(fontsize=7)
-    paths["z_width"] = out / "z_width.png"
-    save_figure(fig, paths["z_width"], dpi=120, bbox_inches="tight")
+    return save_figure(fig, out / "z_width.png", dpi=120, bbox_inches="tight")
 
-    # 4. Test loss after growth along the two paths.
-    fig, axes = panels("Test loss after growth: depth and width together vs depth alone")
+
+
+def _plot_growth_paths(rows: list[dict], found: dict, out: Path, names: list[str]) -> Path:
+    """Test loss after growth along the two paths: depth and width together vs depth alone."""
+    fig, axes = _panels("Test loss after growth: depth and width together vs depth alone", names)
     for ax, name in zip(axes, names):
         f = found[name]["joint_scaling_beats_depth_alone"]
         for key, label, style in (("joint", "depth + width", "o-"), ("narrow", f"depth alone (d={f['narrow_path'][0][1]})", "s--")):
@@ -260,9 +277,7 @@ def plot_findings(rows: list[dict], found: dict, out: Path) -> dict[str, str]:
                     ax.annotate(f"d={w}", (L + 1, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.set(title=name, xlabel="depth after growth (L + 1)", ylabel="test loss")
         ax.legend(fontsize=7)
-    paths["growth_paths"] = out / "growth_paths.png"
-    save_figure(fig, paths["growth_paths"], dpi=120, bbox_inches="tight")
-    return {k: str(v) for k, v in paths.items()}
+    return save_figure(fig, out / "growth_paths.png", dpi=120, bbox_inches="tight")
 
 
 def plot_power_law(fit: PowerLawFit, N, D, loss, path: str | Path) -> Path:

@@ -320,9 +320,9 @@ def _final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
 
 def _common_args(base: Path, ds: Path, out: Path) -> list[str]:
     return [
-        "--model", str(base), "--positions", "2", "--dataset", str(ds), "--eval_fraction", "0.25",
-        "--learning_rate", "5e-3", "--max_steps", "6", "--logging_steps", "1", "--progress_bar", "false",
-        "--seed", "5", "--output_dir", str(out), "--fallback", "false",
+        "--model", str(base), "--positions", "2", "--dataset", str(ds), "--eval-fraction", "0.25",
+        "--learning-rate", "5e-3", "--max-steps", "6", "--logging-steps", "1", "--progress-bar", "false",
+        "--seed", "5", "--output-dir", str(out), "--fallback", "false",
     ]  # fmt: skip
 
 
@@ -332,21 +332,21 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     # Dropout in the new block and in LoRA: the resumed run must restore the RNG streams too.
     base, ds = _fixture_files(tmp_path, dropout=0.1)
     args = lambda out: _common_args(base, ds, out) + [  # noqa: E731
-        "--trainable", "new+lora", "--lora_dropout", "0.1", "--lora_r", "4",
-        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--save_steps", "2",
+        "--trainable", "new+lora", "--lora-dropout", "0.1", "--lora-r", "4",
+        "--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "2", "--save-steps", "2",
     ]  # fmt: skip
     crashed = tmp_path / "crashed"
     # A real process that hard-exits (os._exit, no cleanup) after step 3: the work of step 3 is lost,
     # checkpoint-2 is the last one on disk.
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_depthgrow.cli.train", *args(crashed), "--stop_after_step", "3"],
+        [sys.executable, "-m", "hf_depthgrow.cli.train", *args(crashed), "--stop-after-step", "3"],
         env=_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == STOP_EXIT_CODE, proc.stderr[-3000:]
     assert [p.name for p in GrownTrainer.list_checkpoints(crashed)] == ["checkpoint-2"]
     assert not (crashed / "model").exists()
 
-    assert main(args(crashed) + ["--resume_from_checkpoint", "latest"]) == 0
+    assert main(args(crashed) + ["--resume-from-checkpoint", "latest"]) == 0
     resumed = json.loads((crashed / "train_result.json").read_text())
     assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["global_step"] == 6
     straight = tmp_path / "straight"
@@ -378,11 +378,11 @@ def test_two_processes_match_one(tmp_path):
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29731",
         "-m", "hf_depthgrow.cli.train", *_common_args(base, ds, two),
-        "--per_device_train_batch_size", "2", "--ddp_timeout", "120", "--fallback", "true",
+        "--per-device-train-batch-size", "2", "--ddp-timeout", "120", "--fallback", "true",
     ]  # fmt: skip
     proc = subprocess.run(cmd, env={**_env(), "ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert main(_common_args(base, ds, one) + ["--per_device_train_batch_size", "4", "--fallback", "true"]) == 0
+    assert main(_common_args(base, ds, one) + ["--per-device-train-batch-size", "4", "--fallback", "true"]) == 0
     a, b = _final_weights(two), _final_weights(one)
     assert a.keys() == b.keys()
     worst = max((a[n] - b[n]).abs().max().item() for n in a)
