@@ -376,3 +376,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _serve
+
+
+def use_fake_hub_env(monkeypatch, token: str) -> None:
+    """Point huggingface_hub at a fake Hub for one test: Xet off, offline mode off, `token` as the token.
+
+    The Xet path would talk to a CAS server the fake does not serve (`is_xet_available` reads the
+    constant at call time); `make test` exports HF_HUB_OFFLINE=1, and these tests talk only to 127.0.0.1.
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _runtime
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    assert not _runtime.is_xet_available()

@@ -10,7 +10,6 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 from huggingface_hub import ModelCard, constants
-from huggingface_hub.utils import _runtime
 
 from hf_depthgrow import grow_depth, save_pretrained
 from hf_depthgrow.hub.push import HubUnreachableError, push_model_to_hub, push_to_hub
@@ -19,7 +18,7 @@ from hf_depthgrow.hub.serialization import ADAPTER_CONFIG, ADAPTER_WEIGHTS, MARK
 from hf_depthgrow.testing import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parent))  # fake_hub.py sits beside this file, whatever pytest's import mode
-from fake_hub import FakeHub  # noqa: E402
+from fake_hub import FakeHub, use_fake_hub_env  # noqa: E402
 
 TOKEN = "hf_fake_token_for_tests"
 BASE = "HuggingFaceTB/SmolLM2-135M"
@@ -55,16 +54,7 @@ def tokenizer():
 
 
 def _hub_env(monkeypatch):
-    # The Xet path would talk to a CAS server the fake does not serve: off, deterministically
-    # (`is_xet_available` reads the constant at call time, in hf_api and _commit_api alike).
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    # `make test` exports HF_HUB_OFFLINE=1; these tests talk only to 127.0.0.1.
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    assert not _runtime.is_xet_available()
+    use_fake_hub_env(monkeypatch, TOKEN)
 
 
 @pytest.fixture(params=["regular", "lfs"])

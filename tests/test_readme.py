@@ -30,13 +30,12 @@ import huggingface_hub
 import pytest
 import torch
 from huggingface_hub import constants
-from huggingface_hub.utils import _runtime
 
 import hf_depthgrow
 from hf_depthgrow.testing import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parent))  # fake_hub.py sits beside this file
-from fake_hub import FakeHub  # noqa: E402
+from fake_hub import FakeHub, use_fake_hub_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -148,13 +147,7 @@ def fake_load_model(monkeypatch, tokenizer):
 @pytest.fixture
 def fake_hub(monkeypatch):
     """The localhost fake Hub as the default endpoint (what `HF_ENDPOINT` does), as in test_hub.py."""
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    assert not _runtime.is_xet_available()
+    use_fake_hub_env(monkeypatch, TOKEN)
     huggingface_hub.close_session()
     with FakeHub() as hub:
         monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
