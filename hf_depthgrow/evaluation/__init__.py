@@ -4,11 +4,13 @@ Modules, by job: `paired` (run both models, `evaluate_delta`, `compare_models`),
 checked before the first forward pass), `result` (`EvalResult`), `metrics` (accuracy, F1,
 perplexity), `bounds` (the three intervals), `routes` (Route A/B arithmetic), `route_terms`
 (the Route A/B inputs measured on models and data), `report` (report.json / report.md / plots),
-`formatting` (the one number formatter).
+`formatting` (the one number formatter), `decisions` (certifying several arms at once with Holm or
+Bonferroni, and how well a predictor's ranking matches realized gains: Spearman, partial Spearman, hit rate, regret).
 """
 
 from ..data.batches import DataFormError
 from .bounds import INTERVALS, paired_intervals
+from .decisions import Correlation, corrected_intervals, partial_spearman, predictor_table, regret, spearman, top_k_hit_rate
 from .metrics import classification_metrics
 from .paired import compare_models, evaluate_delta, paired_losses, separate_losses
 from .report import render_markdown, write_report
@@ -18,6 +20,13 @@ from .routes import RouteInputs, route_bounds
 
 __all__ = [
     "INTERVALS",
+    "Correlation",
+    "corrected_intervals",
+    "partial_spearman",
+    "predictor_table",
+    "regret",
+    "spearman",
+    "top_k_hit_rate",
     "DataFormError",
     "EvalResult",
     "NonFiniteLossError",
