@@ -2,6 +2,7 @@
 
 - `engine`: `grow_depth`, `new_block_modules`/`new_block_parameters`, `reattach_adapters`;
 - `config`: `GrowthConfig` (how each block is built), `BLOCK_KINDS`, `INITS`;
+- `placement`: presets, plans and mergekit passthrough configs as explicit entries (`resolve_positions`);
 - `checks`: argument checks shared with the probe (`check_positions`, `resolve_block_kind`, ...);
 - `blocks`: building one native or adapter block without inserting it (`build_block`);
 - `layout`: the layer list and everything indexed by layer (per-layer config lists, `layer_idx`);
@@ -21,6 +22,7 @@ from .config import BLOCK_KINDS, INITS, GrowthConfig
 from .engine import grow_depth, new_block_modules, new_block_parameters, reattach_adapters
 from .families import FAMILIES, SUPPORTED_FAMILIES, FamilySpec, resolve_family
 from .norms import NormInfo, norm_inventory
+from .placement import PlacementEntry, resolve_positions
 from .record import GrowthRecord, InvalidGrowthRecordError, check_record_matches, growth_record
 from .verify import GrowthNotExactError
 
@@ -35,6 +37,7 @@ __all__ = [
     "GrowthRecord",
     "InvalidGrowthRecordError",
     "NormInfo",
+    "PlacementEntry",
     "build_block",
     "bypass_new_blocks",
     "check_record_matches",
@@ -48,4 +51,5 @@ __all__ = [
     "reattach_adapters",
     "resolve_block_kind",
     "resolve_family",
+    "resolve_positions",
 ]

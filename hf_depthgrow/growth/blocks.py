@@ -9,6 +9,7 @@ agree.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 
 import torch
@@ -54,12 +55,14 @@ def _construct_layer(layer_cls: type, config, index: int) -> nn.Module:
 
 
 def build_native_block(
-    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, position: int, cfg: GrowthConfig, repeat: int = 0
+    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, position: int, cfg: GrowthConfig, repeat: int = 0,
+    source: int | None = None,
 ) -> nn.Module:
     """The family's own layer for insertion at `position`, its residual output projections zeroed.
 
     `cfg.init="copy"` deep-copies the layer below the position (layer 0 for k = 0, as LLaMA Pro
-    does); `"random"` builds a fresh layer with the model's `_init_weights` under the block seed.
+    does), or layer `source` where given (a plan's `copy_from`, as mergekit duplicates any layer);
+    `"random"` builds a fresh layer with the model's `_init_weights` under the block seed.
 
     Example:
         ```python
@@ -67,26 +70,27 @@ def build_native_block(
         >>> block = build_native_block(model, stack, spec, 2, GrowthConfig(block="native"))
         ```
     """
-    source = stack[max(position - 1, 0)]
+    index = max(position - 1, 0) if source is None else source
+    src = stack[index]
     if cfg.init == "copy":
-        block = copy.deepcopy(source)
+        block = copy.deepcopy(src)
         adapter.strip(block)  # a copied host layer must not carry the host's adapters
     else:
-        like = _param_like(source)
+        like = _param_like(src)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(_block_seed(cfg.seed, position, repeat))
-            block = _construct_layer(type(source), model.config, max(position - 1, 0))
+            block = _construct_layer(type(src), model.config, index)
             init_fn = getattr(model, "_init_weights", None)
             if init_fn is not None:
                 block.apply(init_fn)
         block.to(dtype=like.dtype, device=like.device)
         # Copy the attention-type attributes the family set from the config (sliding windows).
         for attr in ("attention_type", "is_sliding", "sliding_window"):
-            if hasattr(source, attr):
-                setattr(block, attr, getattr(source, attr))
+            if hasattr(src, attr):
+                setattr(block, attr, getattr(src, attr))
     modules = residual_output_modules(spec, block)
     for entry, module in zip(spec.residual_outputs, modules):
-        check_zeroable(module, f"layer {max(position - 1, 0)}: {entry}")
+        check_zeroable(module, f"layer {index}: {entry}")
     with torch.no_grad():
         for module in modules:
             for param in module.parameters(recurse=False):
@@ -120,9 +124,12 @@ def build_adapter_block(
 
 
 def build_blocks(
-    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, kind: str, positions: list[int], cfg: GrowthConfig
+    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, kind: str, positions: list, cfg: GrowthConfig
 ) -> list[tuple[int, nn.Module]]:
     """`(position, block)` for each of the sorted `positions`; a repeated position counts its repeats.
+
+    An item is a position k or a `PlacementEntry` (its `copy_from` and `init` override the default
+    rule and `cfg.init` for native blocks; `grow_depth` refuses them for adapters).
 
     Example:
         ```python
@@ -134,10 +141,16 @@ def build_blocks(
     builder = build_native_block if kind == "native" else build_adapter_block
     repeats: dict[int, int] = {}
     built = []
-    for k in positions:
+    for item in positions:
+        k = getattr(item, "at", item)
         r = repeats.get(k, 0)
         repeats[k] = r + 1
-        built.append((k, builder(model, stack, spec, k, cfg, r)))
+        copy_from, init = getattr(item, "copy_from", None), getattr(item, "init", None)
+        if kind == "native" and (copy_from is not None or init is not None):
+            own = cfg if init is None else dataclasses.replace(cfg, init=init)
+            built.append((k, build_native_block(model, stack, spec, k, own, r, source=copy_from)))
+        else:
+            built.append((k, builder(model, stack, spec, k, cfg, r)))
     return built
 
 

@@ -19,7 +19,8 @@ have always imported them from.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Iterable, Iterator
+import os
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -42,6 +43,7 @@ from .config import BLOCK_KINDS, INITS, GrowthConfig
 from .families import FamilySpec, model_eps, residual_output_modules, resolve_family
 from .layout import _insert_native, _Snapshot
 from .norms import check_norm_eps
+from .placement import PlacementEntry, describe, resolve_positions
 from .record import AdapterEntry, GrowthRecord, GrowthStep, growth_record, store_record, stored_record
 
 __all__ = [
@@ -61,6 +63,8 @@ __all__ = [
     "check_growable",
     "check_positions",
     "check_native_eps",
+    "PlacementEntry",
+    "resolve_positions",
     "resolve_block_kind",
     "build_native_block",
     "build_adapter_block",
@@ -80,7 +84,9 @@ __all__ = [
 ]
 
 
-def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConfig | None = None, **kwargs) -> nn.Module:
+def grow_depth(
+    model: nn.Module, positions, *, config: GrowthConfig | None = None, probe_result=None, **kwargs
+) -> nn.Module:
     """Insert one zero-initialised residual block at each position; the model stays function-identical.
 
     Position k counts the model's current layers: the new block sits between layers k-1 and k,
@@ -92,9 +98,14 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
     Args:
         model: A transformers `PreTrainedModel` of a family in `hf_depthgrow.SUPPORTED_FAMILIES`
             (others: adapter blocks, where the layer stack can be found).
-        positions: Insertion points, each an int with 0 <= k <= L.
+        positions: Insertion points, each an int with 0 <= k <= L; or a placement (see
+            `hf_depthgrow.growth.placement.resolve_positions`): `"interleave:N"` (block j at
+            `floor((j+1)*L/N + 1/2)`, LLaMA Pro spacing for any L), `"top:N"` (N blocks at L),
+            `"probe:N"` (the N largest probe z-scores), a plan `[{"at": k, "copy_from": j}, ...]` or
+            `{"plan": [...]}`, or a mergekit passthrough config that only duplicates layers.
         config: A `GrowthConfig`; or pass its fields as keyword arguments (`block`, `init`,
             `eps`, `seed`, `adapter_dim`, `adapter_act`, `verify`).
+        probe_result: The `ProbeResult` that `"probe:N"` ranks by z (the probe is not run here).
 
     Raises:
         ValueError: a bad argument or a model that cannot be grown exactly (before any change).
@@ -109,6 +120,8 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
         ...                                      num_key_value_heads=2, intermediate_size=128, vocab_size=100))
         >>> grow_depth(model, [2], block="native", init="copy").config.num_hidden_layers
         5
+        >>> grow_depth(model, [{"at": 5, "copy_from": 0}]).config.num_hidden_layers   # copy layer 0 to the top
+        6
         ```
     """
     if config is not None and kwargs:
@@ -119,8 +132,15 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
     spec, stack, _ = resolve_family(model)
     check_growable(model, stack)
     num_layers = len(stack)
-    sorted_positions = check_positions(positions, num_layers)
+    entries = resolve_positions(positions, num_layers, probe_result=probe_result)
+    sorted_positions = [e.at for e in entries]
     kind = resolve_block_kind(cfg, spec, model.config)
+    custom = [e for e in entries if not e.is_default]
+    if kind == "adapter" and custom:
+        raise ValueError(
+            f"plan entry {custom[0]} sets copy_from or init, which only native blocks have; this growth builds "
+            "adapter blocks (use block='native' on a pre-norm family, or drop copy_from/init)."
+        )
     own_eps = model_eps(spec, model.config)
     check_native_eps(kind, cfg, own_eps)
     check_eps = cfg.eps if cfg.eps is not None else own_eps
@@ -134,17 +154,19 @@ def grow_depth(model: nn.Module, positions: Iterable[int], *, config: GrowthConf
         check_norm_eps(check_eps, dtype)
 
     # Build every block before touching the model: a failure here leaves it as it was.
-    new_blocks = build_blocks(model, stack, spec, kind, sorted_positions, cfg)
+    new_blocks = build_blocks(model, stack, spec, kind, entries, cfg)
     probe = verify.reference(model) if cfg.verify else None
     snapshot = _Snapshot.take(model, stack)
     try:
         if kind == "native":
             _insert_native(model, stack, new_blocks, snapshot)
+            _per_layer_from_sources(model, stack, entries, new_blocks, snapshot)
         else:
             old = list(stack)
             for k, block in new_blocks:
                 adapter.attach(old[k] if k < num_layers else old[-1], block, "pre" if k < num_layers else "post")
-        _update_record(model, stack, snapshot, kind, cfg, sorted_positions, new_blocks, own_eps)
+        placement = _placement_record(positions, entries)
+        _update_record(model, stack, snapshot, kind, cfg, sorted_positions, new_blocks, own_eps, placement)
         if probe is not None:
             verify.check_exact(model, *probe, dtype)
     except Exception:
@@ -174,7 +196,34 @@ def _adapter_entries(stack: nn.ModuleList) -> tuple[AdapterEntry, ...]:
     )
 
 
-def _update_record(model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, positions, new_blocks, own_eps) -> None:
+def _per_layer_from_sources(model, stack, entries, new_blocks, snapshot: _Snapshot) -> None:
+    # `_insert_native` gives a new layer the per-layer config entries (e.g. `layer_types`) of layer
+    # k-1; a block copied from another layer j must carry j's, or save/load would rebuild it differently.
+    moved = {id(block): e.copy_from for e, (_, block) in zip(entries, new_blocks) if e.copy_from is not None}
+    if not moved or not snapshot.per_layer:
+        return
+    for key, values in snapshot.per_layer.items():
+        current = list(getattr(model.config, key))
+        for i, layer in enumerate(stack):
+            if id(layer) in moved:
+                current[i] = values[moved[id(layer)]]
+        setattr(model.config, key, current)
+
+
+def _placement_record(spec, entries) -> dict | None:
+    # Stored only for a spec other than explicit positions, so those records stay exactly as before.
+    planned = isinstance(spec, (str, os.PathLike, dict)) or (isinstance(spec, (list, tuple)) and any(isinstance(i, dict) for i in spec))
+    if not planned:
+        return None
+    return {
+        "spec": describe(spec),
+        "positions": [e.at for e in entries],
+        "copy_from": [e.source for e in entries],
+        "init": [e.init for e in entries],
+    }
+
+
+def _update_record(model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, positions, new_blocks, own_eps, placement=None) -> None:
     # Cumulative: a second growth keeps the base layer count, the earlier native layers (at their
     # new indices) and the history, and appends this call as one more step.
     before = GrowthRecord.from_dict(snapshot.record) if snapshot.record else None
@@ -191,8 +240,9 @@ def _update_record(model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, p
         init=cfg.init if kind == "native" else "random",
         eps=cfg.eps if cfg.eps is not None else own_eps,
         seed=cfg.seed,
-        # `verify` says how the growth was checked, not how a block is built: records stay as they were.
-        config={k: v for k, v in asdict(cfg).items() if k != "verify"},
+        # `verify` says how the growth was checked, not how a block is built; a placement other than explicit
+        # positions goes into this free-form dict, so records written before still load unchanged.
+        config={k: v for k, v in asdict(cfg).items() if k != "verify"} | ({"placement": placement} if placement else {}),
     )
     record = GrowthRecord(
         base_num_layers=before.base_num_layers if before else len(snapshot.layers),

@@ -50,7 +50,8 @@ class RunConfig:
     train_fraction: float = field(default=0.7, metadata={"help": "Share of examples to train on."})
     held_out_fraction: float = field(default=0.15, metadata={"help": "Share for evaluation during training and f~_pop."})
     test_fraction: float = field(default=0.15, metadata={"help": "Share for the final paired test."})
-    positions: list[int] | None = field(default=None, metadata={"help": "Grow here instead of where the probe recommends."})
+    positions: list[int] | None = field(default=None, metadata={"help": "Grow here instead of where the probe recommends (in Python also a preset string, moved to placement)."})
+    placement: str | None = field(default=None, metadata={"help": "Instead of positions: interleave:N, top:N, probe:N (the run's probe, top N by z) or a plan/mergekit YAML file."})
     num_blocks: int = field(default=1, metadata={"help": "How many of the probe's best positions to grow at."})
     force: bool = field(default=False, metadata={"help": "Grow at the best signal even when the probe says 'do not grow'."})
     block: str = field(default="auto", metadata={"help": "native, adapter or auto."})
@@ -76,6 +77,11 @@ class RunConfig:
     trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model (off unless given)."})
 
     def __post_init__(self):
+        # `positions="interleave:8"` from Python: the flag and YAML key hold ints only, so presets live in `placement`.
+        if isinstance(self.positions, str):
+            if self.placement is not None:
+                raise ValueError(f"give positions or placement, not both (got {self.positions!r} and {self.placement!r})")
+            self.positions, self.placement = None, self.positions
         # Types first: a string learning rate must fail here, not after the probe has run.
         hints = typing.get_type_hints(type(self))
         for f in fields(self):
@@ -103,6 +109,8 @@ class RunConfig:
             raise ValueError(f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
         if self.positions is not None and (not self.positions or min(self.positions) < 0):
             raise ValueError(f"positions must be a non-empty list of ints >= 0, got {self.positions}")
+        if self.placement is not None:
+            self._check_placement()
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         for name in ("max_examples", "probe_max_batches", "stone_max_batches"):
@@ -119,6 +127,14 @@ class RunConfig:
             raise ValueError("push_to_hub needs a repo id such as 'me/grown-smollm2'")
         if self.loss_bound is not None:
             self.loss_bound = float(self.loss_bound)
+
+    def _check_placement(self):
+        # The spec's form is checked now (before loading anything); its range needs the model's depth.
+        from ..growth.placement import check_placement
+
+        if self.positions is not None:
+            raise ValueError(f"give positions or placement, not both (got {self.positions} and {self.placement!r})")
+        check_placement(self.placement)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, **overrides) -> "RunConfig":

@@ -54,6 +54,7 @@ class _Run:
     splits: dict = field(default_factory=dict)
     probe_result: object = None
     positions: list = field(default_factory=list)
+    placement: list = field(default_factory=list)  # PlacementEntry per new block, when cfg.placement is set
     why: str = ""
     stones: dict = field(default_factory=dict)
     stone_model: object = None
@@ -134,6 +135,12 @@ def _choose_positions(run: _Run) -> bool:
     if cfg.positions:
         run.positions, run.why = list(cfg.positions), "given by the user"
         return True
+    if cfg.placement:
+        from ..growth.placement import resolve_positions
+
+        run.placement = resolve_positions(cfg.placement, run.model.config.num_hidden_layers, probe_result=result)
+        run.positions, run.why = [e.at for e in run.placement], f"placement {cfg.placement!r}"
+        return True
     if recommendation.get("grow") or cfg.force:
         ranked = recommendation.get("positions") or [int(max(range(len(result.signal)), key=result.signal.__getitem__))]
         run.positions = sorted(ranked[: cfg.num_blocks])
@@ -147,7 +154,8 @@ def _stepping_stones(run: _Run) -> None:
     from ..probe.stepping_stone import stepping_stone
 
     cfg, result = run.cfg, run.probe_result
-    if len(run.positions) == 1:
+    # A block with its own copy source or init is not the one the probe and stepping stone reason about.
+    if len(run.positions) == 1 and all(e.is_default for e in run.placement):
         k = run.positions[0]
         run.log(f"stepping stones at k = {k}")
         g_train = result.gradients[result.positions.index(k)]
@@ -167,7 +175,8 @@ def _grow_and_train(run: _Run) -> None:
 
     cfg = run.cfg
     run.log(f"growing at {run.positions} and training for {cfg.train_steps} steps")
-    grow_depth(run.model, run.positions, **run.grow_kwargs)
+    spec = cfg.placement if run.placement else run.positions
+    grow_depth(run.model, spec, probe_result=run.probe_result, **run.grow_kwargs)
     run.train_result = train(
         run.model, run.splits["train"], eval_data=run.splits["held_out"], stepping_stone=run.stone_model,
         max_steps=cfg.train_steps, learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
