@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import plots
+from ..evaluation.formatting import format_value
 
 # A covariance is called near-diagonal when less than half of its Frobenius mass is off the diagonal.
 NEAR_DIAGONAL = 0.5
@@ -186,37 +187,27 @@ def fits(rows: list[dict], *, bootstrap: int = 200, seed: int = 0) -> dict:
     return out
 
 
-def _fmt(v, digits=4) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return "nan"
-        return f"{v:.{digits}g}"
-    return str(v)
-
-
 def results_markdown(config: dict, rows: list[dict], found: dict, fitted: dict, figures: dict, command: str) -> str:
     """The study's report: findings with verdicts, fits, and one row per cell."""
     lines = ["# Scaling study results", "", f"Produced by `{command}`.", ""]
     lines += ["## Findings", "", "| task | finding | criterion | measured | reproduced |", "|---|---|---|---|---|"]
     for name, task in found.items():
         c = task["covariance_near_diagonal"]
-        lines.append(f"| {name} | covariance near-diagonal | {c['criterion']} | median {_fmt(c['median'], 3)} "
-                     f"(IQR {_fmt(c['quartiles'][0], 3)}–{_fmt(c['quartiles'][1], 3)}) | {'yes' if c['reproduced'] else '**no**'} |")
+        lines.append(f"| {name} | covariance near-diagonal | {c['criterion']} | median {format_value(c['median'], 3)} "
+                     f"(IQR {format_value(c['quartiles'][0], 3)}–{format_value(c['quartiles'][1], 3)}) | {'yes' if c['reproduced'] else '**no**'} |")
         s = task["signal_decays_with_depth"]
-        lines.append(f"| {name} | signal decays with depth | {s['criterion']} | {_fmt(s['share_decreasing'], 2)} of groups, "
-                     f"rho {', '.join(_fmt(r, 2) for r in s['rho_by_group'])} | {'yes' if s['reproduced'] else '**no**'} |")
+        lines.append(f"| {name} | signal decays with depth | {s['criterion']} | {format_value(s['share_decreasing'], 2)} of groups, "
+                     f"rho {', '.join(format_value(r, 2) for r in s['rho_by_group'])} | {'yes' if s['reproduced'] else '**no**'} |")
         w = s["within_model"]
-        lines.append(f"| {name} | signal decays with position | {w['criterion']} | {_fmt(w['share_decreasing'], 2)} of cells, "
-                     f"median rho {_fmt(float(np.median(w['rho_by_cell'])) if w['rho_by_cell'] else None, 2)} "
+        lines.append(f"| {name} | signal decays with position | {w['criterion']} | {format_value(w['share_decreasing'], 2)} of cells, "
+                     f"median rho {format_value(float(np.median(w['rho_by_cell'])) if w['rho_by_cell'] else None, 2)} "
                      f"| {'yes' if w['reproduced'] else '**no**'} |")
         z = task["z_grows_with_width"]
-        lines.append(f"| {name} | z grows with width | {z['criterion']} | {_fmt(z['share_increasing'], 2)} of depths, "
-                     f"rho {', '.join(_fmt(r, 2) for r in z['rho_by_depth'])} | {'yes' if z['reproduced'] else '**no**'} |")
+        lines.append(f"| {name} | z grows with width | {z['criterion']} | {format_value(z['share_increasing'], 2)} of depths, "
+                     f"rho {', '.join(format_value(r, 2) for r in z['rho_by_depth'])} | {'yes' if z['reproduced'] else '**no**'} |")
         g = task["joint_scaling_beats_depth_alone"]
         lines.append(f"| {name} | depth+width monotone, depth alone not | {g['criterion']} | joint "
-                     f"{' → '.join(_fmt(v) for v in g['joint_losses'])}; narrow {' → '.join(_fmt(v) for v in g['narrow_losses'])} "
+                     f"{' → '.join(format_value(v) for v in g['joint_losses'])}; narrow {' → '.join(format_value(v) for v in g['narrow_losses'])} "
                      f"| {'yes' if g['reproduced'] else '**no**'} |")
     lines += ["", "## Power-law fits `L(N, D) = E + A N^-alpha + B D^-beta` (base models' test loss)", ""]
     for name, item in fitted.items():
@@ -233,12 +224,12 @@ def results_markdown(config: dict, rows: list[dict], found: dict, fitted: dict, 
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         boot = r["test"]["bootstrap"]
-        ci = f"[{_fmt(boot[0], 3)}, {_fmt(boot[1], 3)}]" if boot else "–"
+        ci = f"[{format_value(boot[0], 3)}, {format_value(boot[1], 3)}]" if boot else "–"
         off = [v for v in r["probe"]["offdiag_share"] if v is not None]
         lines.append(
-            f"| {r['name']} | {r['depth']} | {r['width']} | {r['data_size']} | {r['N']} | {r['D']} | {_fmt(r['test']['loss_base'])} "
-            f"| {r['growth']['position']} | {r['growth']['selected']} | {_fmt(r['test']['loss_grown'])} | {_fmt(r['test']['delta'], 3)} {ci} "
-            f"| {_fmt(best_value(r, 'z'), 3)} | {_fmt(float(np.median(off)) if off else None, 3)} | {r['seconds']:.0f} |"
+            f"| {r['name']} | {r['depth']} | {r['width']} | {r['data_size']} | {r['N']} | {r['D']} | {format_value(r['test']['loss_base'])} "
+            f"| {r['growth']['position']} | {r['growth']['selected']} | {format_value(r['test']['loss_grown'])} | {format_value(r['test']['delta'], 3)} {ci} "
+            f"| {format_value(best_value(r, 'z'), 3)} | {format_value(float(np.median(off)) if off else None, 3)} | {r['seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
