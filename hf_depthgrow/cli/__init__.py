@@ -15,6 +15,7 @@ COMMANDS = {
     "probe": "first-order signal at every position: where a new block can help",
     "train": "train the new blocks of a grown model with Accelerate",
     "eval": "paired test-risk delta of a grown model against its original, with intervals",
+    "compare": "growth plans against equal-budget controls (and the probe against realized gains)",
 }
 
 

@@ -6,7 +6,9 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-TRAINABLE = ("new", "new+lora", "full")
+TRAINABLE = ("new", "new+lora", "full", "layers", "lora")
+# Modes that train a model without new blocks (the control arms of `hf_depthgrow.comparison`).
+UNGROWN_MODES = ("full", "layers", "lora")
 SCHEDULERS = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 PREFIX_CACHE = ("auto", "memory", "disk", "off")
@@ -32,7 +34,12 @@ class TrainConfig:
     trainable (`str`, defaults to `"new"`):
         `"new"`: only the inserted blocks train (every original weight stays bit-identical).
         `"new+lora"`: the new blocks in full plus PEFT LoRA on the original layers above the lowest
-        insertion. `"full"`: every parameter.
+        insertion. `"full"`: every parameter. Two modes train a model that was *not* grown, as the
+        equal-budget controls of `hf_depthgrow.comparison`: `"layers"` trains the existing layers
+        `trainable_layers` in full (everything below the lowest one stays frozen and is cached);
+        `"lora"` trains LoRA on the linear layers of the whole stack (`lora_target_modules` filters them).
+    trainable_layers (`list[int]` or `None`):
+        Stack indices of the existing layers `"layers"` trains.
     lora_r, lora_alpha, lora_dropout (`int`, `int`, `float`):
         LoRA rank, scaling numerator and dropout (only with `"new+lora"`).
     lora_target_modules (`list[str]` or `None`):
@@ -109,7 +116,10 @@ class TrainConfig:
     """
 
     # trainable set
-    trainable: str = field(default="new", metadata={"help": "new, new+lora or full.", "choices": list(TRAINABLE)})
+    trainable: str = field(default="new", metadata={"help": "new, new+lora, full, layers or lora.", "choices": list(TRAINABLE)})
+    trainable_layers: list[int] | None = field(
+        default=None, metadata={"help": "Stack indices of the existing layers trainable='layers' trains."}
+    )
     lora_r: int = field(default=8, metadata={"help": "LoRA rank (new+lora)."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha (new+lora)."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (new+lora)."})
@@ -190,6 +200,19 @@ class TrainConfig:
             "prefix_cache needs a frozen prefix, but trainable='full' trains the layers below the new blocks; "
             "use prefix_cache='auto' or 'off'.",
         )
+        check(
+            not (self.trainable == "lora" and self.prefix_cache in ("memory", "disk")),
+            "prefix_cache needs a frozen prefix, but trainable='lora' adapts every layer; use prefix_cache='auto' or 'off'.",
+        )
+        if self.trainable == "layers":
+            layers = self.trainable_layers
+            check(
+                isinstance(layers, (list, tuple)) and layers and all(is_int(i) and i >= 0 for i in layers) and len(set(layers)) == len(layers),
+                f"trainable='layers' needs trainable_layers, a non-empty list of distinct layer indices >= 0, got {layers!r}",
+            )
+            self.trainable_layers = sorted(layers)
+        else:
+            check(self.trainable_layers is None, f"trainable_layers is only used with trainable='layers' (trainable={self.trainable!r})")
         for name in ("lora_r", "lora_alpha", "per_device_train_batch_size", "gradient_accumulation_steps", "ddp_timeout"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 1, f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         for name in ("warmup_steps", "eval_steps", "save_steps", "seed"):

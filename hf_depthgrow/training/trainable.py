@@ -1,4 +1,4 @@
-"""Trainable sets (`"new"`, `"new+lora"`, `"full"`), the modules that run in train mode, and AdamW groups.
+"""Trainable sets (`"new"`, `"new+lora"`, `"full"`, and the controls `"layers"`, `"lora"`), the modules in train mode, AdamW groups.
 
 Frozen modules run in eval mode (dropout off): that makes the frozen prefix a fixed function, so the
 cached and uncached paths compute the same thing. Only modules that own trainable weights (the new
@@ -19,10 +19,25 @@ from ..growth.families import resolve_family
 from .config import TrainConfig
 
 
+def _linear_names(stack: nn.Module, path: str, indices, suffixes: Sequence[str] | None) -> list[str]:
+    from transformers.pytorch_utils import Conv1D
+
+    names = []
+    for i in indices:
+        for name, module in stack[i].named_modules():
+            if ".depthgrow_" in f".{name}" or not isinstance(module, (nn.Linear, Conv1D)):
+                continue
+            if suffixes and not any(name == s or name.endswith("." + s) for s in suffixes):
+                continue
+            names.append(f"{path}.{i}.{name}")
+    return names
+
+
 def lora_target_names(model: nn.Module, suffixes: Sequence[str] | None = None) -> list[str]:
     """Full names of the linear layers LoRA adapts in `"new+lora"`: original layers above the lowest insertion.
 
-    New blocks (native layers and adapters) are excluded: they train in full.
+    New blocks (native layers and adapters) are excluded: they train in full. A model that was not
+    grown (the `"lora"` control) gets every layer of its stack.
 
     Example:
         ```python
@@ -31,25 +46,30 @@ def lora_target_names(model: nn.Module, suffixes: Sequence[str] | None = None) -
         ['model.layers.3.self_attn.q_proj', 'model.layers.4.self_attn.q_proj']
         ```
     """
-    from transformers.pytorch_utils import Conv1D
-
+    _, stack, path = resolve_family(model)
     record = growth_record(model)
     if record is None:
-        raise ValueError("lora_target_names needs a grown model: call hf_depthgrow.grow_depth first")
-    _, stack, path = resolve_family(model)
-    cut = record.lowest_insertion_point  # original layers from here up sit above a new block
+        return _linear_names(stack, path, range(len(stack)), suffixes)
     native = set(record.native_indices)
-    names = []
-    for i in range(cut, len(stack)):
-        if i in native:
-            continue
-        for name, module in stack[i].named_modules():
-            if ".depthgrow_" in f".{name}" or not isinstance(module, (nn.Linear, Conv1D)):
-                continue
-            if suffixes and not any(name == s or name.endswith("." + s) for s in suffixes):
-                continue
-            names.append(f"{path}.{i}.{name}")
-    return names
+    # Original layers from the lowest insertion point up sit above a new block.
+    indices = [i for i in range(record.lowest_insertion_point, len(stack)) if i not in native]
+    return _linear_names(stack, path, indices, suffixes)
+
+
+def layer_parameters(model: nn.Module, indices: Sequence[int]) -> list[tuple[str, nn.Parameter]]:
+    """`(full name, parameter)` of the existing layers `indices` of the model's stack (what `"layers"` trains).
+
+    Example:
+        ```python
+        >>> [n for n, _ in layer_parameters(tiny_model("llama"), [1])][:1]
+        ['model.layers.1.self_attn.q_proj.weight']
+        ```
+    """
+    _, stack, path = resolve_family(model)
+    bad = [i for i in indices if not 0 <= i < len(stack)]
+    if bad:
+        raise ValueError(f"trainable_layers {bad} out of range: the model has {len(stack)} layers (0..{len(stack) - 1})")
+    return [(f"{path}.{i}.{n}", p) for i in indices for n, p in stack[i].named_parameters()]
 
 
 def no_decay(name: str, param: nn.Parameter) -> bool:
@@ -71,10 +91,8 @@ def _inject_lora(model: nn.Module, cfg: TrainConfig):
 
     targets = lora_target_names(model, cfg.lora_target_modules)
     if not targets:
-        raise ValueError(
-            "trainable='new+lora' found no linear layer of an original layer above the lowest insertion "
-            f"(lora_target_modules={cfg.lora_target_modules}); use trainable='new'."
-        )
+        where = "of an original layer above the lowest insertion" if cfg.trainable == "new+lora" else "in the layer stack"
+        raise ValueError(f"trainable={cfg.trainable!r} found no linear layer {where} (lora_target_modules={cfg.lora_target_modules})")
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, target_modules=targets, bias="none")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*task_type.*")
@@ -83,7 +101,7 @@ def _inject_lora(model: nn.Module, cfg: TrainConfig):
 
 
 def setup_trainable(model: nn.Module, cfg: TrainConfig) -> TrainableSet:
-    """Set `requires_grad` for `cfg.trainable` (injecting LoRA for `"new+lora"`) and return the set.
+    """Set `requires_grad` for `cfg.trainable` (injecting LoRA for `"new+lora"` and `"lora"`) and return the set.
 
     Example:
         ```python
@@ -92,12 +110,16 @@ def setup_trainable(model: nn.Module, cfg: TrainConfig) -> TrainableSet:
         True
         ```
     """
-    full = cfg.trainable == "full"
+    mode = cfg.trainable
+    full = mode == "full"
     for param in model.parameters():
         param.requires_grad_(full)
-    peft_model = _inject_lora(model, cfg) if cfg.trainable == "new+lora" else None
-    if not full:
+    peft_model = _inject_lora(model, cfg) if mode in ("new+lora", "lora") else None
+    if mode in ("new", "new+lora"):
         for _, param in new_block_parameters(model):
+            param.requires_grad_(True)
+    if mode == "layers":
+        for _, param in layer_parameters(model, cfg.trainable_layers):
             param.requires_grad_(True)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
@@ -105,6 +127,9 @@ def setup_trainable(model: nn.Module, cfg: TrainConfig) -> TrainableSet:
     # Modules that run in train mode; everything else stays in eval mode (see module docstring).
     if full:
         modules = [model]
+    elif mode == "layers":
+        stack = resolve_family(model)[1]
+        modules = [stack[i] for i in cfg.trainable_layers]
     else:
         modules = list(new_block_modules(model))
         if peft_model is not None:

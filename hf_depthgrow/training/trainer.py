@@ -43,14 +43,14 @@ from .checkpoints import (
     save_checkpoint,
     trainer_state,
 )
-from .config import TrainConfig
+from .config import UNGROWN_MODES, TrainConfig
 from .data_order import DataOrder, fetch, input_count, selection_rows, supervised_count, training_rows
 from .forward import batch_losses
 from .guards import guard_output_dir, nonfinite_stop, run_fingerprint
 from .prefix_cache import PrefixCache, build_caches, shares_prefix
 from .result import FINAL_MODEL, TrainResult, initial_result, write_outputs
 from .selection import candidate_loss, initial_weights, pick, selected_model, stone_cache, unpack_stone
-from .trainable import lora_target_names, make_optimizer, set_train_mode, setup_trainable
+from .trainable import layer_parameters, lora_target_names, make_optimizer, set_train_mode, setup_trainable
 
 STOP_EXIT_CODE = 17  # what `stop_after_step` exits with, so a test can tell it from a crash
 
@@ -109,11 +109,16 @@ class GrownTrainer:
         self.stone, self.stone_info = unpack_stone(stepping_stone)
         self._accelerator = accelerator
         self.record = growth_record(model)
-        if self.config.trainable != "full" and not self.record:
+        mode = self.config.trainable
+        if mode not in UNGROWN_MODES and not self.record:
             raise ValueError(
-                f"trainable={self.config.trainable!r} trains the inserted blocks, but the model is not grown: "
-                "call hf_depthgrow.grow_depth first (or use trainable='full')."
+                f"trainable={mode!r} trains the inserted blocks, but the model is not grown: "
+                "call hf_depthgrow.grow_depth first (or use trainable='full', 'layers' or 'lora')."
             )
+        if mode in ("layers", "lora") and self.record:
+            raise ValueError(f"trainable={mode!r} is a control that adds no depth: pass the model before grow_depth")
+        if mode == "layers":
+            layer_parameters(model, self.config.trainable_layers)  # out-of-range indices fail here, before any work
         if self.stone is not None and not self.record:
             raise ValueError("a stepping stone is only meaningful for a grown model")
         # Taken before LoRA is injected; identifies the run in its checkpoints (guards.py).
@@ -174,9 +179,12 @@ class GrownTrainer:
         self.unit = "tokens" if self.causal else "examples"
         self.eval_batch_size = cfg.per_device_eval_batch_size or cfg.per_device_train_batch_size
         self.prefix_index = lowest_new_index(self.model) if self.record else None
+        if cfg.trainable == "layers":
+            # Nothing below the lowest trained layer changes: the same frozen prefix as a new block there.
+            self.prefix_index = cfg.trainable_layers[0]
         self.model.to(acc.device)
         self.sharded = acc.distributed_type == DistributedType.FSDP
-        if self.sharded and self.record and (self.record.adapters or cfg.trainable == "new+lora"):
+        if self.sharded and ((self.record and self.record.adapters) or cfg.trainable in ("new+lora", "lora")):
             raise NotImplementedError(
                 "under FSDP this trainer supports native blocks with trainable='new' or 'full' (adapter blocks and "
                 "LoRA are saved and merged from unsharded weights); use a DDP launch config for them."

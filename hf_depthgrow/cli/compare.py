@@ -1,0 +1,112 @@
+"""`hf-depthgrow compare`: growth plans against equal-budget controls, paired, corrected across arms.
+
+    hf-depthgrow compare                                   # SmolLM2 on Shakespeare, retention on Python docs
+    hf-depthgrow compare --growth probe:1 interleave:2 top:1 --controls layers lora --max-steps 40
+    hf-depthgrow compare --oracle-positions 0 10 20 30 --oracle-seeds 0 1 2   # also validate the probe
+
+Every arm trains with the same steps, batch size, data order, schedule and learning-rate grid (each
+arm's rate chosen on the held-out split) and is scored on the same test examples; with
+`--retention-data` also on a general-domain set (forgetting). `--oracle-positions` adds the probe
+validation: one single-block arm per position and seed, and how well each predictor ranks them.
+Writes `compare.json`, `compare.md`, `compare.png` (and `probe_validation.*`) into `--output-dir`.
+
+Exit codes: 0 done; 2 bad input (one line on stderr, before anything loads or changes on disk).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from ..comparison import CompareConfig
+from ..config import ConfigParser
+from .common import run_command
+
+
+@dataclass
+class CompareScript:
+    """Model, data and output of `hf-depthgrow compare` (the arms and budget are `CompareConfig`)."""
+
+    model: str = field(default="smollm2", metadata={"help": "'smollm2', 'minilm', a local folder, or a Hub id."})
+    data: str = field(default="shakespeare", metadata={"help": "Training domain: an embedded source, a local file/folder, or a Hub dataset id."})
+    retention_data: str | None = field(
+        default="auto", metadata={"help": "General-domain set for forgetting; auto: python_docs for a language model, none for a classifier."}
+    )
+    retention_max_examples: int = field(default=128, metadata={"help": "Examples of the retention set."})
+    output_dir: str = field(default="runs/compare", metadata={"help": "Where compare.json/.md/.png go."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an output_dir this tool wrote."})
+    block_size: int = field(default=64, metadata={"help": "Tokens per causal-LM example."})
+    max_examples: int | None = field(default=480, metadata={"help": "Examples in all (split below)."})
+    train_fraction: float = field(default=0.6, metadata={"help": "Share of examples to train on."})
+    held_out_fraction: float = field(default=0.15, metadata={"help": "Share that chooses learning rates and the best control."})
+    test_fraction: float = field(default=0.25, metadata={"help": "Share every arm is scored on."})
+    oracle_positions: list[int] | None = field(default=None, metadata={"help": "Probe validation: one single-block arm per position."})
+    oracle_seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Data-order seeds of the oracle sweep."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model."})
+
+
+def build_parser() -> ConfigParser:
+    return ConfigParser([CompareScript, CompareConfig], prog="hf-depthgrow compare", description=__doc__)
+
+
+def _load(script: CompareScript, cfg: CompareConfig):
+    from ..data.sources import load_data, split_dataset
+    from ..hub.loading import load_model
+
+    model, tokenizer = load_model(script.model, trust_remote_code=script.trust_remote_code)
+    model.eval()
+    data = load_data(script.data, model=model, tokenizer=tokenizer, block_size=script.block_size,
+                     max_examples=script.max_examples, seed=cfg.seed)  # fmt: skip
+    splits = split_dataset(
+        data, {"train": script.train_fraction, "held_out": script.held_out_fraction, "test": script.test_fraction}, seed=cfg.seed
+    )
+    from ..losses import is_causal_lm
+
+    source = script.retention_data
+    if source == "auto":
+        source = "python_docs" if is_causal_lm(model) else None
+    retention = None
+    if source:
+        retention = load_data(source, model=model, tokenizer=tokenizer, block_size=script.block_size,
+                              max_examples=script.retention_max_examples, seed=cfg.seed)  # fmt: skip
+    return model, splits, retention
+
+
+def _run(argv: list[str]) -> int:
+    from ..pipeline.output import check_output_dir, staged_output
+
+    script, cfg = build_parser().parse(argv)
+    check_output_dir(script.output_dir, overwrite=script.overwrite, inputs={"model": script.model, "data": script.data})
+    model, splits, retention = _load(script, cfg)
+    from ..comparison import compare_plans
+
+    result = compare_plans(model, splits["train"], splits["held_out"], splits["test"], config=cfg, retention_data=retention)
+    validation = None
+    if script.oracle_positions:
+        from ..comparison.validation import validate_probe
+
+        validation = validate_probe(
+            model, splits["train"], splits["held_out"], splits["test"], positions=script.oracle_positions,
+            seeds=script.oracle_seeds, config=cfg, probe_result=None,
+            # The rate the grid chose (on held-out) for the best growth arm: one rate for every position.
+            learning_rate=result.arm(result.statistics["best_growth"]).learning_rate,
+        )  # fmt: skip
+    with staged_output(script.output_dir) as tmp:
+        result.save(tmp)
+        if validation is not None:
+            validation.save(tmp)
+        (tmp / "command.txt").write_text("hf-depthgrow compare " + shlex.join(argv) + "\n")
+    print(result.to_markdown())
+    if validation is not None:
+        print(validation.to_markdown())
+    print(f"Everything is in {script.output_dir}/")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `hf-depthgrow compare`; an input error is one line on stderr and exit code 2."""
+    return run_command("compare", _run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

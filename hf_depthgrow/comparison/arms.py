@@ -1,0 +1,294 @@
+"""The arms of a comparison: growth plans and the equal-budget controls that add no depth.
+
+An arm is what a user could do with the same optimizer steps, tokens and schedule:
+
+- **growth** (`kind="growth"`): insert blocks where a placement spec says (`"probe:N"`, `"interleave:N"`,
+  `"top:N"`, `"bottom:N"`, `"random:N"`, `"at:10,20"`, a plan or a mergekit file) and train only them;
+- **layers**: train the *existing* layers the reference growth arm's blocks copy, in full. A native block
+  is a copy of its source layer, so the trainable-parameter count matches exactly;
+- **lora**: LoRA on every linear layer of the stack, the rank chosen so that its parameter count is the
+  closest to the reference arm's (matched up to one rank step; both counts are reported);
+- **full**: every parameter (same steps; not parameter-matched, the upper end of what training buys);
+- **original**: no training, the reference of every delta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from torch import nn
+
+from ..growth.engine import new_block_parameters
+from ..growth.families import resolve_family
+from ..growth.placement import PlacementEntry, check_placement, resolve_positions
+
+CONTROL_KINDS = ("layers", "lora", "full", "original")
+_OWN_PRESETS = ("bottom", "random", "at")
+
+
+@dataclass
+class Arm:
+    """One arm, resolved against the model: what grows, what trains, how many parameters.
+
+    Attributes:
+        name: Unique label (the spec as given, e.g. `"probe:1"`, `"layers"`).
+        kind: `"growth"` or one of `CONTROL_KINDS`.
+        spec: The spec as given (string, list or plan).
+        placement: Growth arms: the resolved entries (`at`, `copy_from`, `init`).
+        layers: `"layers"` controls: the stack indices trained.
+        lora_r: `"lora"` controls: the rank.
+        trainable_parameters: What trains (0 for the original).
+        matched_to: The growth arm whose parameter count a control matches.
+    """
+
+    name: str
+    kind: str
+    spec: object = None
+    placement: list[PlacementEntry] = field(default_factory=list)
+    layers: list[int] | None = None
+    lora_r: int | None = None
+    trainable_parameters: int = 0
+    matched_to: str | None = None
+
+    @property
+    def positions(self) -> list[int]:
+        return [e.at for e in self.placement]
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "positions": self.positions or None,
+            "copy_from": [e.source for e in self.placement] or None,
+            "layers": self.layers,
+            "lora_r": self.lora_r,
+            "trainable_parameters": self.trainable_parameters,
+            "matched_to": self.matched_to,
+        }
+
+
+def arm_name(spec) -> str:
+    """The label of a spec: strings as given, lists as `at:...`, plans by their positions."""
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, (list, tuple)) and all(isinstance(k, int) for k in spec):
+        return "at:" + ",".join(str(k) for k in spec)
+    return "plan"
+
+
+GROWTH_SPECS = "probe:N, interleave:N, top:N, bottom:N, random:N, at:k1,k2, or a plan/mergekit file"
+
+
+def check_growth_spec(spec) -> None:
+    """Check a growth spec's form before any model loads (ranges need the depth and are checked later).
+
+    Example:
+        ```python
+        >>> check_growth_spec("random:2")
+        >>> check_growth_spec("middle:1")
+        Traceback (most recent call last):
+        ValueError: unknown growth arm 'middle:1': use probe:N, interleave:N, top:N, bottom:N, random:N, at:k1,k2, or a plan/mergekit file
+        ```
+    """
+    if not isinstance(spec, str):
+        return  # lists and plans are checked against the depth in `resolve_growth`
+    head, sep, tail = spec.strip().partition(":")
+    if head == "at":
+        if not tail or not all(x.strip().isdigit() for x in tail.split(",")):
+            raise ValueError(f"arm {spec!r}: at: takes comma-separated layer positions, e.g. at:10,20")
+    elif head in ("bottom", "random"):
+        if not tail.isdigit() or int(tail) < 1:
+            raise ValueError(f"arm {spec!r}: {head}:N needs an integer N >= 1")
+    else:
+        try:
+            check_placement(spec)
+        except ValueError:
+            raise ValueError(f"unknown growth arm {spec!r}: use {GROWTH_SPECS}") from None
+
+
+def _own_preset(spec: str, num_layers: int, seed: int) -> list[PlacementEntry] | None:
+    """`bottom:N`, `random:N` (seeded, distinct positions) and `at:k1,k2`; `None` for the placement module's specs."""
+    head, _, tail = spec.partition(":")
+    if head not in _OWN_PRESETS:
+        return None
+    if head == "at":
+        try:
+            positions = [int(x) for x in tail.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"arm {spec!r}: at: takes comma-separated layer positions, e.g. at:10,20") from None
+        return resolve_positions(positions, num_layers)
+    if not tail.isdigit() or not 1 <= int(tail) <= num_layers:
+        raise ValueError(f"arm {spec!r}: {head}:N needs 1 <= N <= {num_layers}")
+    n = int(tail)
+    if head == "bottom":
+        return resolve_positions(list(range(n)), num_layers)
+    rng = np.random.default_rng(seed)
+    return resolve_positions(sorted(int(k) for k in rng.choice(num_layers + 1, size=n, replace=False)), num_layers)
+
+
+def resolve_growth(spec, num_layers: int, *, probe_result=None, seed: int = 0) -> list[PlacementEntry]:
+    """The placement entries of a growth spec: the placement module's presets and plans, plus `bottom`, `random`, `at`.
+
+    Example:
+        ```python
+        >>> [e.at for e in resolve_growth("bottom:2", 4)]
+        [0, 1]
+        ```
+    """
+    if isinstance(spec, str):
+        own = _own_preset(spec.strip(), num_layers, seed)
+        if own is not None:
+            return own
+    return resolve_positions(spec, num_layers, probe_result=probe_result)
+
+
+def as_plan(placement: Sequence[PlacementEntry]) -> list[dict]:
+    """Placement entries as the plan `grow_depth` takes."""
+    plan = []
+    for e in placement:
+        entry = {"at": e.at}
+        if e.copy_from is not None:
+            entry["copy_from"] = e.copy_from
+        if e.init is not None:
+            entry["init"] = e.init
+        plan.append(entry)
+    return plan
+
+
+def grow_arm(model: nn.Module, arm: "Arm", grow_kwargs: dict | None = None) -> nn.Module:
+    """A grown deep copy of `model` for a growth arm (the model itself is not changed)."""
+    import copy
+
+    from ..growth.engine import grow_depth
+
+    return grow_depth(copy.deepcopy(model), as_plan(arm.placement), **(grow_kwargs or {}))
+
+
+def growth_parameters(model: nn.Module, arm: "Arm", grow_kwargs: dict | None = None) -> int:
+    """Parameters the arm's new blocks add, counted on a grown copy (native and adapter blocks alike)."""
+    grown = grow_arm(model, arm, {**(grow_kwargs or {}), "verify": False})
+    return sum(p.numel() for _, p in new_block_parameters(grown))
+
+
+def matched_layers(placement: Sequence[PlacementEntry], num_layers: int) -> list[int]:
+    """Existing layers a `"layers"` control trains for a growth arm: each block's source layer.
+
+    Two blocks copying the same layer would train it once; the next free layer below (else above) stands
+    in, so the count still matches for a model whose layers share one shape.
+
+    Example:
+        ```python
+        >>> matched_layers(resolve_positions([2, 4], 4), 4)
+        [1, 3]
+        ```
+    """
+    chosen: list[int] = []
+    for e in placement:
+        k = e.source
+        candidates = [k] + [j for d in range(1, num_layers) for j in (k - d, k + d) if 0 <= j < num_layers]
+        chosen.append(next(j for j in candidates if j not in chosen))
+    return sorted(chosen)
+
+
+def lora_rank_for(model: nn.Module, target: int, suffixes: Sequence[str] | None = None) -> tuple[int, int]:
+    """`(rank, parameters)` of LoRA on every linear layer of the stack closest to `target` parameters.
+
+    A rank-r LoRA on a `d_in x d_out` linear layer adds `r * (d_in + d_out)` parameters.
+
+    Example:
+        ```python
+        >>> lora_rank_for(tiny_model("llama"), 4096)
+        (2, 4096)
+        ```
+    """
+    from ..training.trainable import lora_target_names
+
+    modules = dict(model.named_modules())
+    per_rank = 0
+    for name in lora_target_names(model, suffixes):
+        module = modules[name]
+        weight = module.weight
+        per_rank += int(weight.shape[0] + weight.shape[1])
+    if per_rank == 0:
+        raise ValueError("no linear layer in the stack for a LoRA control")
+    rank = max(1, int(round(target / per_rank)))
+    return rank, rank * per_rank
+
+
+def build_arms(
+    model: nn.Module,
+    growth: Sequence,
+    controls: Sequence[str] = ("layers", "lora"),
+    *,
+    reference: str | None = None,
+    probe_result=None,
+    seed: int = 0,
+    lora_target_modules: Sequence[str] | None = None,
+    grow_kwargs: dict | None = None,
+) -> list[Arm]:
+    """Resolve every arm against `model` (not changed) before anything trains; the original comes first.
+
+    Args:
+        model: The base model (not grown).
+        growth: Growth specs (see the module docstring); at least one.
+        controls: Any of `"layers"`, `"lora"`, `"full"`; `"original"` is always included.
+        reference: The growth arm the controls match (default: the first).
+        probe_result: For `"probe:N"` specs.
+        seed: Seeds `"random:N"` placements.
+        lora_target_modules: Name suffixes the LoRA control adapts (default: every linear layer).
+        grow_kwargs: `grow_depth` keyword arguments of every growth arm (`block`, `init`, ...).
+
+    Raises:
+        ValueError: for an unknown control, duplicate names, a bad spec or an unknown reference.
+
+    Example:
+        ```python
+        >>> arms = build_arms(tiny_model("llama"), ["top:1", "at:2"], ["layers"])
+        >>> [(a.name, a.trainable_parameters) for a in arms]
+        [('original', 0), ('top:1', 9280), ('at:2', 9280), ('layers', 9280)]
+        ```
+    """
+    if not growth:
+        raise ValueError("a comparison needs at least one growth arm")
+    bad = [c for c in controls if c not in CONTROL_KINDS]
+    if bad:
+        raise ValueError(f"unknown control arm(s) {bad}: choose from {list(CONTROL_KINDS)}")
+    num_layers = len(resolve_family(model)[1])
+    arms = [Arm("original", "original")]
+    for spec in growth:
+        placement = resolve_growth(spec, num_layers, probe_result=probe_result, seed=seed)
+        arm = Arm(arm_name(spec), "growth", spec, placement)
+        arm.trainable_parameters = growth_parameters(model, arm, grow_kwargs)
+        arms.append(arm)
+    names = [a.name for a in arms]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ValueError(f"arm names must be unique, got {duplicated} more than once")
+    by_name = {a.name: a for a in arms}
+    ref = by_name.get(reference or arms[1].name)
+    if ref is None or ref.kind != "growth":
+        raise ValueError(f"reference {reference!r} is not a growth arm (have {[a.name for a in arms if a.kind == 'growth']})")
+    for kind in dict.fromkeys(c for c in controls if c != "original"):
+        arms.append(_control(model, kind, ref, num_layers, lora_target_modules))
+    return arms
+
+
+def _control(model: nn.Module, kind: str, ref: Arm, num_layers: int, suffixes) -> Arm:
+    if kind == "layers":
+        layers = matched_layers(ref.placement, num_layers)
+        stack = resolve_family(model)[1]
+        count = sum(p.numel() for i in layers for p in stack[i].parameters())
+        return Arm("layers", "layers", layers=layers, trainable_parameters=count, matched_to=ref.name)
+    if kind == "lora":
+        rank, count = lora_rank_for(model, ref.trainable_parameters, suffixes)
+        return Arm("lora", "lora", lora_r=rank, trainable_parameters=count, matched_to=ref.name)
+    return Arm("full", "full", trainable_parameters=sum(p.numel() for p in model.parameters()))
+
+
+def check_growth_count(arm: Arm, grown: nn.Module) -> None:
+    """The grown model's new parameters are what the arm promised (the controls were matched to it)."""
+    actual = sum(p.numel() for _, p in new_block_parameters(grown))
+    if actual != arm.trainable_parameters:
+        raise RuntimeError(f"arm {arm.name}: the grown blocks have {actual} parameters, {arm.trainable_parameters} were matched")
