@@ -20,6 +20,9 @@ install-data:
 	@# Fashion-MNIST ships in Debian; optional (tests that need it skip without it).
 	@if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) || echo "note: dataset-fashion-mnist not installed"; fi
+	@# The Python docs (reStructuredText sources) are the general-domain retention set (--retention-data python_docs); optional too.
+	@if [ ! -d /usr/share/doc/python3.11/html/_sources ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && apt-get install -y -qq python3.11-doc >/dev/null) || echo "note: python3.11-doc not installed"; fi
 
 run: install
 	hf-depthgrow run

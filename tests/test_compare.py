@@ -142,10 +142,26 @@ def test_compare_leaves_the_base_unchanged_and_spends_an_equal_budget(compared):
     trained = [a for a in result.arms if a.kind != "original"]
     assert [a.name for a in result.arms] == ["original", "top:1", "at:2", "bottom:1", "layers", "lora"]
     assert len({a.units_seen for a in trained}) == 1 and trained[0].units_seen == 6 * 8 * 12
-    for arm in trained:  # the learning rate is the held-out argmin of the grid
+    for arm in trained:  # successive halving: one rate stops at 1/4 of the steps, the better one on held-out goes on
         assert set(arm.tried) == {1e-3, 5e-3}
-        assert arm.learning_rate == min(arm.tried, key=lambda lr: arm.tried[lr]["heldout_loss"])
+        stopped = [lr for lr, t in arm.tried.items() if t["stopped_at"] < 6]
+        assert len(stopped) == 1 and arm.tried[stopped[0]]["stopped_at"] == 2  # round(0.25 * 6)
+        assert arm.tried[arm.learning_rate]["stopped_at"] == 6
     assert result.arm("layers").trainable_parameters == result.arm("at:2").trainable_parameters
+
+
+def test_successive_halving_keeps_the_run_it_would_have_trained_alone():
+    """The survivor of halving is bit-identical to training that rate alone (same schedule, same data order)."""
+    model = tiny_model("llama")
+    rows = {name: lm_rows(model, n, seed) for name, n, seed in (("train", 24, 0), ("eval", 8, 1), ("test", 8, 2))}
+    kw = dict(growth=["at:2"], controls=[], max_steps=8, progress=False, n_bootstrap=100)
+    halved = compare_plans(model, rows["train"], rows["eval"], rows["test"], learning_rates=[1e-4, 5e-3], **kw)
+    chosen = halved.arm("at:2").learning_rate
+    alone = compare_plans(model, rows["train"], rows["eval"], rows["test"], learning_rates=[chosen], **kw)
+    np.testing.assert_array_equal(halved.arm("at:2").test_per_example, alone.arm("at:2").test_per_example)
+    full = compare_plans(model, rows["train"], rows["eval"], rows["test"], learning_rates=[1e-4, 5e-3], successive_halving=False, **kw)
+    assert all(t["stopped_at"] == 8 for t in full.arm("at:2").tried.values())
+    assert full.arm("at:2").learning_rate == min(full.arm("at:2").tried, key=lambda lr: full.arm("at:2").tried[lr]["heldout_loss"])
 
 
 def test_compare_statistics_are_paired_against_the_same_examples(compared):

@@ -52,7 +52,9 @@ def snapshot(model) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(
     "bad",
     [
-        dict(trainable="lora"),
+        dict(trainable="adapters"),
+        dict(trainable="layers"),  # needs trainable_layers
+        dict(trainable="layers", trainable_layers=[1, 1]),
         dict(learning_rate=0),
         dict(gradient_accumulation_steps=0),
         dict(trainable="full", prefix_cache="memory"),

@@ -6,6 +6,10 @@
 With `--base PATH` the model is compared with a separate base model (both run fully); without it
 the model must carry a growth record, and the original is the same model with its new blocks
 bypassed (shared prefix). Writes report.json, report.md and PNG plots into `--out`.
+
+With `--retention-data python_docs` (or any other source) both models are also compared on a
+general-domain set outside the training domain, to measure forgetting (positive = the new model
+got worse there); the result is printed and written to retention.json beside the report.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class EvalArguments:
     n_train: int | None = field(default=None, metadata={"help": "Training-set size n (Route A/B)."})
     delta_erm: float | None = field(default=None, metadata={"help": "Delta_ERM from the trainer (Route A/B)."})
     block_terms: str | None = field(default=None, metadata={"help": "Estimate rho, B_a, B_W of the new blocks on this split of --splits (usually train)."})
+    retention_data: str | None = field(default=None, metadata={"help": "Also measure forgetting on this general-domain set (e.g. python_docs; any --data source), outside the training domain."})
+    retention_max_examples: int = field(default=256, metadata={"help": "Examples (LM blocks of --block-size tokens) of --retention-data to evaluate."})
     evaluate: bool = field(default=True, metadata={"help": "Also try the Hugging Face `evaluate` metrics."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
 
@@ -99,8 +105,39 @@ def check_inputs(args: EvalArguments) -> None:
     if args.splits:
         _fractions(args.splits)
     read_routes(args.routes)
+    check_retention_source(args)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise FileExistsError(f"--out {args.out} exists and is not a folder")
+
+
+def check_retention_source(args: EvalArguments) -> None:
+    """`--retention-data` and `--retention-max-examples`, checked before any model loads (nothing given: nothing to do)."""
+    from ..pipeline.checks import check_data_source
+
+    if args.retention_data is None:
+        return
+    if args.retention_max_examples < 1:
+        raise ValueError(f"--retention-max-examples must be >= 1, got {args.retention_max_examples}")
+    given, data = Path(args.retention_data).expanduser(), Path(args.data).expanduser()
+    if args.retention_data == args.data or (given.exists() and data.exists() and given.resolve() == data.resolve()):
+        raise ValueError(
+            f"--retention-data {args.retention_data!r} is the evaluation data itself: pick a set outside the training domain"
+        )
+    check_data_source(args.retention_data)
+    if args.retention_data == "python_docs":
+        from ..data.corpora import python_docs_texts
+
+        python_docs_texts(max_chars=0)  # only looks for the files: a missing package fails now, not after a model load
+
+
+def load_retention(args: EvalArguments, model, tokenizer):
+    """The `--retention-data` rows (`None` without it): its first `--retention-max-examples` examples, via `load_data`."""
+    from ..data.sources import load_data
+
+    if args.retention_data is None:
+        return None
+    return load_data(args.retention_data, model=model, tokenizer=tokenizer, block_size=args.block_size,
+                     max_examples=args.retention_max_examples, seed=args.split_seed)  # fmt: skip
 
 
 def load_models(args: EvalArguments):
@@ -167,21 +204,42 @@ def route_terms(args: EvalArguments, model, splits: dict):
 
 
 def _eval(argv: list[str]) -> int:
+    from ..evaluation.formatting import scrub_paths
     from ..evaluation.paired import compare_models, evaluate_delta
     from ..evaluation.report import write_report
+    from ..evaluation.retention import evaluate_retention
+    from ..utils import write_json
 
     (args,) = parse("eval", argv, EvalArguments, description=__doc__)
     check_inputs(args)
     model, base, tokenizer = load_models(args)
     splits, test = load_splits(args, model, tokenizer)
+    retention_data = load_retention(args, model, tokenizer)  # a bad set fails here, before any evaluation runs
     kwargs = dict(delta=args.delta, loss_bound=args.loss_bound, n_bootstrap=args.n_bootstrap, seed=args.seed, batch_size=args.batch_size,
-                  use_evaluate=args.evaluate, routes=route_terms(args, model, splits), progress=args.progress)  # fmt: skip
-    result = compare_models(base, model, test, **kwargs) if base is not None else evaluate_delta(model, test, **kwargs)
+                  use_evaluate=args.evaluate, progress=args.progress)  # fmt: skip
+    routes = route_terms(args, model, splits)
+    if base is not None:
+        result = compare_models(base, model, test, routes=routes, **kwargs)
+    else:
+        result = evaluate_delta(model, test, routes=routes, **kwargs)
     result.models["old"]["name_or_path"] = args.base or f"{args.model} (new blocks bypassed)"
     result.models["new"]["name_or_path"] = args.model
     extra = {"data": args.data, "eval split": args.eval_split if args.splits else "all", "examples": result.num_examples}
+    retained = None
+    if retention_data is not None:
+        # Route A/B terms are about the training domain; the retention run only needs the paired intervals.
+        retention_result, retained = evaluate_retention(model, retention_data, base=base, **kwargs)
+        retention_result.models["old"]["name_or_path"] = result.models["old"]["name_or_path"]
+        retention_result.models["new"]["name_or_path"] = args.model
+        name = scrub_paths(args.retention_data)  # reports name local files by folder or file name, never a full path
+        retained = {"data": name, "block_size": args.block_size, **retained, "paired": retention_result.to_dict()}
+        extra["retention"] = f"{name}: {retained['verdict']} (retention.json)"
     paths = write_report(result, args.out, command="hf-depthgrow eval " + shlex.join(argv), extra=extra)
+    if retained is not None:
+        paths["retention"] = write_json(Path(args.out) / "retention.json", retained)
     print(result.verdict)
+    if retained is not None:
+        print(f"retention ({retained['data']}): {retained['verdict']}")
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0
 

@@ -36,6 +36,9 @@ class CompareConfig:
     learning_rates: list[float] = field(
         default_factory=lambda: [3e-4, 1e-3], metadata={"help": "The learning-rate grid every arm is trained with."}
     )
+    successive_halving: bool = field(
+        default=True, metadata={"help": "Stop the worse half of an arm's learning rates (on held-out loss) at 1/4 and 1/2 of the steps."}
+    )
     max_steps: int = field(default=40, metadata={"help": "Optimizer steps of every arm."})
     batch_size: int = field(default=8, metadata={"help": "Examples per optimizer step (and per evaluation batch)."})
     lr_scheduler: str = field(default="cosine", metadata={"help": "cosine, linear or constant.", "choices": list(SCHEDULERS)})
@@ -77,6 +80,8 @@ class CompareConfig:
             positive_int(name)
         if self.selection_max_examples is not None:
             positive_int("selection_max_examples")
+        if not isinstance(self.successive_halving, bool):
+            fail(f"successive_halving must be True or False, got {self.successive_halving!r}")
         if self.lr_scheduler not in SCHEDULERS:
             fail(f"lr_scheduler must be one of {SCHEDULERS}, got {self.lr_scheduler!r}")
         if not isinstance(self.warmup_ratio, (int, float)) or not 0 <= self.warmup_ratio < 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
 import time
 
 import numpy as np
@@ -29,6 +30,7 @@ from .config import CompareConfig
 from .result import ArmResult, CompareResult
 
 CONTROLS = ("layers", "lora", "full")
+HALVING_RUNGS = (0.25, 0.5)  # shares of the steps where the worse half of an arm's learning rates stops
 
 
 def _checked_rows(model: nn.Module, data, name: str, batch_size: int) -> list[dict]:
@@ -90,27 +92,48 @@ def _fresh_model(base: nn.Module, arm: Arm, grow_kwargs: dict | None) -> nn.Modu
 
 
 def _train_arm(base, arm: Arm, cfg: CompareConfig, train_rows, eval_rows, grow_kwargs, bar) -> tuple:
-    """Train `arm` once per learning rate; keep the model with the lowest held-out loss."""
-    from ..training.trainer import train
+    """Train `arm` at every learning rate of the grid; keep the run with the lowest held-out loss.
 
-    best, tried, seconds, units = None, {}, 0.0, set()
-    for lr in cfg.learning_rates:
-        model = _fresh_model(base, arm, grow_kwargs)
-        result = train(model, train_rows, eval_data=eval_rows, config=_train_config(arm, lr, cfg))
-        seconds += result.train_runtime
-        units.add(result.units_seen)
-        loss = result.eval_loss_selected
-        tried[lr] = {"heldout_loss": loss, "selected": result.selected}
-        if best is None or loss < best[1].eval_loss_selected:
-            best = (lr, result)
-        else:
-            del result
-        del model
-        gc.collect()
+    With `successive_halving`, every rate trains in step; at each rung (a share of the steps) the worse
+    half of the rates still running stops, judged on held-out loss. A stopped run is a prefix of the full
+    run (same schedule), so the survivor is exactly what training it alone would give.
+    """
+    from ..training.trainer import GrownTrainer
+
+    trainers = {lr: GrownTrainer(_fresh_model(base, arm, grow_kwargs), _train_config(arm, lr, cfg), train_rows, eval_rows)
+                for lr in cfg.learning_rates}  # fmt: skip
+    tried = {lr: {} for lr in trainers}
+    for trainer in trainers.values():
+        trainer.begin()
+    alive = list(trainers)
+    rungs = [round(f * cfg.max_steps) for f in HALVING_RUNGS] if cfg.successive_halving else []
+    for rung in (r for r in rungs if 0 < r < cfg.max_steps):
+        if len(alive) < 2:
+            break
+        for lr in alive:
+            trainers[lr].run_steps(rung)
+            tried[lr].update(heldout_loss=trainers[lr].heldout_loss(), stopped_at=rung)
+        keep = sorted(alive, key=lambda lr: tried[lr]["heldout_loss"])[: math.ceil(len(alive) / 2)]
+        for lr in set(alive) - set(keep):
+            trainers.pop(lr).finish()  # releases its lock; the run is dropped
+            bar.update(1)
+        alive = keep
+    results, seconds = {}, 0.0
+    for lr in alive:
+        trainer = trainers.pop(lr)
+        trainer.run_steps(cfg.max_steps)
+        results[lr] = trainer.finish()
+        tried[lr] = {"heldout_loss": results[lr].eval_loss_selected, "stopped_at": cfg.max_steps, "selected": results[lr].selected}
         bar.update(1)
+    best = min(results, key=lambda lr: results[lr].eval_loss_selected)
+    units = {r.units_seen for r in results.values()}
     if len(units) != 1:
         raise RuntimeError(f"arm {arm.name}: the learning rates saw different amounts of data {sorted(units)}")
-    return best[0], best[1], tried, seconds, units.pop()
+    seconds = sum(r.train_runtime for r in results.values())
+    chosen = results.pop(best)
+    results.clear()
+    gc.collect()
+    return best, chosen, tried, seconds, units.pop()
 
 
 def _probe_if_needed(model, cfg: CompareConfig, train_rows, probe_result, probe_max_batches: int | None):

@@ -2,11 +2,11 @@
 
 Modules: `sources` (`load_data`, splits, loaders), `batches` (the one data contract every function that
 takes data reads through), `models` (SmolLM2, MiniLM shipped in packages), `corpora` (Shakespeare,
-tweets, Fashion-MNIST, digits), `lm_blocks` (causal-LM token blocks), `installed` (finding them).
+the Python docs, tweets, Fashion-MNIST, digits), `lm_blocks` (causal-LM token blocks), `installed` (finding them).
 """
 
 from .batches import DataFormError, as_batches, as_rows, collate, data_form
-from .corpora import digits, fashion_mnist, shakespeare_texts, tweets_sentiment
+from .corpora import digits, fashion_mnist, python_docs_texts, shakespeare_texts, tweets_sentiment
 from .lm_blocks import causal_lm_blocks, train_test_split_blocks
 from .models import load_smollm2, minilm_path, smollm2_path
 from .sources import (
@@ -28,6 +28,7 @@ __all__ = [
     "fashion_mnist",
     "load_smollm2",
     "minilm_path",
+    "python_docs_texts",
     "shakespeare_texts",
     "smollm2_path",
     "train_test_split_blocks",

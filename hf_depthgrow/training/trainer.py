@@ -327,40 +327,76 @@ class GrownTrainer:
                 self._lock.release()
 
     def _train(self) -> TrainResult:
+        self.begin()
+        self.run_steps(self.total_steps)
+        return self.finish()
+
+    # `begin` / `run_steps` / `finish` are `train()` in three parts, so a caller can interleave several
+    # runs (successive halving over a learning-rate grid in `hf_depthgrow.comparison`).
+
+    def begin(self) -> int:
+        """Set up (see `setup`) and open the progress bar; returns the step training continues after."""
         from tqdm.auto import tqdm
 
-        cfg = self.config
-        start_step = self.setup()
-        acc, total_steps = self.accelerator, self.total_steps
-        bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not (cfg.progress_bar and acc.is_main_process))
-        window_units, window_time, step = 0, 0.0, start_step
-        for step in range(start_step + 1, total_steps + 1):
-            out = self.training_step(step)
-            if self._stop_nonfinite(step, out):
+        self._step = self.setup()
+        show = self.config.progress_bar and self.accelerator.is_main_process
+        self._bar = tqdm(total=self.total_steps, initial=self._step, desc="train", unit="step", disable=not show)
+        self._window, self.stopped = [0, 0.0], False
+        return self._step
+
+    def run_steps(self, until: int) -> int:
+        """Train up to step `until` (at most `total_steps`), unless a non-finite loss stops the run; returns the last step."""
+        cfg, acc, bar = self.config, self.accelerator, self._bar
+        for step in range(self._step + 1, min(until, self.total_steps) + 1):
+            if self.stopped:
                 break
-            window_units += out["units"]
-            window_time += out["seconds"]
-            rate = window_units / max(window_time, 1e-9)
-            if step % cfg.logging_steps == 0 or step == total_steps:
+            out = self.training_step(step)
+            self._step = step
+            if self._stop_nonfinite(step, out):
+                self.stopped = True
+                break
+            self._window[0] += out["units"]
+            self._window[1] += out["seconds"]
+            rate = self._window[0] / max(self._window[1], 1e-9)
+            if step % cfg.logging_steps == 0 or step == self.total_steps:
                 self._log_step(step, out, rate)
-                window_units, window_time = 0, 0.0
+                self._window = [0, 0.0]
             bar.set_postfix({"loss": f"{out['loss']:.4f}", f"{'tok' if self.causal else 'ex'}/s": f"{rate:.0f}"}, refresh=False)
             bar.update(1)
-            if self.eval_dataset is not None and cfg.eval_steps and step % cfg.eval_steps == 0 and step != total_steps:
+            if self.eval_dataset is not None and cfg.eval_steps and step % cfg.eval_steps == 0 and step != self.total_steps:
                 self._evaluate_during(step, bar)
             if cfg.save_steps and step % cfg.save_steps == 0:
                 if self._stop_nonfinite(step):  # never write a non-finite checkpoint
+                    self.stopped = True
                     break
                 self._save_checkpoint(step)
             if cfg.stop_after_step is not None and step == cfg.stop_after_step:
                 bar.close()
                 acc.wait_for_everyone()
                 os._exit(STOP_EXIT_CODE)  # a crash, as far as the run is concerned: no cleanup, no final save
-        bar.close()
-        if self.nonfinite is None:
-            self._stop_nonfinite(step)  # the last update's weights, before anything is selected or saved
+        return self._step
+
+    def heldout_loss(self) -> float:
+        """Held-out loss of the model as it is now (needs eval data); training mode is restored afterwards."""
+        if self.eval_dataset is None:
+            raise ValueError("heldout_loss needs eval data")
         self._set_train_mode(False)
-        return self._finish(step)
+        loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc=f"held-out loss (step {self._step})")
+        self._set_train_mode(True)
+        return loss
+
+    def finish(self) -> TrainResult:
+        """After the last step: final checks, the fallback rule, the final evaluation and outputs (the end of `train()`)."""
+        self._bar.close()
+        if self.nonfinite is None:
+            self._stop_nonfinite(self._step)  # the last update's weights, before anything is selected or saved
+        self._set_train_mode(False)
+        try:
+            return self._finish(self._step)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def _stop_nonfinite(self, step: int, out: dict | None = None) -> bool:
         """Check a step's loss (`out`) or the trainable weights (`out=None`); `True`: stop (see `guards.nonfinite_stop`)."""
