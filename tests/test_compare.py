@@ -290,3 +290,21 @@ def test_cli_compares_and_validates_the_probe(lm_dir, tmp_path, capsys):
     assert {"signal", "z", "gradient_norm", "block_influence", "depth", "lookahead", "random", "bottom"} <= predictors
     assert str(tmp_path) not in (out / "compare.md").read_text()  # no local paths in reports
     assert (out / ".hf_depthgrow_run").is_file()
+
+
+def test_classifier_retention_is_labelled_with_the_originals_decisions(lm_dir):
+    from transformers import AutoTokenizer
+
+    from hf_depthgrow.data.pseudo_labels import paragraphs, pseudo_labelled
+
+    assert paragraphs(["short\n\n" + "a b c d e f g h i j k l", "x y"]) == ["a b c d e f g h i j k l"]
+    tok = AutoTokenizer.from_pretrained(lm_dir / "tiny")
+    model = tiny_model("bert", vocab_size=len(tok))
+    model.train()
+    texts = [(lm_dir / "sample.txt").read_text()]
+    ds = pseudo_labelled(model, tok, texts, block_size=16, max_examples=12, seed=0)
+    assert len(ds) == 12 and model.training  # the caller's mode is restored
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=ds[:]["input_ids"], attention_mask=ds[:]["attention_mask"]).logits
+    assert ds[:]["labels"].tolist() == logits.argmax(-1).tolist()

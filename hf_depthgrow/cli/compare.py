@@ -30,8 +30,10 @@ class CompareScript:
     model: str = field(default="smollm2", metadata={"help": "'smollm2', 'minilm', a local folder, or a Hub id."})
     data: str = field(default="shakespeare", metadata={"help": "Training domain: an embedded source, a local file/folder, or a Hub dataset id."})
     retention_data: str | None = field(
-        default="auto", metadata={"help": "General-domain set for forgetting; auto: python_docs for a language model, none for a classifier."}
+        default="auto",
+        metadata={"help": "General-domain set for forgetting; auto: python_docs (for a text classifier labelled with the original's own decisions), none for images."},
     )
+    retention_split: str = field(default="test", metadata={"help": "Split of the retention source where it has one (fashion_mnist)."})
     retention_max_examples: int = field(default=128, metadata={"help": "Examples of the retention set."})
     output_dir: str = field(default="runs/compare", metadata={"help": "Where compare.json/.md/.png go."})
     overwrite: bool = field(default=False, metadata={"help": "Replace an output_dir this tool wrote."})
@@ -60,15 +62,22 @@ def _load(script: CompareScript, cfg: CompareConfig):
     splits = split_dataset(
         data, {"train": script.train_fraction, "held_out": script.held_out_fraction, "test": script.test_fraction}, seed=cfg.seed
     )
-    from ..losses import is_causal_lm
+    from ..data.sources import infer_task
 
+    task = infer_task(model)
     source = script.retention_data
     if source == "auto":
-        source = "python_docs" if is_causal_lm(model) else None
+        source = None if task == "image_classification" else "python_docs"
     retention = None
-    if source:
+    if source == "python_docs" and task == "text_classification":
+        from ..data.corpora import python_docs_texts
+        from ..data.pseudo_labels import pseudo_labelled
+
+        retention = pseudo_labelled(model, tokenizer, python_docs_texts(), block_size=script.block_size,
+                                    max_examples=script.retention_max_examples, seed=cfg.seed)  # fmt: skip
+    elif source:
         retention = load_data(source, model=model, tokenizer=tokenizer, block_size=script.block_size,
-                              max_examples=script.retention_max_examples, seed=cfg.seed)  # fmt: skip
+                              max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed)  # fmt: skip
     return model, splits, retention
 
 
