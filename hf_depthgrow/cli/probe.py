@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..growth.engine import GrowthConfig
+from ..probe.signal import Z_THRESHOLD
 from .common import dtype_of, parse, run_command
 
 DTYPES = ["float32", "bfloat16", "float16"]
@@ -32,7 +33,7 @@ class ProbeArguments:
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer path (default: the model's folder)."})
     positions: str | None = field(default=None, metadata={"help": "Candidate positions, e.g. 0,4,8 or 2-10 (default: all 0..L)."})
     num_splits: int = field(default=8, metadata={"help": "Batch groups of the jackknife standard error."})
-    z_threshold: float = field(default=2.0, metadata={"help": "z-score above which a position is improvable."})
+    z_threshold: float = field(default=Z_THRESHOLD, metadata={"help": "z-score above which a position is improvable (calibrated default; see docs/probe.md)."})
     norm_factor: float = field(default=100.0, metadata={"help": "Near-singular when var(z) <= factor * eps."})
     covariance: bool = field(default=True, metadata={"help": "Compute the d x d gradient covariance."})
     block_size: int = field(default=256, metadata={"help": "Tokens per LM block / padded text length."})
