@@ -37,7 +37,7 @@ def _run(argv: list[str]) -> int:
         print(f"hf-depthgrow run: {err}", file=sys.stderr)
         return 1
     print(summary_markdown(result.summary))
-    print(f"Everything is in {result.output_dir}/ (summary.md, config.yaml, probe/, train/, eval/, model/).")
+    print(f"Everything is in {result.output_dir}/ (summary.md, config.yaml, probe/, train/, control/, eval/, model/).")
     return 0
 
 

@@ -54,7 +54,9 @@ class CardInfo:
             `learning_rate`, `batch_size`, `seq_length`, `data`, `time` (seconds), or a `TrainResult`/
             `TrainConfig` (or their `to_dict()`); other scalar entries are listed too.
         evaluation: The test-risk delta: an `EvalResult` (or its `to_dict()`), or a dict with `delta`,
-            `intervals` (`{name: (low, high)}`), `confidence`, `verdict`, ...
+            `intervals` (`{name: (low, high)}`), `confidence`, `verdict`, ...; a dict may also carry `control`
+            (the equal-parameter control, as `hf-depthgrow run`'s `summary.json` holds it) and `retention`
+            (forgetting on a general-domain set), each with a `sentence` the section prints first.
         selection: The fallback rule: `selected` (`"new"`, `"stepping_stone"` or `"old"`), `delta_erm`,
             `reference`, `train_losses`. Taken from `training` when that holds them.
         config: The exact configuration that reproduces the run (embedded as YAML).

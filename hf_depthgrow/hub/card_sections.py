@@ -190,7 +190,8 @@ def evaluation_section(evaluation) -> dict | None:
         {"name": table_cell(n), "low": table_cell(lo), "high": table_cell(hi), "certified": table_cell(bool(certified.get(n, lo is not None and lo > 0)))}
         for n, (lo, hi) in intervals.items()
     ]
-    lines = []
+    # A run with a control or a retention set says first, in one sentence each, what they showed.
+    lines = [part["sentence"] for part in (e.get("control"), e.get("retention")) if isinstance(part, Mapping) and part.get("sentence")]
     if e.get("num_examples") is not None:
         lines.append(f"{e['num_examples']} test examples" + (f", {e['num_tokens']} supervised tokens." if e.get("num_tokens") else "."))
     if e.get("data"):

@@ -1,4 +1,4 @@
-"""The whole job in one call: probe -> grow -> stepping stones -> train -> select -> evaluate -> report -> save.
+"""The whole job in one call: probe -> grow -> stepping stones -> train -> select -> evaluate -> control -> report -> save.
 
 `run_pipeline(RunConfig())` runs the embedded default offline (SmolLM2-135M on Shakespeare)
 and writes everything a person wants to read or reuse into `output_dir`:
@@ -8,7 +8,8 @@ and writes everything a person wants to read or reuse into `output_dir`:
     probe/                 probe.json and the signal plot
     stepping_stones.json   f~_S (train direction) and f~_pop (held-out direction)
     train/                 train_result.json and the loss curve
-    eval/                  report.json, report.md and plots
+    control/               the equal-budget control's training record (RunConfig.control; none: absent)
+    eval/                  report.json, report.md and plots; control/ (grown vs control), retention.json
     model/                 the selected model (safetensors), tokenizer, README.md model card, report
 """
 

@@ -12,8 +12,19 @@ from .output import check_output_dir
 _DATA_SUFFIXES = (".txt", ".csv", ".json", ".jsonl", ".parquet", ".tsv", ".md")
 
 
-def check_data_source(source: str) -> None:
-    """Refuse a data source that is neither embedded, nor an existing file/folder, nor a possible Hub dataset id."""
+def check_data_source(source: str, what: str = "data") -> None:
+    """Refuse a data source that is neither embedded, nor an existing file/folder, nor a possible Hub dataset id.
+
+    `what` names the source in the message ("data", "retention data").
+
+    Example:
+        ```python
+        >>> check_data_source("shakespeare")
+        >>> check_data_source("nowhere/corpus.txt", "retention data")
+        Traceback (most recent call last):
+        FileNotFoundError: no such retention data file or folder: nowhere/corpus.txt
+        ```
+    """
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if source in EMBEDDED_SOURCES or Path(source).expanduser().exists():
@@ -24,7 +35,7 @@ def check_data_source(source: str) -> None:
     except HFValidationError:
         looks_local = True
     if looks_local:
-        raise FileNotFoundError(f"no such data file or folder: {source}")
+        raise FileNotFoundError(f"no such {what} file or folder: {source}")
 
 
 def _offline() -> bool:
@@ -58,6 +69,10 @@ def check_run(cfg) -> None:
     """Inputs, output folder and push prerequisites of a run; raises one-line errors and touches nothing."""
     check_model_source(cfg.model)
     check_data_source(cfg.data)
-    check_output_dir(cfg.output_dir, overwrite=cfg.overwrite, inputs={"model": cfg.model, "data": cfg.data})
+    inputs = {"model": cfg.model, "data": cfg.data}
+    if cfg.retention_data is not None:
+        check_data_source(cfg.retention_data, "retention data")
+        inputs["retention data"] = cfg.retention_data
+    check_output_dir(cfg.output_dir, overwrite=cfg.overwrite, inputs=inputs)
     if cfg.push_to_hub is not None:
         check_push(cfg.push_to_hub, cfg.hub_endpoint)

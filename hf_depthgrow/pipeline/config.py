@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from ..growth.engine import BLOCK_KINDS, INITS
 
 TRAINABLE = ("new", "new+lora", "full")
+CONTROLS = ("auto", "layers", "lora")  # equal-budget controls `run` trains beside the growth (None: no control)
 _TYPE_NAMES = {int: "an int", float: "a float", str: "a string", bool: "true or false"}
 
 
@@ -66,6 +67,9 @@ class RunConfig:
     learning_rate: float = field(default=5e-4, metadata={"help": "Peak learning rate of the new blocks."})
     trainable: str = field(default="new", metadata={"help": "new, new+lora or full."})
     eval_steps: int = field(default=40, metadata={"help": "Evaluate on the held-out split every N steps."})
+    control: str | None = field(default="auto", metadata={"help": "Equal-budget control trained beside the growth: layers (the existing layers the new blocks copy, same parameter count), lora (matched rank), auto (layers where the counts match, i.e. native blocks; else lora), or none."})
+    retention_data: str | None = field(default=None, metadata={"help": "General-domain set for forgetting, e.g. python_docs; none: skip."})
+    retention_max_examples: int = field(default=128, metadata={"help": "Use at most this many retention examples."})
     delta: float = field(default=0.05, metadata={"help": "Failure probability of each interval (confidence 1 - delta)."})
     loss_bound: float | None = field(default=None, metadata={"help": "A-priori bound B of a per-example loss (None: from the data, with a warning)."})
     seed: int = field(default=0, metadata={"help": "Seeds splits, blocks, training and the bootstrap."})
@@ -82,6 +86,10 @@ class RunConfig:
             if self.placement is not None:
                 raise ValueError(f"give positions or placement, not both (got {self.positions!r} and {self.placement!r})")
             self.positions, self.placement = None, self.positions
+        # From Python, "none" means what the flag's `none` means: switched off.
+        for name in ("control", "retention_data"):
+            if isinstance(getattr(self, name), str) and getattr(self, name).strip().lower() in ("none", "null"):
+                setattr(self, name, None)
         # Types first: a string learning rate must fail here, not after the probe has run.
         hints = typing.get_type_hints(type(self))
         for f in fields(self):
@@ -107,6 +115,7 @@ class RunConfig:
             raise ValueError(f"stone_refine_steps must be >= 0, got {self.stone_refine_steps}")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
+        self._check_control()
         if self.positions is not None and (not self.positions or min(self.positions) < 0):
             raise ValueError(f"positions must be a non-empty list of ints >= 0, got {self.positions}")
         if self.placement is not None:
@@ -127,6 +136,21 @@ class RunConfig:
             raise ValueError("push_to_hub needs a repo id such as 'me/grown-smollm2'")
         if self.loss_bound is not None:
             self.loss_bound = float(self.loss_bound)
+
+    def _check_control(self):
+        if self.control is not None and self.control not in CONTROLS:
+            raise ValueError(f"control must be one of {CONTROLS} or none, got {self.control!r}")
+        # The control is matched to what the growth trains; with LoRA or everything training too, nothing matches it.
+        if self.control is not None and self.trainable != "new":
+            raise ValueError(
+                f"control {self.control!r} is matched to the new blocks, so it needs trainable='new' (got {self.trainable!r}); pass control: none"
+            )
+        if self.control == "layers" and self.block == "adapter":
+            raise ValueError("control 'layers' trains whole existing layers, which adapter blocks do not match in size; use control: lora or none")
+        if self.retention_data is not None and not self.retention_data.strip():
+            raise ValueError("retention_data needs a data source such as 'python_docs' (or none)")
+        if self.retention_max_examples < 1:
+            raise ValueError(f"retention_max_examples must be >= 1, got {self.retention_max_examples}")
 
     def _check_placement(self):
         # The spec's form is checked now (before loading anything); its range needs the model's depth.

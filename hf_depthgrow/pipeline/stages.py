@@ -20,6 +20,7 @@ import yaml
 from ..growth.engine import grow_depth
 from ..hub.loading import EMBEDDED_HUB_IDS, public_name
 from ..plots import plot_training
+from . import control
 from .checks import check_run
 from .config import RunConfig
 from .output import staged_output
@@ -32,11 +33,12 @@ class PushFailed(RuntimeError):
 
 @dataclass
 class RunResult:
-    """What `run_pipeline` did; `summary` is what `summary.json` holds."""
+    """What `run_pipeline` did; `summary` is what `summary.json` holds; `control_model`: the trained control (not saved)."""
 
     output_dir: Path
     summary: dict
     model: object = None
+    control_model: object = None
 
 
 @dataclass
@@ -59,9 +61,16 @@ class _Run:
     stones: dict = field(default_factory=dict)
     stone_model: object = None
     pop_model: object = None
+    train_config: object = None  # the growth's TrainConfig: the control trains with it, but another trainable set
     train_result: object = None
     eval_result: object = None
     report_paths: dict = field(default_factory=dict)
+    retention_data: object = None
+    control_model: object = None  # the original's copy before growth; after `control.train_control`, the trained control
+    control_plan: dict | None = None
+    control_result: object = None
+    control: dict | None = None  # summary.json's "control"
+    retention: dict | None = None  # summary.json's "retention"
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
@@ -106,6 +115,7 @@ def _load(run: _Run) -> None:
     run.splits = split_dataset(
         data, {"train": cfg.train_fraction, "held_out": cfg.held_out_fraction, "test": cfg.test_fraction}, seed=cfg.seed
     )
+    control.load_retention(run)
     run.lap("load")
 
 
@@ -171,18 +181,23 @@ def _stepping_stones(run: _Run) -> None:
 
 def _grow_and_train(run: _Run) -> None:
     """Grow and train the new blocks; the fallback rule picks the better of f_new and f~_S."""
+    from ..training.config import TrainConfig
     from ..training.trainer import train
 
     cfg = run.cfg
     run.log(f"growing at {run.positions} and training for {cfg.train_steps} steps")
     spec = cfg.placement if run.placement else run.positions
+    control.keep_original(run)
     grow_depth(run.model, spec, probe_result=run.probe_result, **run.grow_kwargs)
-    run.train_result = train(
-        run.model, run.splits["train"], eval_data=run.splits["held_out"], stepping_stone=run.stone_model,
+    control.plan_control(run)  # parameter counts checked before anything trains
+    run.train_config = TrainConfig(
         max_steps=cfg.train_steps, learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
         eval_steps=cfg.eval_steps, trainable=cfg.trainable, seed=cfg.seed, output_dir=str(run.out / "train"),
         save_final_model=False, selection_max_examples=cfg.selection_max_examples, progress_bar=cfg.progress,
     )  # fmt: skip
+    run.train_result = train(
+        run.model, run.splits["train"], config=run.train_config, eval_data=run.splits["held_out"], stepping_stone=run.stone_model
+    )
     run.model = run.train_result.model
     (run.out / "train").mkdir(exist_ok=True)
     (run.out / "train" / "train_result.json").write_text(json.dumps(run.train_result.to_dict(), indent=2, default=str))
@@ -236,6 +251,8 @@ def _grown_summary(run: _Run) -> dict:
             "certified": getattr(eval_result, "certified", None),
             "verdict": getattr(eval_result, "verdict", None),
         },
+        **({"control": run.control} if run.control else {}),
+        **({"retention": run.retention} if run.retention else {}),
         "timings_s": run.timings,
     }
 
@@ -248,10 +265,16 @@ def _save(run: _Run, summary: dict) -> None:
     cfg = run.cfg
     # The card is public: inputs by Hub id or folder name, never a path on this machine.
     config = {**cfg.to_dict(), "model": run.base_name, "data": public_name(cfg.data), "output_dir": Path(cfg.output_dir).resolve().name}
+    if cfg.retention_data is not None:
+        config["retention_data"] = public_name(cfg.retention_data)
+    # The card's evaluation section prints the control's and retention's sentences (hub.card_sections).
+    evaluation = run.eval_result
+    if run.control or run.retention:
+        evaluation = {**run.eval_result.to_dict(), "control": run.control, "retention": run.retention}
     card = render_model_card(
         CardInfo.from_model(
             run.model, base_model=run.base_name, base_model_id=EMBEDDED_HUB_IDS.get(cfg.model),
-            repo_id=cfg.push_to_hub, probe=run.probe_result, training=run.train_result, evaluation=run.eval_result,
+            repo_id=cfg.push_to_hub, probe=run.probe_result, training=run.train_result, evaluation=evaluation,
             config=config, command=run.command, datasets=[public_name(cfg.data)], license=cfg.license,
         )
     )  # fmt: skip
@@ -261,6 +284,10 @@ def _save(run: _Run, summary: dict) -> None:
         shutil.copy(run.report_paths[name], model_dir / Path(run.report_paths[name]).name)
     # Relative to the output folder: the run is written in a temp folder and moved into place.
     summary["artifacts"] = {"model": "model", "report": "eval/report.md", "probe_plot": "probe/probe.png", "loss_plot": "train/loss.png"}
+    if run.control:
+        summary["artifacts"]["control_report"] = run.control["report"]
+    if run.retention:
+        summary["artifacts"]["retention"] = "eval/retention.json"
     run.lap("save")
 
 
@@ -301,7 +328,7 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
         write_summary(tmp, summary)
     if cfg.push_to_hub and summary["decision"] == "grew":
         _push(cfg, out, summary)
-    return RunResult(out, summary, run.model)
+    return RunResult(out, summary, run.model, run.control_model if run.control_result is not None else None)
 
 
 def _stages(run: _Run) -> dict:
@@ -319,6 +346,7 @@ def _stages(run: _Run) -> dict:
     _stepping_stones(run)
     _grow_and_train(run)
     _evaluate(run)
+    control.run_control(run)  # the equal-budget control and retention (nothing when both are off)
     summary = _grown_summary(run)
     _save(run, summary)
     summary["timings_s"] = run.timings

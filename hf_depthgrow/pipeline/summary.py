@@ -20,6 +20,65 @@ def probe_summary(result) -> dict:
     }
 
 
+def _describe_control(c: dict) -> str:
+    """What the control trained, in the words of the sentence: which parameters, how many, the same budget."""
+    params, steps, units = c["trainable_parameters"], c["steps"]["control"], c["units_seen"]["control"]
+    if c["kind"] == "layers":
+        what = f"training layers {c['layers']} of the original, {params['control']:,} parameters"
+    else:
+        what = (f"LoRA rank {c['lora_r']} on every linear layer of the original, {params['control']:,} parameters "
+                f"vs {params['growth']:,} in the new blocks")  # fmt: skip
+    return f"{what}, same {steps} steps and {units:,} {c['unit']}"
+
+
+def control_sentence(control: dict) -> str:
+    """One plain sentence: did growth beat the equal-parameter control, by how much, how sure.
+
+    `control` is `summary.json`'s `control` entry (its `test`: `delta = loss(control) - loss(grown)`, positive =
+    growth better, and the interval named by `test["interval"]`).
+
+    Example:
+        ```python
+        >>> print(control_sentence(run_pipeline(cfg).summary["control"]))
+        Growth beat the equal-parameter control (training layers [14] of the original, 3,540,096 parameters, same 80 steps
+        and 40,960 tokens): +0.031 nats/token [0.012, 0.050] (bootstrap, 95%).
+        ```
+    """
+    test = control["test"]
+    low, high = test["intervals"][test["interval"]]
+    numbers = f"{test['delta']:+.3f} {test['unit']} [{low:.3f}, {high:.3f}] ({test['interval']}, {test['confidence']:.0%})"
+    head = f"the equal-parameter control ({_describe_control(control)}): {numbers}"
+    # Only a gain over the original can be credited to adaptation rather than depth.
+    gain = control.get("growth_vs_original")
+    adaptation = "; the gain over the original is mostly adaptation, not depth" if gain is None or gain > 0 else ""
+    if low > 0:
+        sentence = f"Growth beat {head}."
+    elif high < 0:
+        sentence = f"Growth did NOT beat {head} — the control is better{adaptation}."
+    else:
+        sentence = f"Growth did NOT beat {head} — no certified difference, the control is as good{adaptation}."
+    if control.get("growth_selected") == "old":
+        sentence += " (The fallback rule kept the original function for the grown model: no growth was selected.)"
+    return sentence
+
+
+def retention_sentence(retention: dict) -> str:
+    """Forgetting on the retention set, of the grown model and of the control (when trained), in one sentence.
+
+    Example:
+        ```python
+        >>> print(retention_sentence(summary["retention"]))
+        Forgetting on python_docs (128 examples; loss - loss of the original, positive = forgot): grown model: no certified
+        forgetting: +0.000 nats/token [-0.002, 0.0027] (bootstrap, 95%); control: ...
+        ```
+    """
+    parts = [f"grown model: {retention['growth']['verdict']}"]
+    if retention.get("control"):
+        parts.append(f"control: {retention['control']['verdict']}")
+    where = f"{retention['data']} ({retention['num_examples']} examples; loss - loss of the original, positive = forgot)"
+    return f"Forgetting on {where}: " + "; ".join(parts) + "."
+
+
 def _fmt(x, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
@@ -53,6 +112,12 @@ def summary_markdown(summary: dict) -> str:
     rows += [(f"interval ({name})", f"[{_fmt(lo)}, {_fmt(hi)}]") for name, (lo, hi) in test["intervals"].items()]
     if test.get("verdict"):
         rows.append(("verdict", str(test["verdict"])))
+    if summary.get("control"):
+        control = summary["control"]
+        rows.append(("vs equal-parameter control", control["sentence"]))
+        rows.append(("control test loss -> grown", f"{_fmt(control['test']['loss_control'])} -> {_fmt(control['test']['loss_grown'])}"))
+    if summary.get("retention"):
+        rows.append(("retention", summary["retention"]["sentence"]))
     rows += [(f"artifact: {k}", f"`{v}`") for k, v in summary.get("artifacts", {}).items()]
     if summary.get("pushed"):
         rows.append(("pushed", summary["pushed"]))
