@@ -51,6 +51,11 @@ SUBSTITUTIONS = {
         "max_steps=200": "max_steps=2",
     },
     1: {
+        "block_size=128": "block_size=16",
+        "max_examples=64": "max_examples=8",
+        "max_steps=40": "max_steps=2",
+    },
+    2: {
         "grow_depth(model, [15],": "grow_depth(model, [2],",  # the tiny Llama has 4 layers
     },
 }
@@ -185,14 +190,36 @@ def test_readme_python_api_block(fake_load_model, fake_hub, tmp_path, monkeypatc
 
 
 @pytest.mark.real_model
+def test_readme_compare_block(fake_load_model, tmp_path, monkeypatch):
+    from hf_depthgrow.data import load_data, split_dataset
+    from hf_depthgrow.data.corpora import PYTHON_DOCS_DIR
+
+    monkeypatch.chdir(tmp_path)
+    table = dict(SUBSTITUTIONS[1])
+    if not PYTHON_DOCS_DIR.is_dir():  # Debian's python3.11-doc is optional: a stand-in general-domain text
+        table['load_data("python_docs"'] = 'load_data("shakespeare"'
+    code = substitute(python_blocks(README)[1], table, "README.md block 2")
+    model, tok = hf_depthgrow.load_model("smollm2")
+    data = load_data("shakespeare", model=model, tokenizer=tok, block_size=16, max_examples=48)
+    splits = split_dataset(data, {"train": 0.6, "held_out": 0.2, "test": 0.2})
+    ns = run_block(code, {"__name__": "__readme__", "load_data": load_data, "splits": splits}, "README.md block 2")
+
+    result = ns["result"]
+    assert [a.name for a in result.arms] == ["original", "probe:1", "interleave:2", "top:1", "layers", "lora"]
+    assert result.num_examples["retention"] == 8 and result.statistics["best_control"] in ("layers", "lora")
+    assert result.verdict.startswith(("growth beat", "growth did NOT beat"))
+    assert (tmp_path / "runs" / "compare" / "compare.json").is_file()
+
+
+@pytest.mark.real_model
 def test_readme_growth_engine_block(tokenizer, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = tiny_llama(tokenizer)
     input_ids = tokenizer("Shall I compare thee to a summer's day?", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         before = model(input_ids).logits
-    code = substitute(python_blocks(README)[1], SUBSTITUTIONS[1], "README.md block 2")
-    ns = run_block(code, {"__name__": "__readme__", "model": model, "tokenizer": tokenizer, "input_ids": input_ids}, "README.md block 2")
+    code = substitute(python_blocks(README)[2], SUBSTITUTIONS[2], "README.md block 3")
+    ns = run_block(code, {"__name__": "__readme__", "model": model, "tokenizer": tokenizer, "input_ids": input_ids}, "README.md block 3")
 
     assert torch.equal(ns["old_logits"], before)  # bypassing the new block is the original model
     reloaded = ns["model"]
