@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..comparison import CompareConfig
 from ..config import ConfigParser
+from ..evaluation.formatting import scrub_paths
 from .common import run_command
 
 
@@ -104,7 +105,8 @@ def _run(argv: list[str]) -> int:
         result.save(tmp)
         if validation is not None:
             validation.save(tmp)
-        (tmp / "command.txt").write_text("hf-depthgrow compare " + shlex.join(argv) + "\n")
+        # Reports are public: local absolute paths cut to their last part.
+        (tmp / "command.txt").write_text(scrub_paths("hf-depthgrow compare " + shlex.join(argv)) + "\n")
     print(result.to_markdown())
     if validation is not None:
         print(validation.to_markdown())

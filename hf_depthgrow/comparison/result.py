@@ -163,15 +163,21 @@ class CompareResult:
         """Write `compare.json`, `compare.md` and `compare.png` into `folder` (atomically); returns their paths."""
         from ..plots import plot_comparison
 
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "compare.json", self.to_dict())
-        atomic_write_text(out / "compare.md", self.to_markdown())
-        plot_comparison(self, out / "compare.png")
-        return {"json": str(out / "compare.json"), "markdown": str(out / "compare.md"), "plot": str(out / "compare.png")}
+        return write_outputs(folder, "compare", self, plot_comparison)
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def write_outputs(folder, stem: str, result, plot) -> dict[str, str]:
+    """`<stem>.json` (`result.to_dict()`), `<stem>.md` (`result.to_markdown()`) and `<stem>.png` (`plot`), each atomic."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md", "plot": out / f"{stem}.png"}
+    write_json(paths["json"], result.to_dict())
+    atomic_write_text(paths["markdown"], result.to_markdown())
+    plot(result, paths["plot"])
+    return {k: str(v) for k, v in paths.items()}
 
 
 def _span(row: dict) -> str:

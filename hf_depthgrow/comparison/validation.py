@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from ..evaluation.decisions import corrected_intervals, predictor_table
 from ..evaluation.formatting import format_value
-from ..utils import atomic_write_text, json_safe, write_json
+from ..utils import json_safe
 from .config import CompareConfig
+from .result import write_outputs
 
 DEFAULT_PREDICTORS = ("signal", "z", "gradient_norm", "block_influence", "depth", "lookahead")
 
@@ -100,14 +100,10 @@ class ProbeValidation:
         return [f"seed {s}" for s in self.seeds]
 
     def save(self, folder) -> dict[str, str]:
+        """Write `probe_validation.json`, `.md` and `.png` into `folder` (atomically); returns their paths."""
         from ..plots import plot_validation
 
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "probe_validation.json", self.to_dict())
-        atomic_write_text(out / "probe_validation.md", self.to_markdown())
-        plot_validation(self, out / "probe_validation.png")
-        return {"json": str(out / "probe_validation.json"), "markdown": str(out / "probe_validation.md")}
+        return write_outputs(folder, "probe_validation", self, plot_validation)
 
 
 def _predictor_scores(model, train_data, eval_data, positions, probe_result, predictors, batch_size, seed, lookahead_steps):

@@ -141,13 +141,18 @@ def shakespeare_texts(max_chars: int | None = None, *, edition: str = "modern") 
     """
     if max_chars is not None and max_chars < 0:
         raise ValueError(f"max_chars must be >= 0, got {max_chars}")
+    # A few folio files contain UTF-8 (the 'æ' ligature); the rest is ASCII.
+    return _read_texts(shakespeare_corpus_files(edition), _clean_play, max_chars)
+
+
+def _read_texts(files, clean, max_chars: int | None) -> list[str]:
+    """`clean(file text)` of each file in order until `max_chars` characters are taken (the last one cut)."""
     texts: list[str] = []
     budget = max_chars
-    for path in shakespeare_corpus_files(edition):
+    for path in files:
         if budget is not None and budget <= 0:
             break
-        # A few folio files contain UTF-8 (the 'æ' ligature); the rest is ASCII.
-        text = _clean_play(path.read_text(encoding="utf-8", errors="replace"))
+        text = clean(path.read_text(encoding="utf-8", errors="replace"))
         if budget is not None:
             text = text[:budget]
             budget -= len(text)
@@ -269,18 +274,7 @@ def python_docs_texts(max_chars: int | None = None, *, root: str | os.PathLike |
     files = sorted(folder.rglob("*.rst.txt"), key=lambda p: p.relative_to(folder).as_posix()) if folder.is_dir() else []
     if not files:
         raise FileNotFoundError(f"no .rst.txt files under {folder}: install the Python documentation with `{APT_PYTHON_DOCS}`.")
-    texts: list[str] = []
-    budget = max_chars
-    for path in files:
-        if budget is not None and budget <= 0:
-            break
-        text = _rst_to_text(path.read_text(encoding="utf-8", errors="replace"))
-        if budget is not None:
-            text = text[:budget]
-            budget -= len(text)
-        if text:
-            texts.append(text)
-    return texts
+    return _read_texts(files, _rst_to_text, max_chars)
 
 
 # --------------------------------------------------------------------------------------------------------------------
