@@ -14,7 +14,11 @@ from ..utils import atomic_write_text, json_safe, write_json
 
 @dataclass
 class ArmResult:
-    """One arm after training: its chosen learning rate, losses, cost and per-example test/retention losses."""
+    """One arm after training: its chosen learning rate, losses, cost and per-example test/retention losses.
+
+    `tried` holds, per learning rate, the held-out loss where it stopped (`stopped_at`); `train_seconds` the
+    arm's whole training time (every rate of the grid), `eval_seconds` its test and retention scoring.
+    """
 
     name: str
     kind: str
@@ -154,7 +158,9 @@ class CompareResult:
                 f"{format_value(row['heldout_loss'])} | {format_value(row['test_loss'])} | "
                 f"{_cell(row.get('vs_original'))} | {_cell(row.get('vs_best_control'))} | {forgetting} | {format_value(row['train_seconds'])} |"
             )
-        lines += ["", "`+` certified better, `-` certified worse (after the correction); `*` certified forgetting.", ""]
+        lines += ["", "`+` certified better, `-` certified worse (after the correction); `*` certified forgetting. "
+                  "train s: the arm's whole training time (every rate of the grid until it stopped, set-up and held-out "
+                  "evaluations included).", ""]
         lines.append(f"Best control (held-out): {self.statistics.get('best_control')}; best growth arm (held-out): {self.statistics.get('best_growth')}.")
         lines.append(f"Seconds: {', '.join(f'{k} {v:.1f}' for k, v in self.seconds.items())}.")
         return "\n".join(lines) + "\n"

@@ -100,6 +100,7 @@ def _train_arm(base, arm: Arm, cfg: CompareConfig, train_rows, eval_rows, grow_k
     """
     from ..training.trainer import GrownTrainer
 
+    started = time.perf_counter()
     trainers = {lr: GrownTrainer(_fresh_model(base, arm, grow_kwargs), _train_config(arm, lr, cfg), train_rows, eval_rows)
                 for lr in cfg.learning_rates}  # fmt: skip
     tried = {lr: {} for lr in trainers}
@@ -113,27 +114,31 @@ def _train_arm(base, arm: Arm, cfg: CompareConfig, train_rows, eval_rows, grow_k
         for lr in alive:
             trainers[lr].run_steps(rung)
             tried[lr].update(heldout_loss=trainers[lr].heldout_loss(), stopped_at=rung)
-        keep = sorted(alive, key=lambda lr: tried[lr]["heldout_loss"])[: math.ceil(len(alive) / 2)]
+        keep = sorted(alive, key=lambda lr: _finite_or_inf(tried[lr]["heldout_loss"]))[: math.ceil(len(alive) / 2)]
         for lr in set(alive) - set(keep):
-            trainers.pop(lr).finish()  # releases its lock; the run is dropped
+            trainers.pop(lr).close()  # dropped: no selection, no final evaluation
             bar.update(1)
         alive = keep
-    results, seconds = {}, 0.0
+    results = {}
     for lr in alive:
         trainer = trainers.pop(lr)
         trainer.run_steps(cfg.max_steps)
         results[lr] = trainer.finish()
         tried[lr] = {"heldout_loss": results[lr].eval_loss_selected, "stopped_at": cfg.max_steps, "selected": results[lr].selected}
         bar.update(1)
-    best = min(results, key=lambda lr: results[lr].eval_loss_selected)
+    best = min(results, key=lambda lr: _finite_or_inf(results[lr].eval_loss_selected))
     units = {r.units_seen for r in results.values()}
     if len(units) != 1:
         raise RuntimeError(f"arm {arm.name}: the learning rates saw different amounts of data {sorted(units)}")
-    seconds = sum(r.train_runtime for r in results.values())
     chosen = results.pop(best)
     results.clear()
     gc.collect()
-    return best, chosen, tried, seconds, units.pop()
+    # The arm's whole cost: every rate of the grid, until it stopped, with set-up and evaluations.
+    return best, chosen, tried, time.perf_counter() - started, units.pop()
+
+
+def _finite_or_inf(x) -> float:
+    return x if x is not None and math.isfinite(x) else math.inf
 
 
 def _probe_if_needed(model, cfg: CompareConfig, train_rows, probe_result, probe_max_batches: int | None):

@@ -385,6 +385,16 @@ class GrownTrainer:
         self._set_train_mode(True)
         return loss
 
+    def close(self) -> None:
+        """Drop a run started with `begin`: nothing is selected, evaluated or saved; caches and the output_dir lock go."""
+        self._bar.close()
+        for cache in (self.train_cache, self.eval_cache):
+            if cache is not None:
+                cache.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     def finish(self) -> TrainResult:
         """After the last step: final checks, the fallback rule, the final evaluation and outputs (the end of `train()`)."""
         self._bar.close()
