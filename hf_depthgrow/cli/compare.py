@@ -83,32 +83,33 @@ def _load(script: CompareScript, cfg: CompareConfig):
 
 
 def _run(argv: list[str]) -> int:
+    # Everything the command will run is imported now: a long run never picks up code edited meanwhile.
+    from ..comparison import compare_plans
+    from ..comparison.validation import validate_probe
     from ..pipeline.output import check_output_dir, staged_output
+    from ..plots import plot_comparison, plot_validation
+    from ..probe import baselines, lookahead
+
+    del plot_comparison, plot_validation, baselines, lookahead  # loaded, not used here
 
     script, cfg = build_parser().parse(argv)
     check_output_dir(script.output_dir, overwrite=script.overwrite, inputs={"model": script.model, "data": script.data})
     model, splits, retention = _load(script, cfg)
-    from ..comparison import compare_plans
-
     result = compare_plans(model, splits["train"], splits["held_out"], splits["test"], config=cfg, retention_data=retention)
-    validation = None
+    # The comparison is on disk before the (longer) probe validation starts.
+    with staged_output(script.output_dir) as tmp:
+        result.save(tmp)
+        # Reports are public: local absolute paths cut to their last part.
+        (tmp / "command.txt").write_text(scrub_paths("hf-depthgrow compare " + shlex.join(argv)) + "\n")
+    print(result.to_markdown())
     if script.oracle_positions:
-        from ..comparison.validation import validate_probe
-
         validation = validate_probe(
             model, splits["train"], splits["held_out"], splits["test"], positions=script.oracle_positions,
             seeds=script.oracle_seeds, config=cfg, probe_result=None,
             # The rate the grid chose (on held-out) for the best growth arm: one rate for every position.
             learning_rate=result.arm(result.statistics["best_growth"]).learning_rate,
         )  # fmt: skip
-    with staged_output(script.output_dir) as tmp:
-        result.save(tmp)
-        if validation is not None:
-            validation.save(tmp)
-        # Reports are public: local absolute paths cut to their last part.
-        (tmp / "command.txt").write_text(scrub_paths("hf-depthgrow compare " + shlex.join(argv)) + "\n")
-    print(result.to_markdown())
-    if validation is not None:
+        validation.save(script.output_dir)
         print(validation.to_markdown())
     print(f"Everything is in {script.output_dir}/")
     return 0
