@@ -97,7 +97,10 @@ NAN, INF = float("nan"), float("inf")
         (dict(max_steps=False), "max_steps must be -1 or >= 1, got False"),
         (dict(fallback="false"), "fallback must be True or False, got 'false'"),
         (dict(progress_bar=1), "progress_bar must be True or False, got 1"),
-        (dict(trainable="lora"), "trainable must be one of ('new', 'new+lora', 'full'), got 'lora'"),
+        (dict(trainable="adapter"), "trainable must be one of ('new', 'new+lora', 'full', 'layers', 'lora'), got 'adapter'"),
+        (dict(trainable="layers"), "trainable='layers' needs trainable_layers, a non-empty list of distinct layer indices >= 0, got None"),
+        (dict(trainable="new", trainable_layers=[1]), "trainable_layers is only used with trainable='layers' (trainable='new')"),
+        (dict(trainable="lora", prefix_cache="memory"), "prefix_cache needs a frozen prefix, but trainable='lora' adapts every layer; use prefix_cache='auto' or 'off'."),
         (dict(save_steps=5), "save_steps > 0 needs output_dir (checkpoints are written there)"),
     ],
 )
