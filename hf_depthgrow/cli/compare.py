@@ -47,6 +47,14 @@ class CompareScript:
     oracle_seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Data-order seeds of the oracle sweep."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model."})
 
+    def __post_init__(self):
+        # Checked before anything loads: the oracle sweep runs after the (long) comparison.
+        positions = self.oracle_positions
+        if positions is not None and (len(set(positions)) < 4 or len(set(positions)) != len(positions) or min(positions) < 0):
+            raise ValueError(f"oracle_positions needs at least 4 distinct positions >= 0, got {positions}")
+        if not self.oracle_seeds or len(set(self.oracle_seeds)) != len(self.oracle_seeds):
+            raise ValueError(f"oracle_seeds must be distinct and non-empty, got {self.oracle_seeds}")
+
 
 def build_parser() -> ConfigParser:
     return ConfigParser([CompareScript, CompareConfig], prog="hf-depthgrow compare", description=__doc__)
@@ -86,6 +94,7 @@ def _run(argv: list[str]) -> int:
     # Everything the command will run is imported now: a long run never picks up code edited meanwhile.
     from ..comparison import compare_plans
     from ..comparison.validation import validate_probe
+    from ..growth.families import resolve_family
     from ..pipeline.output import check_output_dir, staged_output
     from ..plots import plot_comparison, plot_validation
     from ..probe import baselines, lookahead
@@ -95,6 +104,9 @@ def _run(argv: list[str]) -> int:
     script, cfg = build_parser().parse(argv)
     check_output_dir(script.output_dir, overwrite=script.overwrite, inputs={"model": script.model, "data": script.data})
     model, splits, retention = _load(script, cfg)
+    depth = len(resolve_family(model)[1])
+    if script.oracle_positions and max(script.oracle_positions) > depth:
+        raise ValueError(f"oracle_positions go up to {max(script.oracle_positions)}, but the model has {depth} layers (positions 0..{depth})")
     result = compare_plans(model, splits["train"], splits["held_out"], splits["test"], config=cfg, retention_data=retention)
     # The comparison is on disk before the (longer) probe validation starts.
     with staged_output(script.output_dir) as tmp:
