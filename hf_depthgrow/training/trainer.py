@@ -15,6 +15,11 @@ Data in any form of `hf_depthgrow.data.batches` is read into indexable rows firs
 seeded permutation per epoch indexed by a micro-batch counter (`data_order.py`), so a resumed run
 (`checkpoints.py`) picks up at the same example without replaying a loader and ends at
 bit-identical weights. Which weights train, and which modules run in train mode, is `trainable.py`.
+
+At ~520 lines this module is over the package's ~400: `GrownTrainer` is one state machine (set-up,
+steps, evaluation, the fallback rule, the end), and `train()` split into `begin` / `run_steps` /
+`finish` / `close` (for successive halving) must see all of it; the pieces without trainer state
+already live in the sibling modules.
 """
 
 from __future__ import annotations
