@@ -1,0 +1,55 @@
+"""benchmarks/gpu.py runs on CPU with a tiny model, so the GPU benchmark cannot rot between GPU sessions."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+GPU_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", GPU_BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ARGS = ["--model", "tiny", "--steps", "2", "--warmup", "0", "--seq", "16", "--batch", "2", "--examples", "4", "--probe-batches", "1"]
+
+
+def test_gpu_benchmark_measures_every_variant_and_writes_tagged_rows(gpu_bench, tmp_path):
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("# Benchmark results\n\n## Another section\n\nkept as it is\n")
+    results = gpu_bench.main([*ARGS, "--write-results", "--results", str(results_md)])
+
+    by_variant = {r["variant"]: r for r in results}
+    assert set(by_variant) == {"new", "new+cache", "lora", "full", "probe (all positions)", "evaluation (paired)"}
+    for r in results:
+        assert r["tokens_per_s"] > 0 and math.isfinite(r["tokens_per_s"])
+    # The frozen base: new blocks and LoRA train a small share of what full fine-tuning trains.
+    assert by_variant["new"]["trainable"] == by_variant["new+cache"]["trainable"] < by_variant["full"]["trainable"]
+    assert by_variant["lora"]["trainable"] < by_variant["full"]["trainable"]
+    # The cache skips the prefix forward, so torch counts fewer FLOPs for the cached step.
+    assert by_variant["new+cache"]["flops_per_step"] < by_variant["new"]["flops_per_step"]
+
+    text = results_md.read_text()
+    assert "## Another section\n\nkept as it is" in text
+    section = text.split(gpu_bench.SECTION, 1)[1]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| CPU")]
+    assert len(rows) == 6 and all("| tiny | fp32 | 16 x 2 |" in ln for ln in rows)
+    assert "1.00x" in next(ln for ln in rows if "| full |" in ln)
+
+    # A rerun on the same device and model replaces its rows and its run line instead of adding more.
+    gpu_bench.main([*ARGS, "--variants", "full", "--write-results", "--results", str(results_md)])
+    section = results_md.read_text().split(gpu_bench.SECTION, 1)[1]
+    assert len([ln for ln in section.splitlines() if ln.startswith("| CPU")]) == 3
+    assert len([ln for ln in section.splitlines() if ln.startswith("- run: ")]) == 1
+
+
+def test_gpu_benchmark_rejects_bad_sizes_before_loading(gpu_bench):
+    with pytest.raises(SystemExit) as err:
+        gpu_bench.main(["--model", "tiny", "--steps", "0"])
+    assert err.value.code == 2
