@@ -4,10 +4,22 @@
   `AutoModelFor*.from_pretrained(path)` loads it, no hf_depthgrow import, no remote code.
 - Adapter blocks hang on original layers and are not part of the architecture: they go to
   their own file, `depthgrow_adapters.safetensors`, under the model's own parameter names
-  (transformers may rename keys of the main checkpoint on save). The main checkpoint is then a
-  clean base checkpoint, and `load_pretrained` rebuilds the blocks from the growth record in
-  config.json and loads them. `save_pretrained(..., adapters_only=True)` writes just the
-  adapter file plus a reference to the base model (like a PEFT adapter).
+  (transformers may rename keys of the main checkpoint on save), and `load_pretrained` rebuilds
+  the blocks from the growth record in config.json and loads them from there.
+  `save_pretrained(..., adapters_only=True)` writes just the adapter file plus a reference to the
+  base model (like a PEFT adapter).
+
+No silent bare-base loads. Plain transformers cannot build adapter blocks, so
+`AutoModel.from_pretrained(folder)` on an adapter-grown folder gives the base model without them.
+It must not do so quietly: the main checkpoint also carries the adapter tensors and one marker
+tensor, `NOT_LOADED_KEY`, whose name is the command that loads the folder. Transformers reports
+checkpoint keys its architecture does not have in its load report, a `logger.warning` shown by
+default (transformers 5: "LOAD REPORT ... | UNEXPECTED"), so the user sees which blocks were left
+out and `hf_depthgrow.load_pretrained(folder)`. That is transformers' own mechanism for "this
+checkpoint holds more than this model": no remote code, no custom config field (unknown config
+fields are kept silently), and other strict loaders refuse the folder instead of serving the base.
+`load_pretrained` tells transformers these keys are expected (`_keys_to_ignore_on_load_unexpected`),
+so loading through hf_depthgrow stays quiet and exact.
 """
 
 from __future__ import annotations
@@ -38,19 +50,45 @@ def _adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in model.state_dict().items() if f".{PRE}." in k or f".{POST}." in k}
 
 
+# The marker's key names the command; a state-dict key is module path + buffer name, so the command's
+# dots come from two nested modules: `<_MARKER_ROOT>.hf_depthgrow.load_pretrained(folder)`.
+_MARKER_ROOT = "depthgrow_blocks_NOT_LOADED__load_with"
+NOT_LOADED_KEY = f"{_MARKER_ROOT}.hf_depthgrow.load_pretrained(folder)"
+# Checkpoint keys plain transformers cannot place, and load_pretrained expects: hosted blocks and the marker.
+_EXPECTED_EXTRA_KEYS = (rf"(^|\.){PRE}\.", rf"(^|\.){POST}\.", rf"^{re.escape(_MARKER_ROOT)}\.")
+
+
 @contextlib.contextmanager
-def _adapters_detached(model: nn.Module):
-    """Take hosted adapter blocks out of the module tree (hooks then do nothing), put them back after."""
-    taken = []
-    for module in model.modules():
-        for name in (PRE, POST):
-            if name in module._modules:
-                taken.append((module, name, module._modules.pop(name)))
+def _not_loaded_marker(model: nn.Module, record: GrowthRecord):
+    """Save a marker tensor beside the model's own: its key is the command that loads the folder, its
+    bytes the same sentence (readable with `bytes(t.tolist()).decode()`)."""
+    message = (
+        f"{len(record.adapters)} depth-growth adapter block(s) are not part of {type(model).__name__} and plain "
+        "transformers does not load them; load this folder with hf_depthgrow.load_pretrained(folder)"
+    )
+    holder, inner = nn.Module(), nn.Module()
+    inner.register_buffer("load_pretrained(folder)", torch.tensor(list(message.encode()), dtype=torch.uint8))
+    holder.add_module("hf_depthgrow", inner)
+    model.add_module(_MARKER_ROOT, holder)
     try:
         yield
     finally:
-        for module, name, blocks in taken:
-            module._modules[name] = blocks
+        del model._modules[_MARKER_ROOT]
+
+
+@contextlib.contextmanager
+def _extra_keys_expected(cls: type):
+    """While `cls.from_pretrained` runs, the adapter tensors and the marker are keys it expects, not a report."""
+    had = "_keys_to_ignore_on_load_unexpected" in cls.__dict__
+    before = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
+    cls._keys_to_ignore_on_load_unexpected = [*(getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ()), *_EXPECTED_EXTRA_KEYS]
+    try:
+        yield
+    finally:
+        if had:
+            cls._keys_to_ignore_on_load_unexpected = before
+        else:
+            del cls._keys_to_ignore_on_load_unexpected
 
 
 MARKER = ".hf_depthgrow"  # written last into every saved folder: "hf_depthgrow wrote this, completely"
@@ -203,7 +241,9 @@ def save_pretrained(
                 json.dumps({"base_model": str(base_model), RECORD_KEY: record.to_dict(), "architectures": model.config.architectures or [type(model).__name__]}, indent=2, sort_keys=True)
             )
         else:
-            with _adapters_detached(model):
+            # Adapter blocks stay in the module tree, so the main checkpoint carries them too (see the module doc).
+            marker = _not_loaded_marker(model, record) if record and record.adapters else contextlib.nullcontext()
+            with marker:
                 model.save_pretrained(str(tmp), safe_serialization=True, **kwargs)
         if record and record.adapters:
             save_file(_adapter_state(model), str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
@@ -283,7 +323,8 @@ def load_pretrained(path: str | os.PathLike, *, base_model: str | os.PathLike | 
         raw = getattr(config, RECORD_KEY, None)
         record = GrowthRecord.from_dict(raw) if raw else None  # a forged record is refused before any weights load
         cls = _model_class(config.architectures)
-        model = cls.from_pretrained(str(path), **kwargs)
+        with _extra_keys_expected(cls):
+            model = cls.from_pretrained(str(path), **kwargs)
         if record is not None:
             _check_record_matches(model, record, path)
         if not (record and record.adapters):
