@@ -83,7 +83,7 @@ def test_new_trains_only_new_blocks(model_type, block, rows):
     model = grow_depth(tiny_model(model_type), [2], block=block)
     new_names = {n for n, _ in new_block_parameters(model)}
     before = snapshot(model)
-    result = train(model, rows(16), eval_data=rows(8, seed=1), config=quick())
+    result = train(model, rows(16), eval_data=rows(8, seed=1), config=quick(prefix_cache="memory"))
     after = snapshot(result.model)
     assert result.history and all("loss" in h for h in result.history)  # the loss is logged
     for name, value in before.items():

@@ -23,6 +23,7 @@ from ..data.batches import to_device
 from ..growth.families import resolve_family
 from ..growth.prefix import lowest_new_index, prefix_hidden
 from ..losses import is_causal_lm
+from .cache_plan import choose_auto
 from .data_order import FIXED_SIZE_MESSAGE, fetch
 
 STORAGE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -282,13 +283,13 @@ def shares_prefix(model: nn.Module, other: nn.Module, index: int) -> bool:
     return all(a[k].shape == b[k].shape and torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
 
 
-def cache_mode(config, accelerator, index: int | None) -> str:
-    """The storage the trainer's cache uses: `"off"`, `"memory"` or `"disk"` (`"auto"` resolved; see `TrainConfig`).
+def cache_mode(config, accelerator, index: int | None, n_train: int = 0, n_eval: int = 0) -> tuple[str, str]:
+    """`(storage, why)`: `"off"`, `"memory"` or `"disk"`, with `"auto"` resolved (see `TrainConfig` and `cache_plan`).
 
     Example:
         ```python
-        >>> cache_mode(TrainConfig(), Accelerator(), 2)
-        'memory'
+        >>> cache_mode(TrainConfig(num_train_epochs=3), Accelerator(), 2, n_train=64)
+        ('memory', 'prefix cache built: predicted prefix passes 192 without the cache, 64 with it (+67% saved; 3 epoch(s))')
         ```
     """
     from accelerate.utils import DistributedType
@@ -296,16 +297,21 @@ def cache_mode(config, accelerator, index: int | None) -> str:
     sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
     valid = config.trainable != "full" and index is not None
     if config.prefix_cache == "off":
-        return "off"
+        return "off", "prefix cache off (prefix_cache='off')"
     if config.prefix_cache == "auto":
-        if not valid or sharded or index == 0:
-            return "off"  # nothing frozen below, sharded wrappers, or nothing to skip
-        return "memory"
+        if not valid:
+            return "off", "prefix cache off: nothing frozen below the trained parameters"
+        if sharded:
+            return "off", "prefix cache off: the model is sharded (FSDP/DeepSpeed)"
+        if index == 0:
+            return "off", "prefix cache off: the lowest trained block is at the bottom, nothing to skip"
+        use, why = choose_auto(config, n_train, n_eval, accelerator.num_processes)
+        return ("memory" if use else "off"), why
     if not valid:
         raise ValueError("prefix_cache needs a frozen prefix below the new blocks")
     if sharded:
         raise ValueError("prefix_cache is not supported under FSDP/DeepSpeed; use prefix_cache='off' or 'auto'")
-    return config.prefix_cache
+    return config.prefix_cache, f"prefix cache {config.prefix_cache} (prefix_cache={config.prefix_cache!r})"
 
 
 def cache_dir(config) -> Path:
@@ -318,9 +324,11 @@ def cache_dir(config) -> Path:
 
 
 def build_caches(model: nn.Module, train_rows, eval_rows, index: int | None, *, config, accelerator, eval_batch_size: int):
-    """`(train cache, eval cache, info)` for a trainer: `None`s when the cache is off.
+    """`(train cache, eval cache, info)` for a trainer: `None` caches when the cache is off.
 
-    `info` (what `TrainResult.prefix_cache` reports) holds the mode, storage dtype, index, bytes and build time.
+    `info` always says what was chosen and why (`"choice"`, which `TrainResult.prefix_cache_choice`
+    reports); with a cache it also holds the mode, storage dtype, index, bytes and build time
+    (`TrainResult.prefix_cache`).
 
     Example:
         ```python
@@ -329,7 +337,8 @@ def build_caches(model: nn.Module, train_rows, eval_rows, index: int | None, *, 
         ('memory', None)
         ```
     """
-    mode = cache_mode(config, accelerator, index)
+    n_eval = len(eval_rows) if eval_rows is not None else 0
+    mode, why = cache_mode(config, accelerator, index, len(train_rows), n_eval)
     t_cache = time.perf_counter()
 
     def build(rows, desc):
@@ -344,12 +353,13 @@ def build_caches(model: nn.Module, train_rows, eval_rows, index: int | None, *, 
     train_cache = build(train_rows, "prefix cache (train)")
     eval_cache = build(eval_rows, "prefix cache (eval)")
     if train_cache is None:
-        return None, eval_cache, None
+        return None, eval_cache, {"mode": "off", "index": index, "bytes": 0, "choice": why}
     info = {
         "mode": "disk" if train_cache.path is not None else "memory",
         "dtype": str(train_cache.storage_dtype).replace("torch.", ""),
         "index": index,
         "bytes": train_cache.nbytes + (eval_cache.nbytes if eval_cache is not None else 0),
         "build_seconds": round(time.perf_counter() - t_cache, 3),
+        "choice": why,
     }
     return train_cache, eval_cache, info

@@ -32,6 +32,8 @@ class TrainResult:
         eval_loss_selected: Held-out loss of the selected model.
         num_train_examples: Size `n` of the training set; `num_selection_examples` of the rows `L_S` is taken on.
         prefix_cache: Mode, dtype, index, size and build time of the cache, or `None` if off.
+        prefix_cache_choice: Whether the cache was built and why (with `"auto"`: the predicted prefix work
+            with and without it, see `hf_depthgrow.training.cache_plan`).
         nonfinite: `{"step", "loss"}` where a run with the fallback rule on stopped on a non-finite
             loss (`f_new` is then never selected), else `None`.
 
@@ -63,6 +65,7 @@ class TrainResult:
     num_selection_examples: int = 0
     num_processes: int = 1
     prefix_cache: dict | None = None
+    prefix_cache_choice: str | None = None
     stepping_stone: dict | None = None
     resumed_from: str | None = None
     nonfinite: dict | None = None
@@ -89,7 +92,8 @@ def initial_result(trainer, global_step: int) -> TrainResult:
         num_processes=trainer.accelerator.num_processes,
         num_train_examples=len(trainer.train_dataset),
         num_selection_examples=len(trainer.selection_rows) if cfg.fallback else 0,
-        prefix_cache=trainer.cache_info,
+        prefix_cache=info if (info := trainer.cache_info) and info["mode"] != "off" else None,
+        prefix_cache_choice=info["choice"] if info else None,
         stepping_stone=trainer.stone_info,
         resumed_from=str(trainer.resume_path) if trainer.resume_path else None,
         nonfinite=trainer.nonfinite,
