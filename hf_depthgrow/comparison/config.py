@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..evaluation.bounds import INTERVALS
 from ..evaluation.decisions import METHODS
+from ..training.tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_report_to
 from .arms import CONTROL_KINDS, check_growth_spec
 
 SCHEDULERS = ("cosine", "linear", "constant")
@@ -54,6 +55,13 @@ class CompareConfig:
     n_bootstrap: int = field(default=2000, metadata={"help": "Paired bootstrap resamples."})
     seed: int = field(default=0, metadata={"help": "Seeds the data order, random placements and the bootstrap."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    report_to: list[str] = field(
+        default_factory=lambda: [NONE],
+        metadata={"help": "Experiment trackers (Accelerate's): tensorboard, wandb (several allowed) or none. One run per arm "
+                          "and learning rate, plus the probe and the corrected deltas.", "choices": [NONE, *REPORT_TO]},
+    )  # fmt: skip
+    logging_dir: str | None = field(default=None, metadata={"help": "Where trackers write; hf-depthgrow compare's default: <output_dir>/logs."})
+    project_name: str = field(default=DEFAULT_PROJECT, metadata={"help": "Project name in the trackers (the W&B project)."})
 
     def __post_init__(self):
         def fail(msg):
@@ -96,6 +104,9 @@ class CompareConfig:
             fail(f"interval={self.interval!r} needs loss_bound (an a-priori bound B of a per-example loss)")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             fail(f"seed must be an int >= 0, got {self.seed!r}")
+        self.report_to = check_report_to(self.report_to)
+        if not isinstance(self.project_name, str) or not self.project_name.strip():
+            fail(f"project_name must be a non-empty string, got {self.project_name!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -24,6 +24,7 @@ from ..evaluation.checks import prepare_batches, split_batch
 from ..evaluation.decisions import corrected_intervals
 from ..evaluation.paired import eval_mode
 from ..losses import batch_example_losses
+from ..training import tracking
 from ..training.data_order import training_rows
 from .arms import Arm, build_arms, check_growth_count, grow_arm
 from .config import CompareConfig
@@ -79,8 +80,13 @@ def _train_config(arm: Arm, lr: float, cfg: CompareConfig):
         trainable=mode, learning_rate=lr, max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
         lr_scheduler=cfg.lr_scheduler, warmup_ratio=cfg.warmup_ratio, seed=cfg.seed, fallback=True,
         selection_max_examples=cfg.selection_max_examples, save_final_model=False, progress_bar=False,
-        logging_steps=max(1, cfg.max_steps), **extra,
+        logging_steps=max(1, cfg.max_steps), **_tracker_settings(cfg, f"{arm.name}-lr{lr:g}"), **extra,
     )  # fmt: skip
+
+
+def _tracker_settings(cfg: CompareConfig, name: str) -> dict:
+    """Where a run of the comparison logs (`report_to`); the seed is in the name, as the probe validation reruns per seed."""
+    return {"report_to": cfg.report_to, "logging_dir": cfg.logging_dir, "project_name": cfg.project_name, "run_name": f"{name}-seed{cfg.seed}"}
 
 
 def _fresh_model(base: nn.Module, arm: Arm, grow_kwargs: dict | None) -> nn.Module:
@@ -195,6 +201,8 @@ def compare_plans(
     if config is not None and kwargs:
         raise ValueError(f"pass either config= or keyword arguments, not both (got {sorted(kwargs)})")
     cfg = config or CompareConfig(**kwargs)
+    tracking.check_available(cfg.report_to)
+    tracking.check_logging_dir(cfg.report_to, cfg.logging_dir, "logging_dir is not set (hf-depthgrow compare defaults it to <output_dir>/logs)")
     started = time.perf_counter()
     train_rows = training_rows(train_data, "train_data", model=model)
     eval_rows = training_rows(eval_data, "eval_data", model=model)
@@ -205,8 +213,14 @@ def compare_plans(
         model, cfg.growth, cfg.controls, reference=cfg.reference, probe_result=probe_result, seed=cfg.seed,
         lora_target_modules=cfg.lora_target_modules, grow_kwargs=grow_kwargs,
     )  # fmt: skip
-    return _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs,
-                     probe_result=probe_result, probe_seconds=probe_seconds, started=started)
+    if probe_result is not None:
+        tracking.log_probe_run(probe_result, **_tracker_settings(cfg, "probe"))
+    result = _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs,
+                       probe_result=probe_result, probe_seconds=probe_seconds, started=started)
+    logged = tracking.tracking_run(config=cfg.to_dict(), **_tracker_settings(cfg, "compare"))
+    logged.log_comparison(result, cfg.max_steps)
+    logged.finish()
+    return result
 
 
 def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs, *, probe_result, probe_seconds, started):

@@ -32,6 +32,8 @@ HEADS = (
 )
 # A Hub license id ("apache-2.0", "mit", "other").
 LICENSE_RE = re.compile(r"^[a-z0-9][a-z0-9.+_-]*$")
+# The Hub cache stores a repository as `.../models--owner--name/snapshots/<rev>`: that is its Hub id.
+_HUB_CACHE_REPO = re.compile(r"models--([\w.-]+?)--([\w.-]+?)(?:/|$)")
 
 
 @dataclass
@@ -62,7 +64,12 @@ class CardInfo:
         config: The exact configuration that reproduces the run (embedded as YAML).
         command: The command line of the run.
         datasets: Data sets used: Hub ids go into the metadata, local paths and embedded corpora into the text.
-        license: License id (e.g. `"apache-2.0"`); omitted from the metadata when not given.
+        license: License id (e.g. `"apache-2.0"`). When not given, the base model's is inherited where it can be
+            read offline (`hub.card_license.inherited_license`: a local base folder's README.md, the embedded
+            SmolLM2's GGUF metadata, a Hub card in the local Hub cache); else omitted from the metadata.
+        license_name: Name of an `other` license (the Hub needs it with `license: other`).
+        license_link: Link to an `other` license's text.
+        license_source: Where an inherited license was read (set when it is inherited; `None` when given).
         language: Language code(s), metadata only.
         pipeline_tag: Hub task; default: inferred from `architectures`.
         tags: Extra tags.
@@ -93,7 +100,10 @@ class CardInfo:
     config: Any = field(default=None, metadata={"help": "Config that reproduces the run (YAML in the card)."})
     command: str | None = field(default=None, metadata={"help": "Command line of the run."})
     datasets: list[str] | None = field(default=None, metadata={"help": "Hub ids, local paths or embedded corpora."})
-    license: str | None = field(default=None, metadata={"help": "License id; omitted when not given."})
+    license: str | None = field(default=None, metadata={"help": "License id; default: the base model's, where it can be read."})
+    license_name: str | None = field(default=None, metadata={"help": "Name of an 'other' license."})
+    license_link: str | None = field(default=None, metadata={"help": "Link to an 'other' license's text."})
+    license_source: str | None = field(default=None, metadata={"help": "Where an inherited license was read."})
     language: str | list[str] | None = field(default=None, metadata={"help": "Language code(s)."})
     pipeline_tag: str | None = field(default=None, metadata={"help": "Hub task; default: inferred."})
     tags: list[str] | None = field(default=None, metadata={"help": "Extra tags."})
@@ -108,7 +118,7 @@ class CardInfo:
             self.tags = [self.tags]
         if isinstance(self.architectures, str):
             self.architectures = [self.architectures]
-        for name in ("base_model", "base_model_id", "repo_id", "license", "pipeline_tag"):
+        for name in ("base_model", "base_model_id", "repo_id", "license", "license_name", "license_link", "pipeline_tag"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 raise ValueError(f"CardInfo.{name} must be a string, got {type(value).__name__}")
@@ -116,12 +126,29 @@ class CardInfo:
                 setattr(self, name, os.fspath(value))
         if self.base_model_id is not None and not looks_like_hub_id(self.base_model_id, check_disk=False):
             raise ValueError(f"CardInfo.base_model_id must be a Hub model id, got {self.base_model_id!r}")
+        if self.base_model_id is None and self.base_model and not looks_like_hub_id(self.base_model):
+            self.base_model_id = hub_cache_id(self.base_model)  # a Hub-cache snapshot folder names its Hub id
         if self.license is not None and not LICENSE_RE.match(self.license):
             raise ValueError(f"CardInfo.license must be a Hub license id such as 'apache-2.0', got {self.license!r}")
+        if self.license is None:
+            self.inherit_license(self.base_model)
+
+    def inherit_license(self, base) -> None:
+        """Take the base model's license (see `hub.card_license`) unless one is set already."""
+        from .card_license import inherited_license
+
+        found = None if self.license else inherited_license(base, self.base_model_id)
+        if found:
+            self.license, self.license_source = found["license"], found["source"]
+            self.license_name = self.license_name or found["license_name"]
+            self.license_link = self.license_link or found["license_link"]
 
     @classmethod
     def from_model(cls, model, **kwargs) -> "CardInfo":
         """Fill `model_type`, `architectures`, `growth_record` and `base_model` from a model; `kwargs` win.
+
+        Also from where the model was loaded (`config._name_or_path`): `base_model_id` for a Hub-cache folder,
+        and the base's license when none is given (`hub.card_license`).
 
         Example:
             ```python
@@ -134,9 +161,13 @@ class CardInfo:
             "architectures": list(getattr(config, "architectures", None) or [type(model).__name__]),
             "growth_record": growth_record(model),
             "base_model": getattr(config, "_name_or_path", None) or None,
+            "base_model_id": hub_cache_id(getattr(config, "_name_or_path", None)),  # loaded from the Hub cache: its id
         }
         found.update({k: v for k, v in kwargs.items() if v is not None or k not in found})
-        return cls(**found)
+        info = cls(**found)
+        # The base's license is read where the model was loaded from: `base_model` may be a public name by now.
+        info.inherit_license(getattr(config, "_name_or_path", None) or None)
+        return info
 
 
 def as_card_info(info: "CardInfo | Mapping") -> CardInfo:
@@ -167,6 +198,24 @@ def looks_like_hub_id(value, *, check_disk: bool = True) -> bool:
     except HFValidationError:
         return False
     return True
+
+
+def hub_cache_id(path) -> str | None:
+    """The Hub id of a folder inside the Hub cache (`.../models--owner--name/snapshots/<rev>`), else `None`."""
+    match = _HUB_CACHE_REPO.search(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else None
+    repo = f"{match.group(1)}/{match.group(2)}" if match else None
+    return repo if repo and looks_like_hub_id(repo, check_disk=False) else None
+
+
+def card_title(info: "CardInfo") -> str:
+    """The card's title (and the model-index `name`): `title`, else the repo name, else "Depth-grown <base>"."""
+    if info.title:
+        return info.title
+    if info.repo_id:
+        return info.repo_id.split("/")[-1]
+    base = info.base_model if info.base_model and looks_like_hub_id(info.base_model) else info.base_model_id
+    name = base or (Path(info.base_model).name if info.base_model else None)
+    return f"Depth-grown {name or 'model'}"
 
 
 def is_file(value) -> bool:

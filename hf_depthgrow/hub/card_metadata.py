@@ -6,24 +6,31 @@ Metadata rules:
 - `library_name` is `"transformers"` when plain transformers loads the checkpoint (native growth),
   `"hf_depthgrow"` when adapter blocks need hf_depthgrow to be rebuilt.
 - `datasets` holds Hub ids only; local files and embedded corpora are named in the text.
-- `license` is written only when given: a grown model inherits its base model's license, which
-  this library cannot check offline, so the card says so instead of guessing.
+- `license` is the one given, else the base model's where it can be read offline (`card_license`);
+  never guessed: without either the card says the license is inherited but unknown.
+- `model-index` holds the evaluation's measured numbers (`EvalResult`s through `ModelCardData`): the
+  test losses of the base and the grown model, the test-risk delta and its interval bounds, on the
+  named data set's test split. `depth_growth` is the growth record in brief (layer counts, positions,
+  block kinds). Names in both are public: a local path becomes its last part, never an absolute path.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import re
 from importlib import metadata as _metadata
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Mapping
 
 import yaml
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
-from .card_info import LICENSE_RE, CardInfo, as_card_info, head_of, is_file, looks_like_hub_id
+from ..evaluation.formatting import _ABS_PATH, scrub_paths
+from ..utils import json_number
+from .card_info import LICENSE_RE, CardInfo, as_card_info, card_title, head_of, is_file, looks_like_hub_id
 
 FRAMEWORKS = ("torch", "transformers", "accelerate", "peft", "huggingface_hub", "safetensors")
 BASE_TAGS = ("hf_depthgrow", "depth-growth")
@@ -83,6 +90,68 @@ def split_datasets(datasets) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(hub)), text
 
 
+def dataset_ref(name) -> str:
+    """How metadata names a data set: a Hub id or an embedded corpus as it is, a local path by its last part only."""
+    name = os.fspath(name)
+    if name in EMBEDDED_DATA or looks_like_hub_id(name):
+        return name
+    return PurePath(name.rstrip("/")).name or scrub_paths(name)
+
+
+def growth_metadata(record) -> dict | None:
+    """The growth record in brief for the metadata header (`depth_growth`); the full record is in the card's text."""
+    if not record:
+        return None
+    positions = [k for step in record.history for k in step.positions]
+    kinds = list(dict.fromkeys(step.block for step in record.history))
+    return {
+        "base_num_layers": record.base_num_layers,
+        "num_layers": record.num_layers,
+        "positions": positions,
+        "new_layer_indices": list(record.native_indices),
+        "adapter_layers": [a.host for a in record.adapters],
+        "blocks": kinds,
+    }
+
+
+# (key of the evaluation, metric type, metric name): what the model-index reports of a paired evaluation.
+_EVAL_METRICS = (
+    ("loss_old", "loss", "test loss of the base model"),
+    ("loss_new", "loss", "test loss of the grown model"),
+    ("delta", "test_risk_delta", "test-risk delta (base loss - grown loss)"),
+    ("mean_delta", "test_risk_mean_delta", "mean per-example test-risk delta (what the intervals bound)"),
+)
+
+
+def eval_results(info: CardInfo) -> list[EvalResult]:
+    """The evaluation's measured numbers as huggingface_hub `EvalResult`s (the card's `model-index`); `[]` if none.
+
+    Dataset: the evaluation's own `data`/`dataset` name, else the first of `info.datasets`; split: its `split`, else
+    `"test"`. Interval bounds are metrics of their own (`test_risk_delta_<interval>_low` / `_high`).
+    """
+    from .card_sections import plain
+
+    e = plain(info.evaluation) if info.evaluation is not None else None
+    if not isinstance(e, Mapping):
+        return []
+    data = e.get("dataset") or e.get("data") or (info.datasets or [None])[0]
+    name = scrub_paths(dataset_ref(data)) if data else "unknown"
+    common = dict(task_type=info.pipeline_tag or head_of(info.architectures)[0] or "other", dataset_type=name,
+                  dataset_name=name, dataset_split=str(e.get("split") or "test"))  # fmt: skip
+    metrics = [(t, n, json_number(e.get(k))) for k, t, n in _EVAL_METRICS if not (k == "mean_delta" and e.get(k) == e.get("delta"))]
+    confidence = e.get("confidence") if e.get("confidence") is not None else (1 - e["level"] if e.get("level") is not None else None)
+    level = f"{confidence:.0%} " if isinstance(confidence, (int, float)) else ""
+    for interval, bounds in (e.get("intervals") or {}).items():
+        if isinstance(bounds, (list, tuple)) and len(bounds) == 2:
+            for side, value in zip(("low", "high"), bounds):
+                metrics.append((f"test_risk_delta_{interval}_{side}", f"{level}{interval} interval of the mean test-risk delta ({side})", json_number(value)))
+    return [
+        EvalResult(metric_type=t, metric_name=n, metric_value=float(v), **common)
+        for t, n, v in metrics
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # NaN/inf are not values the Hub reads
+    ]
+
+
 def card_metadata(info: "CardInfo | Mapping") -> ModelCardData:
     """The card's metadata header, built by huggingface_hub's `ModelCardData`.
 
@@ -100,6 +169,14 @@ def card_metadata(info: "CardInfo | Mapping") -> ModelCardData:
     tags += [t for t in info.tags or [] if isinstance(t, str) and t]
     hub_datasets, _ = split_datasets(info.datasets)
     extra = {"base_model_relation": "adapter"} if info.adapters_only and base_id else {}
+    if info.license == "other":
+        extra.update({k: v for k, v in (("license_name", info.license_name), ("license_link", info.license_link)) if v})
+    growth = growth_metadata(info.growth_record)
+    if growth:
+        extra["depth_growth"] = growth
+    results = eval_results(info)
+    if results:  # the header is public: names in it are scrubbed like the text
+        extra.update(eval_results=results, model_name=scrub_paths(card_title(info)))
     return ModelCardData(
         base_model=base_id,
         datasets=hub_datasets or None,
@@ -128,13 +205,71 @@ def _header(card_or_text) -> tuple[str, dict]:
     return text, data
 
 
+def _local_paths(value, where: str = "metadata"):
+    """`(where, text)` of every string in the header that holds a local absolute path."""
+    if isinstance(value, str):
+        if _ABS_PATH.search(value):
+            yield where, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _local_paths(item, f"{where}.{key}" if where != "metadata" else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _local_paths(item, f"{where}[{i}]")
+
+
+def model_index_problems(index) -> list[str]:
+    """What is wrong with a `model-index` block, by the structure the Hub's evaluation results take (`[]`: nothing).
+
+    `[{name, results: [{task: {type, name?}, dataset: {type, name, split?, config?, revision?}, metrics:
+    [{type, value, name?}]}]}]`, every `type`/`name` a non-empty string and every value a finite number (or a string).
+    """
+    def text(x) -> bool:
+        return isinstance(x, str) and bool(x.strip())
+
+    if not isinstance(index, list) or not index:
+        return [f"model-index must be a non-empty list, got {index!r}"]
+    problems = []
+    for i, entry in enumerate(index):
+        where = f"model-index[{i}]"
+        if not isinstance(entry, Mapping) or not text(entry.get("name")):
+            problems.append(f"{where} needs a name (the model's)")
+            continue
+        results = entry.get("results")
+        if not isinstance(results, list) or not results:
+            problems.append(f"{where}.results must be a non-empty list")
+            continue
+        for j, result in enumerate(results):
+            at = f"{where}.results[{j}]"
+            task, dataset, metrics = (result.get(k) if isinstance(result, Mapping) else None for k in ("task", "dataset", "metrics"))
+            if not (isinstance(task, Mapping) and text(task.get("type"))):
+                problems.append(f"{at}.task needs a type (a Hub task id)")
+            if not (isinstance(dataset, Mapping) and text(dataset.get("type")) and text(dataset.get("name"))):
+                problems.append(f"{at}.dataset needs a type and a name")
+            elif any(k in dataset and not text(dataset[k]) for k in ("split", "config", "revision")):
+                problems.append(f"{at}.dataset: split, config and revision must be strings")
+            if not isinstance(metrics, list) or not metrics:
+                problems.append(f"{at}.metrics must be a non-empty list")
+                continue
+            for m, metric in enumerate(metrics):
+                value = metric.get("value") if isinstance(metric, Mapping) else None
+                number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                if not (isinstance(metric, Mapping) and text(metric.get("type")) and (number or text(value))):
+                    problems.append(f"{at}.metrics[{m}] needs a type and a finite value, got {metric!r}")
+                elif "name" in metric and not text(metric["name"]):
+                    problems.append(f"{at}.metrics[{m}].name must be a non-empty string")
+    return problems
+
+
 def validate_card_metadata(card) -> dict:
     """Check a card's metadata offline the way the Hub reads it; return it, or raise `ValueError` listing every problem.
 
     `ModelCard.validate` asks the Hub; this checks what can be checked without it: the YAML header
     parses to a mapping, huggingface_hub's `ModelCard`/`ModelCardData` read it back without loss, and
     the keys the Hub indexes have the types and forms it expects (`base_model` and `datasets` are
-    Hub ids, not paths; `tags` a list of strings; `license` and `pipeline_tag` ids).
+    Hub ids, not paths; `tags` a list of strings; `license` and `pipeline_tag` ids; `model-index` the
+    structure of evaluation results, see `model_index_problems`), and no string anywhere in the
+    header is a local absolute path.
 
     Args:
         card: A `ModelCard`, the text of a README.md, or a path to one.
@@ -183,6 +318,9 @@ def validate_card_metadata(card) -> dict:
         lang = data["language"]
         if not (isinstance(lang, str) or (isinstance(lang, list) and all(isinstance(x, str) for x in lang))):
             problems.append(f"language must be a string or a list of strings, got {lang!r}")
+    if "model-index" in data:
+        problems += model_index_problems(data["model-index"])
+    problems += [f"{where}: {value!r} is a local absolute path (the card is public)" for where, value in _local_paths(data)]
     try:
         parsed = ModelCard(text).data.to_dict()
         # Same keys back (values may be normalised, e.g. duplicate tags dropped): nothing is lost on the Hub.

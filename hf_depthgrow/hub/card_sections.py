@@ -13,6 +13,7 @@ from typing import Mapping
 
 from ..evaluation.formatting import format_value, table_cell
 from ..growth.record import GrowthRecord
+from ..utils import json_number
 
 def plain(value, *, finite: bool = True):
     """Plain data for YAML/JSON: result objects via `to_dict()`, dataclasses, paths and tuples converted.
@@ -169,7 +170,7 @@ def evaluation_section(evaluation) -> dict | None:
     raw = e.get("intervals") or ({"interval": e["interval"]} if e.get("interval") is not None else {})
     for name, bounds in raw.items():
         lo, hi = (list(bounds) + [None, None])[:2] if isinstance(bounds, (list, tuple)) else (None, None)
-        intervals[name] = (lo, hi)
+        intervals[name] = (json_number(lo), json_number(hi))  # an EvalResult's to_dict writes inf as "inf"
     certified = e.get("certified") or {}
 
     def row(label, old, new, delta):

@@ -26,7 +26,7 @@ import yaml
 from huggingface_hub import ModelCard
 
 from ..evaluation.formatting import scrub_paths
-from .card_info import CardInfo, as_card_info, head_of, hub_link, looks_like_hub_id
+from .card_info import CardInfo, as_card_info, card_title, head_of, hub_link, looks_like_hub_id
 from .card_metadata import card_metadata, framework_versions, library_name, split_datasets, validate_card_metadata
 from .card_sections import evaluation_section, growth_section, plain, probe_section, selection_section, training_section
 
@@ -107,7 +107,6 @@ def _details(info: CardInfo, base: dict, library: str) -> dict:
         summary = f"This model card describes {base['text']}; it carries no hf_depthgrow growth record."
     if info.adapters_only:
         summary += " This repository holds only the new blocks; the base weights are loaded from the base model."
-    name = base["hub_id"] or (Path(info.base_model).name if info.base_model else None)
     if library == "hf_depthgrow":
         library_text = "`hf_depthgrow` (adapter blocks: load with `hf_depthgrow.load_pretrained`)"
     elif record:
@@ -115,12 +114,13 @@ def _details(info: CardInfo, base: dict, library: str) -> dict:
     else:
         library_text = "`transformers`"
     if info.license:
-        license_text = f"`{info.license}`"
+        named = f" ({info.license_name})" if info.license_name else ""
+        license_text = f"`{info.license}`{named}" + (f", inherited from the base model: read from {info.license_source}" if info.license_source else "")
     else:
         where = f" ({hub_link(base['hub_id'])})" if base["hub_id"] else ""
         license_text = f"not given: a grown model inherits the license of its base model{where}; check it before use"
     return {
-        "title": info.title or (info.repo_id.split("/")[-1] if info.repo_id else f"Depth-grown {name or 'model'}"),
+        "title": card_title(info),
         "summary": summary,
         "description": info.description,
         "base": base,

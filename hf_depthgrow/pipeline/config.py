@@ -7,6 +7,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 
 from ..growth.engine import BLOCK_KINDS, INITS
+from ..training.tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_report_to
 
 TRAINABLE = ("new", "new+lora", "full")
 CONTROLS = ("auto", "layers", "lora")  # equal-budget controls `run` trains beside the growth (None: no control)
@@ -78,6 +79,13 @@ class RunConfig:
     hub_endpoint: str | None = field(default=None, metadata={"help": "Another Hub endpoint (default: HF_ENDPOINT or huggingface.co)."})
     license: str | None = field(default=None, metadata={"help": "License id for the model card (a grown model inherits its base's)."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    report_to: list[str] = field(
+        default_factory=lambda: [NONE],
+        metadata={"help": "Experiment trackers (Accelerate's): tensorboard, wandb (several allowed) or none. Logs the probe, "
+                          "training and held-out losses, and the test-risk delta with its intervals.", "choices": [NONE, *REPORT_TO]},
+    )  # fmt: skip
+    logging_dir: str | None = field(default=None, metadata={"help": "Where trackers write (runs probe, grown, control); default: <output_dir>/logs."})
+    project_name: str = field(default=DEFAULT_PROJECT, metadata={"help": "Project name in the trackers (the W&B project)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model (off unless given)."})
 
     def __post_init__(self):
@@ -90,6 +98,7 @@ class RunConfig:
         for name in ("control", "retention_data"):
             if isinstance(getattr(self, name), str) and getattr(self, name).strip().lower() in ("none", "null"):
                 setattr(self, name, None)
+        self.report_to = check_report_to(self.report_to)  # one name or "none" from Python, as the flag takes it
         # Types first: a string learning rate must fail here, not after the probe has run.
         hints = typing.get_type_hints(type(self))
         for f in fields(self):
@@ -136,6 +145,8 @@ class RunConfig:
             raise ValueError("push_to_hub needs a repo id such as 'me/grown-smollm2'")
         if self.loss_bound is not None:
             self.loss_bound = float(self.loss_bound)
+        if not self.project_name.strip():
+            raise ValueError("project_name must be a non-empty string")
 
     def _check_control(self):
         if self.control is not None and self.control not in CONTROLS:

@@ -20,6 +20,7 @@ import yaml
 from ..growth.engine import grow_depth
 from ..hub.loading import EMBEDDED_HUB_IDS, public_name
 from ..plots import plot_training
+from ..training import tracking
 from . import control
 from .checks import check_run
 from .config import RunConfig
@@ -71,6 +72,7 @@ class _Run:
     control_result: object = None
     control: dict | None = None  # summary.json's "control"
     retention: dict | None = None  # summary.json's "retention"
+    tracking: object = tracking.NO_TRACKING  # the "grown" tracker run (report_to), shared with the trainer
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
@@ -80,6 +82,13 @@ class _Run:
     def log(self, message: str) -> None:
         if self.cfg.progress:
             print(f"[hf-depthgrow] {message}", file=sys.stderr, flush=True)
+
+    @property
+    def trackers(self) -> dict:
+        """Where this run's trackers log: `logging_dir`, else `logs/` in the (staged) output folder (none without trackers)."""
+        cfg = self.cfg
+        logs = cfg.logging_dir or (str(self.out / "logs") if tracking.active_trackers(cfg.report_to) else None)
+        return {"report_to": cfg.report_to, "logging_dir": logs, "project_name": cfg.project_name}
 
     @property
     def grow_kwargs(self) -> dict:
@@ -134,6 +143,7 @@ def _probe(run: _Run) -> None:
     probe_dir = run.out / "probe"
     probe_dir.mkdir()
     run.probe_result.to_json(probe_dir / "probe.json")
+    tracking.log_probe_run(run.probe_result, **run.trackers)
     plot_probe(run.probe_result, probe_dir / "probe.png", title=f"{Path(run.base_name).name}: first-order signal by depth")
     run.lap("probe")
 
@@ -193,10 +203,13 @@ def _grow_and_train(run: _Run) -> None:
     run.train_config = TrainConfig(
         max_steps=cfg.train_steps, learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
         eval_steps=cfg.eval_steps, trainable=cfg.trainable, seed=cfg.seed, output_dir=str(run.out / "train"),
-        save_final_model=False, selection_max_examples=cfg.selection_max_examples, progress_bar=cfg.progress,
+        save_final_model=False, selection_max_examples=cfg.selection_max_examples, progress_bar=cfg.progress, **run.trackers,
     )  # fmt: skip
+    # One tracker run holds the training and, after it, the test evaluation: the trainer writes into it.
+    run.tracking = tracking.tracking_run(run_name="grown", config=cfg.to_dict(), **run.trackers)
     run.train_result = train(
-        run.model, run.splits["train"], config=run.train_config, eval_data=run.splits["held_out"], stepping_stone=run.stone_model
+        run.model, run.splits["train"], config=run.train_config, eval_data=run.splits["held_out"], stepping_stone=run.stone_model,
+        accelerator=run.tracking.accelerator,
     )
     run.model = run.train_result.model
     (run.out / "train").mkdir(exist_ok=True)
@@ -221,6 +234,7 @@ def _evaluate(run: _Run) -> None:
     run.eval_result = evaluate_delta(
         run.model, test_ds, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size, routes=routes, progress=cfg.progress
     )
+    run.tracking.log_evaluation(run.eval_result, cfg.train_steps)
     for side, name in (("old", f"{run.base_name} (new blocks bypassed)"), ("new", f"{run.base_name} grown at {run.positions}")):
         run.eval_result.models.setdefault(side, {})["name_or_path"] = name  # not a local path
     title = f"{Path(run.base_name).name} grown at {run.positions}"
@@ -320,11 +334,15 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
         ```
     """
     check_run(cfg)  # everything that can be checked before the model loads and the output folder changes
+    tracking.check_available(cfg.report_to)
     out = Path(cfg.output_dir)
     with staged_output(out) as tmp:
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         run = _Run(cfg, tmp, public_command(command))
-        summary = _stages(run)
+        try:
+            summary = _stages(run)
+        finally:
+            run.tracking.finish()  # the tracker files are closed before the folder moves into place
         write_summary(tmp, summary)
     if cfg.push_to_hub and summary["decision"] == "grew":
         _push(cfg, out, summary)

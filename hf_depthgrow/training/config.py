@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_logging_dir, check_report_to
 
 TRAINABLE = ("new", "new+lora", "full", "layers", "lora")
 # Modes that train a model without new blocks (the control arms of `hf_depthgrow.comparison`).
@@ -19,6 +23,7 @@ RESUME_MAY_CHANGE = (
     "per_device_train_batch_size", "per_device_eval_batch_size", "eval_steps", "logging_steps", "progress_bar",
     "prefix_cache", "prefix_cache_dir", "prefix_cache_batch_size", "merge_lora", "output_dir", "save_steps",
     "save_total_limit", "save_final_model", "resume_from_checkpoint", "ddp_timeout", "stop_after_step",
+    "report_to", "logging_dir", "project_name", "run_name",
 )  # fmt: skip
 BOOL_FIELDS = ("merge_lora", "progress_bar", "fallback", "save_final_model")
 
@@ -68,6 +73,15 @@ class TrainConfig:
     eval_steps (`int`): evaluate on the held-out split every N steps (`0`: only before and after).
     logging_steps (`int`): log the training loss every N steps.
     progress_bar (`bool`): a tqdm bar with loss and tokens/s (examples/s for classifiers), main process only.
+    report_to (`list[str]`, defaults to `["none"]`): experiment trackers, through Accelerate's
+        (`Accelerator(log_with=...)`): `"tensorboard"`, `"wandb"`, several, or `"none"` (a string is one name).
+        Logged: `train/loss`, `train/learning_rate`, `train/grad_norm` and throughput every `logging_steps`,
+        `eval/loss` whenever the held-out split is evaluated, the fallback rule's losses and `Delta_ERM` at
+        the end (`hf_depthgrow.training.tracking`).
+    logging_dir (`str` or `None`): where the trackers write (TensorBoard: `<logging_dir>/<run_name>/`);
+        default `<output_dir>/runs`. TensorBoard needs one of the two.
+    project_name (`str`): the W&B project. run_name (`str` or `None`): the run's name in the trackers;
+        default: the output_dir's folder name (`"train"` without one).
 
     > Frozen-prefix cache
 
@@ -150,6 +164,13 @@ class TrainConfig:
     eval_steps: int = field(default=0, metadata={"help": "Evaluate every N steps; 0: before and after only."})
     logging_steps: int = field(default=10, metadata={"help": "Log the training loss every N steps."})
     progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar (main process)."})
+    report_to: list[str] = field(
+        default_factory=lambda: [NONE],
+        metadata={"help": "Experiment trackers: tensorboard, wandb (several allowed) or none.", "choices": [NONE, *REPORT_TO]},
+    )
+    logging_dir: str | None = field(default=None, metadata={"help": "Where trackers write (TensorBoard: <logging_dir>/<run_name>); default: <output_dir>/runs."})
+    project_name: str = field(default=DEFAULT_PROJECT, metadata={"help": "Project name in the trackers (the W&B project)."})
+    run_name: str | None = field(default=None, metadata={"help": "Run name in the trackers; default: the output_dir's folder name."})
     # prefix cache
     prefix_cache: str = field(default="auto", metadata={"help": "auto, memory, disk or off.", "choices": list(PREFIX_CACHE)})
     prefix_cache_dtype: str = field(
@@ -250,6 +271,21 @@ class TrainConfig:
             not (self.resume_from_checkpoint == "latest" and not self.output_dir),
             "resume_from_checkpoint='latest' looks under output_dir, which is not set",
         )
+        self.report_to = check_report_to(self.report_to)
+        check_logging_dir(self.report_to, self.resolved_logging_dir(), "neither logging_dir nor output_dir (default <output_dir>/runs) is set")
+        for name in ("project_name", "run_name"):
+            value = getattr(self, name)
+            check((value is None and name == "run_name") or (isinstance(value, str) and value.strip()), f"{name} must be a non-empty string, got {value!r}")
+
+    def resolved_logging_dir(self) -> str | None:
+        """Where the trackers write: `logging_dir`, else `<output_dir>/runs`, else `None`."""
+        if self.logging_dir:
+            return os.fspath(self.logging_dir)
+        return os.path.join(self.output_dir, "runs") if self.output_dir else None
+
+    def resolved_run_name(self) -> str:
+        """The run's name in the trackers: `run_name`, else the output_dir's folder name, else `"train"`."""
+        return self.run_name or (Path(self.output_dir).resolve().name if self.output_dir else "") or "train"
 
     def to_dict(self) -> dict:
         return asdict(self)

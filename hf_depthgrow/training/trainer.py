@@ -28,7 +28,6 @@ import contextlib
 import math
 import os
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -55,6 +54,7 @@ from .guards import guard_output_dir, nonfinite_stop, run_fingerprint
 from .prefix_cache import PrefixCache, build_caches, shares_prefix
 from .result import FINAL_MODEL, TrainResult, initial_result, write_outputs
 from .selection import candidate_loss, initial_weights, pick, selected_model, stone_cache, unpack_stone
+from .tracking import NO_TRACKING, make_accelerator, trainer_tracking
 from .trainable import layer_parameters, lora_target_names, make_optimizer, set_train_mode, setup_trainable
 
 STOP_EXIT_CODE = 17  # what `stop_after_step` exits with, so a test can tell it from a crash
@@ -128,7 +128,7 @@ class GrownTrainer:
             raise ValueError("a stepping stone is only meaningful for a grown model")
         # Taken before LoRA is injected; identifies the run in its checkpoints (guards.py).
         self.fingerprint = run_fingerprint(model, self.train_dataset, self.config)
-        self._lock, self.nonfinite = None, None
+        self._lock, self.nonfinite, self.tracking = None, None, NO_TRACKING
 
     list_checkpoints = staticmethod(list_checkpoints)
 
@@ -154,6 +154,7 @@ class GrownTrainer:
         cfg, acc = self.config, self.accelerator
         self.resume_path = resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir, is_main_process=acc.is_main_process)
         self._lock = guard_output_dir(cfg, self.resume_path, self.fingerprint, acc)
+        self.tracking = trainer_tracking(self)  # report_to: Accelerate's trackers (a no-op for "none")
         self._setup_optimization()
         self._setup_caches()
         start_step = self._setup_state()
@@ -163,11 +164,7 @@ class GrownTrainer:
     def _make_accelerator(self):
         if self._accelerator is not None:
             return self._accelerator
-        from accelerate import Accelerator
-        from accelerate.utils import InitProcessGroupKwargs
-
-        handlers = [InitProcessGroupKwargs(timeout=timedelta(seconds=self.config.ddp_timeout))]
-        return Accelerator(mixed_precision=self.config.mixed_precision, kwargs_handlers=handlers)
+        return make_accelerator(self.config.mixed_precision, self.config.ddp_timeout)
 
     def _setup_accelerator(self) -> None:
         from accelerate.utils import DistributedType, set_seed
@@ -242,6 +239,7 @@ class GrownTrainer:
         if self.eval_dataset is not None:
             loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc="held-out loss (f_old)")
             self.eval_history.append({"step": 0, "eval_loss": loss})
+            self.tracking.log_eval(0, loss)
         if cfg.fallback:
             self.baseline["old"] = self._dataset_loss(self.train_dataset, self.selection_rows, which="old", cache=self.train_cache, desc="train loss (f_old)")
             if self.stone is not None:
@@ -328,6 +326,7 @@ class GrownTrainer:
         try:
             return self._train()
         finally:
+            self.tracking.finish()  # also when a step fails: the run's files are closed
             if self._lock is not None:
                 self._lock.release()
 
@@ -388,11 +387,13 @@ class GrownTrainer:
         self._set_train_mode(False)
         loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc=f"held-out loss (step {self._step})")
         self._set_train_mode(True)
+        self.tracking.log_eval(self._step, loss)
         return loss
 
     def close(self) -> None:
         """Drop a run started with `begin`: nothing is selected, evaluated or saved; caches and the output_dir lock go."""
         self._bar.close()
+        self.tracking.finish()
         for cache in (self.train_cache, self.eval_cache):
             if cache is not None:
                 cache.close()
@@ -409,6 +410,7 @@ class GrownTrainer:
         try:
             return self._finish(self._step)
         finally:
+            self.tracking.finish()
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
@@ -425,11 +427,13 @@ class GrownTrainer:
         if out["grad_norm"] is not None:
             entry["grad_norm"] = out["grad_norm"]
         self.history.append(entry)
+        self.tracking.log_train(entry, self.unit)
 
     def _evaluate_during(self, step: int, bar) -> None:
         self._set_train_mode(False)
         loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc=f"held-out loss (step {step})")
         self.eval_history.append({"step": step, "eval_loss": loss})
+        self.tracking.log_eval(step, loss)
         if self.accelerator.is_main_process and self.config.progress_bar:
             bar.write(f"step {step}: eval loss {loss:.4f}")
         self._set_train_mode(True)
@@ -445,6 +449,7 @@ class GrownTrainer:
             self.eval_history.append({"step": total_steps, "eval_loss": result.eval_loss_after})
             result.eval_loss_selected = result.eval_loss_after
         self._select(result)
+        self.tracking.log_result(result, total_steps)
         result.train_runtime = self._elapsed()
         for cache in (self.train_cache, self.eval_cache):
             if cache is not None:
