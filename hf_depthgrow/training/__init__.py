@@ -3,11 +3,14 @@
 Modules by job: `config` (TrainConfig), `trainer` (GrownTrainer, train), `result` (TrainResult),
 `data_order` (rows from any data form, the seeded order), `prefix_cache`, `trainable` (trainable
 sets, LoRA targets, AdamW groups), `forward` (losses on rows), `checkpoints`, `selection` (the fallback rule),
-`guards` (run fingerprints, the output_dir lock, non-finite losses).
+`guards` (run fingerprints, the output_dir lock, non-finite losses), `cache_plan` (whether
+`prefix_cache="auto"` pays), `tracking` (accelerate trackers), `hf_integration` (transformers'
+`Trainer` and trl's `SFTTrainer` on a grown model: `prepare_grown_model`, `FallbackCallback`).
 """
 
 from .checkpoints import list_checkpoints
 from .config import TrainConfig
+from .hf_integration import FallbackCallback, FallbackDecision, keep_growth_on_save, prepare_grown_model, write_growth_files
 from .guards import CheckpointMismatchError, NonFiniteTrainingLossError, OutputDirLockedError
 from .prefix_cache import PrefixCache, shares_prefix
 from .result import TrainResult
@@ -16,6 +19,11 @@ from .trainer import GrownTrainer, train
 
 __all__ = [
     "CheckpointMismatchError",
+    "FallbackCallback",
+    "FallbackDecision",
+    "keep_growth_on_save",
+    "prepare_grown_model",
+    "write_growth_files",
     "NonFiniteTrainingLossError",
     "OutputDirLockedError",
     "GrownTrainer",
