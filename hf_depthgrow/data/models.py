@@ -54,7 +54,7 @@ CACHE_ENV = "HF_DEPTHGROW_CACHE"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
 # Written last into a finished cache folder; a folder without it is treated as partial and rebuilt.
-_MARKER = "hf_depthgrow_complete.json"
+COMPLETE_MARKER = "hf_depthgrow_complete.json"
 # Bump when the cache layout changes, so that old caches are rebuilt rather than misread.
 _CACHE_FORMAT = 1
 
@@ -195,7 +195,7 @@ def default_cache_root() -> Path:
 
 def _is_complete(folder: Path) -> bool:
     try:
-        info = json.loads((folder / _MARKER).read_text())
+        info = json.loads((folder / COMPLETE_MARKER).read_text())
     except (OSError, ValueError):
         return False
     return isinstance(info, dict) and info.get("format") == _CACHE_FORMAT
@@ -300,7 +300,7 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None, *, overwrite: bool 
         start = time.perf_counter()
         info = _write_smollm2_files(tmp)
         info = {"format": _CACHE_FORMAT, **(info or {}), "build_seconds": round(time.perf_counter() - start, 1)}
-        (tmp / _MARKER).write_text(json.dumps(info, indent=2))
+        (tmp / COMPLETE_MARKER).write_text(json.dumps(info, indent=2))
         # mkdtemp makes the folder private (0700); a cache should be readable like any other.
         os.chmod(tmp, 0o755)
         _publish(tmp, target, overwrite)

@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 MISSING = "–"  # what a table shows for a value that was not measured
 
 # An absolute local path (`/a/b...` or `~/a...`) inside text; not a URL's path (after `:`, `/` or a word).
-_ABS_PATH = re.compile(r"(?<![\w.:/~\\-])~?/[^\s/'\"`<>|(),;\[\]]+(?:/[^\s/'\"`<>|(),;\[\]]*)+")
+ABS_PATH = re.compile(r"(?<![\w.:/~\\-])~?/[^\s/'\"`<>|(),;\[\]]+(?:/[^\s/'\"`<>|(),;\[\]]*)+")
 # The Hub cache stores a repository as `.../models--owner--name/snapshots/<rev>`: that is its Hub id.
 _CACHE_REPO = re.compile(r"(?:models|datasets|spaces)--([\w.-]+?)--([\w.-]+)")
 
@@ -47,7 +47,7 @@ def scrub_paths(value):
             text, dot = (m.group(0)[:-1], ".") if m.group(0).endswith(".") else (m.group(0), "")
             return public_name(text) + dot
 
-        return _ABS_PATH.sub(name, value)
+        return ABS_PATH.sub(name, value)
     if isinstance(value, dict):
         return {k: scrub_paths(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

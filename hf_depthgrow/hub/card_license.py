@@ -52,9 +52,9 @@ def _readme_metadata(path: Path) -> dict | None:
 def _gguf_license(folder: Path) -> str | None:
     """`general.license` of the GGUF the embedded SmolLM2 cache folder was built from (`None` if not that folder)."""
     try:
-        from ..data.models import _MARKER, SMOLLM2_GGUF_NAME, smollm2_gguf_path
+        from ..data.models import COMPLETE_MARKER, SMOLLM2_GGUF_NAME, smollm2_gguf_path
 
-        marker = folder / _MARKER
+        marker = folder / COMPLETE_MARKER
         if not marker.is_file() or json.loads(marker.read_text()).get("source") != SMOLLM2_GGUF_NAME:
             return None
         import gguf

@@ -28,7 +28,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
-from ..evaluation.formatting import _ABS_PATH, scrub_paths
+from ..evaluation.formatting import ABS_PATH, scrub_paths
 from ..utils import json_number
 from .card_info import LICENSE_RE, CardInfo, as_card_info, card_title, head_of, is_file, looks_like_hub_id
 
@@ -208,7 +208,7 @@ def _header(card_or_text) -> tuple[str, dict]:
 def _local_paths(value, where: str = "metadata"):
     """`(where, text)` of every string in the header that holds a local absolute path."""
     if isinstance(value, str):
-        if _ABS_PATH.search(value):
+        if ABS_PATH.search(value):
             yield where, value
     elif isinstance(value, Mapping):
         for key, item in value.items():
