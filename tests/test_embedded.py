@@ -147,10 +147,10 @@ def test_gguf_model_is_flagged_quantised(gguf_pair, tmp_path):
 def test_cache_folder_is_a_plain_float32_checkpoint(smollm2_cache, clean_pair):
     _, path = smollm2_cache
     names = set(os.listdir(path))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", models._MARKER} <= names
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", models.COMPLETE_MARKER} <= names
     config = json.loads((path / "config.json").read_text())
     assert "quantization_config" not in config
-    assert json.loads((path / models._MARKER).read_text())["max_abs_logit_diff"] <= LOGITS_ATOL
+    assert json.loads((path / models.COMPLETE_MARKER).read_text())["max_abs_logit_diff"] <= LOGITS_ATOL
     # No half-built folders left next to the cache.
     assert [p.name for p in path.parent.iterdir()] == [path.name]
 
@@ -208,7 +208,7 @@ def test_clean_float_copy_of_in_memory_model(gguf_pair):
 @needs_smollm2
 def test_complete_cache_is_reused(smollm2_cache, monkeypatch):
     root, path = smollm2_cache
-    marker_mtime = (path / models._MARKER).stat().st_mtime_ns
+    marker_mtime = (path / models.COMPLETE_MARKER).stat().st_mtime_ns
     weights_mtime = (path / "model.safetensors").stat().st_mtime_ns
 
     def must_not_build(folder):
@@ -216,7 +216,7 @@ def test_complete_cache_is_reused(smollm2_cache, monkeypatch):
 
     monkeypatch.setattr(models, "_write_smollm2_files", must_not_build)
     assert smollm2_path(root) == path
-    assert (path / models._MARKER).stat().st_mtime_ns == marker_mtime
+    assert (path / models.COMPLETE_MARKER).stat().st_mtime_ns == marker_mtime
     assert (path / "model.safetensors").stat().st_mtime_ns == weights_mtime
 
 
@@ -233,8 +233,8 @@ def test_partial_cache_without_marker_is_rebuilt(tmp_path, monkeypatch):
 
     path = smollm2_path(tmp_path)
     assert path == partial and len(calls) == 1
-    assert sorted(os.listdir(path)) == ["config.json", models._MARKER]
-    assert json.loads((path / models._MARKER).read_text())["fake"] is True
+    assert sorted(os.listdir(path)) == ["config.json", models.COMPLETE_MARKER]
+    assert json.loads((path / models.COMPLETE_MARKER).read_text())["fake"] is True
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp or trash folders left
 
     smollm2_path(tmp_path)

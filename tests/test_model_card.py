@@ -489,7 +489,7 @@ def test_embedded_bases_inherit_their_licenses(tmp_path):
     # The SmolLM2 cache folder has no card; its license is the GGUF's `general.license`.
     cache = tmp_path / "smollm2-135m-instruct"
     cache.mkdir()
-    (cache / models._MARKER).write_text(f'{{"source": "{models.SMOLLM2_GGUF_NAME}"}}')
+    (cache / models.COMPLETE_MARKER).write_text(f'{{"source": "{models.SMOLLM2_GGUF_NAME}"}}')
     found = inherited_license(cache, "HuggingFaceTB/SmolLM2-135M-Instruct")
     assert found["license"] == "apache-2.0" and "GGUF" in found["source"]
 
