@@ -9,6 +9,9 @@
 - `bypass`: `bypass_new_blocks`, running a grown model as the original;
 - `record`: the typed `GrowthRecord` stored under `config.depth_growth`;
 - `families`: the family table keyed by `config.model_type`;
+- `inference`: a family row inferred for a `model_type` the table does not name (`infer_spec`);
+- `trial`: the native growth trial that decides whether an inferred family grows natively;
+- `towers`: which layer stack to grow, the model's own or one tower of a nested config (`resolve_target`);
 - `adapter`: the generic normalised residual block and its hooks;
 - `norms`: normalisation inventory and eps checks;
 - `prefix`: running a grown model from (or up to) its lowest new block;
@@ -21,6 +24,7 @@ from .checks import check_positions, is_quantized, resolve_block_kind
 from .config import BLOCK_KINDS, INITS, GrowthConfig
 from .engine import grow_depth, new_block_modules, new_block_parameters, reattach_adapters
 from .families import FAMILIES, SUPPORTED_FAMILIES, FamilySpec, resolve_family
+from .towers import StackTarget, Tower, find_towers, resolve_target
 from .norms import NormInfo, norm_inventory
 from .placement import PlacementEntry, resolve_positions
 from .record import GrowthRecord, InvalidGrowthRecordError, check_record_matches, growth_record
@@ -32,6 +36,8 @@ __all__ = [
     "FAMILIES",
     "SUPPORTED_FAMILIES",
     "FamilySpec",
+    "StackTarget",
+    "Tower",
     "GrowthConfig",
     "GrowthNotExactError",
     "GrowthRecord",
@@ -42,6 +48,7 @@ __all__ = [
     "bypass_new_blocks",
     "check_record_matches",
     "check_positions",
+    "find_towers",
     "grow_depth",
     "growth_record",
     "is_quantized",
@@ -52,4 +59,5 @@ __all__ = [
     "resolve_block_kind",
     "resolve_family",
     "resolve_positions",
+    "resolve_target",
 ]

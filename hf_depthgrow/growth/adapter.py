@@ -100,8 +100,8 @@ def _post_hook(module, args, output):
     blocks = getattr(module, POST, None)
     if not blocks:
         return None
-    if isinstance(output, tuple):
-        return (_apply(blocks, output[0]), *output[1:])
+    if isinstance(output, (tuple, list)):  # some families (OpenAI GPT) return a list
+        return type(output)([_apply(blocks, output[0]), *output[1:]])
     return _apply(blocks, output)
 
 

@@ -18,7 +18,8 @@ from torch import nn
 from . import adapter
 from .checks import check_positions, check_zeroable, resolve_block_kind
 from .config import GrowthConfig
-from .families import FamilySpec, model_eps, residual_output_modules, resolve_family
+from .families import FamilySpec, model_eps, residual_output_targets
+from .towers import resolve_target
 
 
 def _block_seed(seed: int, position: int, repeat: int) -> int:
@@ -27,8 +28,9 @@ def _block_seed(seed: int, position: int, repeat: int) -> int:
     return (seed * 1_000_003 + position * 10_007 + repeat) % (2**63 - 1)
 
 
-def _hidden_size(model: nn.Module, layer: nn.Module) -> int:
-    config = model.config
+def _hidden_size(model: nn.Module, layer: nn.Module, config=None) -> int:
+    # `config`: the config of the stack (a tower's sub-config in a nested model); default the model's.
+    config = model.config if config is None else config
     for key in ("hidden_size", "n_embd", "d_model"):
         value = getattr(config, key, None)
         if isinstance(value, int):
@@ -54,15 +56,42 @@ def _construct_layer(layer_cls: type, config, index: int) -> nn.Module:
     return layer_cls(config)
 
 
+def zero_residual_outputs(spec: FamilySpec, layer: nn.Module, where: str) -> None:
+    """Zero, in place, what `layer` adds to the residual stream (`spec.residual_outputs`), after checking it can be.
+
+    A projection must be a plain layer (`check_zeroable`: no wrapper, no quantised weights); a
+    parameter entry (a fused MoE expert bank's `down_proj`) must be a floating-point tensor.
+
+    Example:
+        ```python
+        >>> zero_residual_outputs(FAMILIES["llama"], block, "layer 2")
+        >>> float(block.mlp.down_proj.weight.abs().max())
+        0.0
+        ```
+    """
+    targets = residual_output_targets(spec, layer)
+    for entry, module, params in targets:
+        # A projection's entry holds its `weight`; a wrapper (peft's LoRA) holds none of its own.
+        if not params or any(p is getattr(module, "weight", None) for p in params):
+            check_zeroable(module, f"{where}: {entry}")
+        elif not all(p.is_floating_point() for p in params):
+            raise ValueError(f"cannot zero the residual output `{where}: {entry}`: it is not a floating-point tensor.")
+    with torch.no_grad():
+        for _, _, params in targets:
+            for param in params:
+                param.zero_()
+
+
 def build_native_block(
     model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, position: int, cfg: GrowthConfig, repeat: int = 0,
-    source: int | None = None,
+    source: int | None = None, stack_config=None,
 ) -> nn.Module:
     """The family's own layer for insertion at `position`, its residual output projections zeroed.
 
     `cfg.init="copy"` deep-copies the layer below the position (layer 0 for k = 0, as LLaMA Pro
     does), or layer `source` where given (a plan's `copy_from`, as mergekit duplicates any layer);
-    `"random"` builds a fresh layer with the model's `_init_weights` under the block seed.
+    `"random"` builds a fresh layer with the model's `_init_weights` under the block seed, from
+    `stack_config` (the config of the stack: a tower's sub-config in a nested model; default the model's).
 
     Example:
         ```python
@@ -79,7 +108,7 @@ def build_native_block(
         like = _param_like(src)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(_block_seed(cfg.seed, position, repeat))
-            block = _construct_layer(type(src), model.config, index)
+            block = _construct_layer(type(src), model.config if stack_config is None else stack_config, index)
             init_fn = getattr(model, "_init_weights", None)
             if init_fn is not None:
                 block.apply(init_fn)
@@ -88,19 +117,14 @@ def build_native_block(
         for attr in ("attention_type", "is_sliding", "sliding_window"):
             if hasattr(src, attr):
                 setattr(block, attr, getattr(src, attr))
-    modules = residual_output_modules(spec, block)
-    for entry, module in zip(spec.residual_outputs, modules):
-        check_zeroable(module, f"layer {index}: {entry}")
-    with torch.no_grad():
-        for module in modules:
-            for param in module.parameters(recurse=False):
-                param.zero_()
+    zero_residual_outputs(spec, block, f"layer {index}")
     # A new block follows the model's mode: a train-mode block in an eval-mode model would drop out at evaluation.
     return block.train(model.training)
 
 
 def build_adapter_block(
-    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, position: int, cfg: GrowthConfig, repeat: int = 0
+    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, position: int, cfg: GrowthConfig, repeat: int = 0,
+    stack_config=None,
 ) -> adapter.NormalizedResidualBlock:
     """A normalized residual block for `position`: `W_out = 0`, `W_in` drawn from the block seed.
 
@@ -114,8 +138,9 @@ def build_adapter_block(
     """
     host = stack[min(position, len(stack) - 1)]
     like = _param_like(host)
-    hidden = _hidden_size(model, host)
-    eps = cfg.eps if cfg.eps is not None else (model_eps(spec, model.config) or 1e-6)
+    config = model.config if stack_config is None else stack_config
+    hidden = _hidden_size(model, host, config)
+    eps = cfg.eps if cfg.eps is not None else (model_eps(spec, config) or 1e-6)
     generator = torch.Generator().manual_seed(_block_seed(cfg.seed, position, repeat))
     block = adapter.NormalizedResidualBlock(
         hidden, cfg.adapter_dim or hidden, norm=spec.norm, eps=eps, act=cfg.adapter_act, generator=generator
@@ -124,7 +149,8 @@ def build_adapter_block(
 
 
 def build_blocks(
-    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, kind: str, positions: list, cfg: GrowthConfig
+    model: nn.Module, stack: nn.ModuleList, spec: FamilySpec, kind: str, positions: list, cfg: GrowthConfig,
+    stack_config=None,
 ) -> list[tuple[int, nn.Module]]:
     """`(position, block)` for each of the sorted `positions`; a repeated position counts its repeats.
 
@@ -148,9 +174,9 @@ def build_blocks(
         copy_from, init = getattr(item, "copy_from", None), getattr(item, "init", None)
         if kind == "native" and (copy_from is not None or init is not None):
             own = cfg if init is None else dataclasses.replace(cfg, init=init)
-            built.append((k, build_native_block(model, stack, spec, k, own, r, source=copy_from)))
+            built.append((k, build_native_block(model, stack, spec, k, own, r, source=copy_from, stack_config=stack_config)))
         else:
-            built.append((k, builder(model, stack, spec, k, cfg, r)))
+            built.append((k, builder(model, stack, spec, k, cfg, r, stack_config=stack_config)))
     return built
 
 
@@ -169,8 +195,8 @@ def build_block(
         ```
     """
     cfg = config or GrowthConfig(**kwargs)
-    spec, stack, _ = resolve_family(model)
-    check_positions([position], len(stack))
-    kind = resolve_block_kind(cfg, spec, model.config)
+    target = resolve_target(model, cfg.tower)
+    check_positions([position], len(target.stack))
+    kind = resolve_block_kind(cfg, target.spec, target.config)
     builder = build_native_block if kind == "native" else build_adapter_block
-    return kind, builder(model, stack, spec, position, cfg, repeat)
+    return kind, builder(model, target.stack, target.spec, position, cfg, repeat, stack_config=target.config)

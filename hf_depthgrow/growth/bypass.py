@@ -11,9 +11,9 @@ import contextlib
 from torch import nn
 
 from . import adapter
-from .families import resolve_family
-from .layout import _Snapshot, _use_layers
+from .layout import _Snapshot
 from .record import growth_record
+from .towers import resolve_target
 
 
 @contextlib.contextmanager
@@ -34,12 +34,13 @@ def bypass_new_blocks(model: nn.Module):
     if not record:
         yield model
         return
-    _, stack, _ = resolve_family(model)
-    snapshot = _Snapshot.take(model, stack)
+    target = resolve_target(model)  # the record names the tower of a nested model
+    stack = target.stack
+    snapshot = _Snapshot.take(model, stack, target)
     adapters = [b for layer in stack for hosted in adapter.hosted_blocks(layer).values() for b in hosted]
     keep = list(record.old_indices)
     try:
-        _use_layers(model, stack, [stack[i] for i in keep], snapshot.per_layer, keep)
+        snapshot.use(model, stack, [stack[i] for i in keep], keep)
         for block in adapters:
             block.enabled = False
         yield model

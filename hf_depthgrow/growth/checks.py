@@ -116,8 +116,11 @@ def check_eps_representable(eps: float, dtype: torch.dtype) -> None:
         )
 
 
-def check_growable(model: nn.Module, stack: nn.ModuleList) -> None:
+def check_growable(model: nn.Module, stack: nn.ModuleList, config=None, count_key: str = "num_hidden_layers") -> None:
     """Refuse a layer stack `grow_depth` cannot renumber: heterogeneous per-layer configs, or a layer count at odds with the config.
+
+    `config` is the config that describes the stack (default `model.config`; a tower's sub-config
+    for a nested model) and `count_key` its layer-count key.
 
     Example:
         ```python
@@ -125,11 +128,12 @@ def check_growable(model: nn.Module, stack: nn.ModuleList) -> None:
         >>> check_growable(model, stack)            # returns None, or raises ValueError
         ```
     """
-    config = model.config
+    config = model.config if config is None else config
     if getattr(config, "is_heterogeneous", False):
         raise ValueError("heterogeneous per-layer configs are not supported by grow_depth yet.")
-    if config.num_hidden_layers != len(stack):
-        raise ValueError(f"config.num_hidden_layers={config.num_hidden_layers} but the layer stack has {len(stack)} layers.")
+    count = getattr(config, count_key, None)
+    if count != len(stack):
+        raise ValueError(f"config.{count_key}={count} but the layer stack has {len(stack)} layers.")
 
 
 def check_positions(positions, num_layers: int) -> list[int]:
@@ -169,6 +173,11 @@ def resolve_block_kind(cfg: GrowthConfig, spec: FamilySpec, config) -> str:
     if cfg.block == "native" and not native_ok:
         if spec.kind == "unknown":
             raise ValueError(f"model_type {spec.model_type!r} is not in the family table: only block='adapter' is available.")
+        if spec.fallback_reason:  # an inferred row says why (post-norm, layer index in the maths, ...)
+            raise ValueError(
+                f"native blocks are not function-preserving for {spec.model_type} (inferred, not in the family table): "
+                f"{spec.fallback_reason}. Use block='adapter' or 'auto'."
+            )
         reason = (
             "it is post-norm (LN(z + 0) != z)"
             if spec.norm_style != "pre"

@@ -35,6 +35,11 @@ class GrowthConfig:
         verify: After growing, run the model once on a tiny input with and without the new blocks
             and roll the growth back if the outputs differ (see `hf_depthgrow.growth.verify`).
             `False` skips the two forward passes, for models too large to run twice.
+        tower: For a model whose config nests sub-configs (CLIP/SigLIP dual encoders, vision-language
+            models), which tower's layer stack to grow: the sub-config's key without `_config`
+            (`"vision"`, `"text"`). `None` takes the only tower that has a layer stack (an error
+            lists the towers when there are several) or, for a grown model, the tower its growth
+            record names. Must be `None` for a model with a flat config.
 
     Raises:
         ValueError: a field is out of range; the message names the field and the value.
@@ -43,6 +48,8 @@ class GrowthConfig:
         ```python
         >>> GrowthConfig(block="adapter", eps=1e-5).block
         'adapter'
+        >>> GrowthConfig(tower="vision").tower          # grow a CLIP model's vision encoder
+        'vision'
         ```
     """
 
@@ -56,6 +63,12 @@ class GrowthConfig:
         default=True,
         metadata={"help": "Check the grown model against the original on a tiny input and roll back if it differs; "
                   "False skips the check (huge models)."},
+    )
+
+    tower: str | None = field(
+        default=None,
+        metadata={"help": "Nested models (CLIP, SigLIP, LLaVA, ...): the tower to grow, e.g. vision or text; "
+                  "None: the only tower with a layer stack."},
     )
 
     def __post_init__(self):
@@ -80,3 +93,7 @@ class GrowthConfig:
             raise ValueError(f"adapter_dim must be a positive int or None, got {self.adapter_dim!r}")
         if not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True or False, got {self.verify!r}")
+        # Which towers exist depends on the model, so the name is checked against it in `grow_depth`;
+        # here only its form: a sub-config key without `_config` is a plain identifier.
+        if self.tower is not None and (not isinstance(self.tower, str) or not self.tower.isidentifier()):
+            raise ValueError(f"tower must be None or a tower name such as 'vision' or 'text', got {self.tower!r}")

@@ -45,6 +45,7 @@ from .layout import _insert_native, _Snapshot
 from .norms import check_norm_eps
 from .placement import PlacementEntry, describe, resolve_positions
 from .record import AdapterEntry, GrowthRecord, GrowthStep, growth_record, store_record, stored_record
+from .towers import resolve_target
 
 __all__ = [
     # defined here
@@ -96,15 +97,19 @@ def grow_depth(
     changed when an argument is rejected.
 
     Args:
-        model: A transformers `PreTrainedModel` of a family in `hf_depthgrow.SUPPORTED_FAMILIES`
-            (others: adapter blocks, where the layer stack can be found).
+        model: A transformers `PreTrainedModel`. Families in `hf_depthgrow.SUPPORTED_FAMILIES` are
+            read from the table; any other family's layout is inferred from its layers
+            (`hf_depthgrow.growth.inference`): native blocks where that is exact, adapter blocks
+            (with a warning that says why) otherwise.
         positions: Insertion points, each an int with 0 <= k <= L; or a placement (see
             `hf_depthgrow.growth.placement.resolve_positions`): `"interleave:N"` (block j at
             `floor((j+1)*L/N + 1/2)`, LLaMA Pro spacing for any L), `"top:N"` (N blocks at L),
             `"probe:N"` (the N largest probe z-scores), a plan `[{"at": k, "copy_from": j}, ...]` or
             `{"plan": [...]}`, or a mergekit passthrough config that only duplicates layers.
         config: A `GrowthConfig`; or pass its fields as keyword arguments (`block`, `init`,
-            `eps`, `seed`, `adapter_dim`, `adapter_act`, `verify`).
+            `eps`, `seed`, `adapter_dim`, `adapter_act`, `verify`, `tower`). `tower="vision"` or
+            `"text"` grows one tower of a model whose config nests sub-configs (CLIP, SigLIP,
+            LLaVA); positions then count that tower's layers.
         probe_result: The `ProbeResult` that `"probe:N"` ranks by z (the probe is not run here).
 
     Raises:
@@ -122,6 +127,8 @@ def grow_depth(
         5
         >>> grow_depth(model, [{"at": 5, "copy_from": 0}]).config.num_hidden_layers   # copy layer 0 to the top
         6
+        >>> grow_depth(clip, [2], tower="vision").config.vision_config.num_hidden_layers  # a 3-layer CLIP vision tower
+        4
         ```
     """
     if config is not None and kwargs:
@@ -129,19 +136,20 @@ def grow_depth(
     cfg = config or GrowthConfig(**kwargs)
     check_not_peft_wrapped(model)
     check_not_quantized(model)
-    spec, stack, _ = resolve_family(model)
-    check_growable(model, stack)
+    target = resolve_target(model, cfg.tower)
+    spec, stack = target.spec, target.stack
+    check_growable(model, stack, target.config, target.count_key)
     num_layers = len(stack)
     entries = resolve_positions(positions, num_layers, probe_result=probe_result)
     sorted_positions = [e.at for e in entries]
-    kind = resolve_block_kind(cfg, spec, model.config)
+    kind = resolve_block_kind(cfg, spec, target.config)
     custom = [e for e in entries if not e.is_default]
     if kind == "adapter" and custom:
         raise ValueError(
             f"plan entry {custom[0]} sets copy_from or init, which only native blocks have; this growth builds "
             "adapter blocks (use block='native' on a pre-norm family, or drop copy_from/init)."
         )
-    own_eps = model_eps(spec, model.config)
+    own_eps = model_eps(spec, target.config)
     check_native_eps(kind, cfg, own_eps)
     check_eps = cfg.eps if cfg.eps is not None else own_eps
     dtype = _param_like(stack[0]).dtype
@@ -154,9 +162,9 @@ def grow_depth(
         check_norm_eps(check_eps, dtype)
 
     # Build every block before touching the model: a failure here leaves it as it was.
-    new_blocks = build_blocks(model, stack, spec, kind, entries, cfg)
-    probe = verify.reference(model) if cfg.verify else None
-    snapshot = _Snapshot.take(model, stack)
+    new_blocks = build_blocks(model, stack, spec, kind, entries, cfg, stack_config=target.config)
+    probe = _reference(model, target) if cfg.verify else None
+    snapshot = _Snapshot.take(model, stack, target)
     try:
         if kind == "native":
             _insert_native(model, stack, new_blocks, snapshot)
@@ -166,9 +174,9 @@ def grow_depth(
             for k, block in new_blocks:
                 adapter.attach(old[k] if k < num_layers else old[-1], block, "pre" if k < num_layers else "post")
         placement = _placement_record(positions, entries)
-        _update_record(model, stack, snapshot, kind, cfg, sorted_positions, new_blocks, own_eps, placement)
+        _update_record(model, stack, snapshot, kind, cfg, sorted_positions, new_blocks, own_eps, placement, target.tower)
         if probe is not None:
-            verify.check_exact(model, *probe, dtype)
+            _check_exact(probe, dtype, target)
     except Exception:
         if kind == "adapter":
             for _, block in new_blocks:
@@ -203,11 +211,12 @@ def _per_layer_from_sources(model, stack, entries, new_blocks, snapshot: _Snapsh
     if not moved or not snapshot.per_layer:
         return
     for key, values in snapshot.per_layer.items():
-        current = list(getattr(model.config, key))
+        current = list(getattr(snapshot.configs[0], key))
         for i, layer in enumerate(stack):
             if id(layer) in moved:
                 current[i] = values[moved[id(layer)]]
-        setattr(model.config, key, current)
+        for config in snapshot.configs:
+            setattr(config, key, list(current))
 
 
 def _placement_record(spec, entries) -> dict | None:
@@ -223,7 +232,36 @@ def _placement_record(spec, entries) -> dict | None:
     }
 
 
-def _update_record(model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, positions, new_blocks, own_eps, placement=None) -> None:
+def _check_exact(probe: tuple, dtype, target) -> None:
+    try:
+        verify.check_exact(*probe, dtype)
+    except verify.GrowthNotExactError as err:
+        if target.tower is None:
+            raise
+        # In a nested model the usual cause is the model reading the tower's layers by index.
+        raise verify.GrowthNotExactError(
+            f"{err} In a {target.tower!r} tower the model may also read hidden states by layer index (LLaVA's "
+            "vision_feature_layer=-2 takes the output below the top layer): grow below the layer it reads."
+        ) from None
+
+
+def _reference(model: nn.Module, target) -> tuple | None:
+    """`(runner, inputs, output)` for the exactness check: the whole model, or for a tower the tower's own module
+    where the whole model cannot be run on inputs built from its config alone."""
+    if target.tower is None:
+        found = verify.reference(model)
+        return (model, *found) if found is not None else None
+    # The whole model first: its head may read a tower's layers by index (LLaVA's vision_feature_layer).
+    found = verify.reference(model, warn=False)
+    if found is not None:
+        return (model, *found)
+    found = verify.reference(target.root)
+    return (target.root, *found) if found is not None else None
+
+
+def _update_record(
+    model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, positions, new_blocks, own_eps, placement=None, tower=None
+) -> None:
     # Cumulative: a second growth keeps the base layer count, the earlier native layers (at their
     # new indices) and the history, and appends this call as one more step.
     before = GrowthRecord.from_dict(snapshot.record) if snapshot.record else None
@@ -242,7 +280,8 @@ def _update_record(model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, p
         seed=cfg.seed,
         # `verify` says how the growth was checked, not how a block is built; a placement other than explicit
         # positions goes into this free-form dict, so records written before still load unchanged.
-        config={k: v for k, v in asdict(cfg).items() if k != "verify"} | ({"placement": placement} if placement else {}),
+        config={k: v for k, v in asdict(cfg).items() if k != "verify" and not (k == "tower" and v is None)}
+        | ({"placement": placement} if placement else {}),
     )
     record = GrowthRecord(
         base_num_layers=before.base_num_layers if before else len(snapshot.layers),
@@ -251,6 +290,7 @@ def _update_record(model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, p
         adapters=_adapter_entries(stack),
         history=(*(before.history if before else ()), step),
         hf_depthgrow_version=package_version(),
+        tower=tower,
     )
     store_record(model.config, record)
 
@@ -301,9 +341,10 @@ def reattach_adapters(model: nn.Module, record: GrowthRecord) -> list[adapter.No
         >>> # then load depthgrow_adapters.safetensors into them
         ```
     """
-    _, stack, _ = resolve_family(model)
+    target = resolve_target(model, record.tower)
+    stack = target.stack
     like = _param_like(stack[0])
-    hidden = _hidden_size(model, stack[0])
+    hidden = _hidden_size(model, stack[0], target.config)
     built = []
     for entry in record.adapters:
         block = adapter.NormalizedResidualBlock(hidden, entry.dim, norm=entry.norm, eps=entry.eps, act=entry.act)

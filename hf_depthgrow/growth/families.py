@@ -6,7 +6,6 @@ engine, the probe and the trainer read these rows and never branch on a model cl
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -31,6 +30,12 @@ class FamilySpec:
         gamma_offset: Added to a norm weight to get its scale (Gemma's `(1 + w)` convention).
         inexact_if: Config flags that, when truthy, make renumbering layers change the maths
             (GPT-2 scales attention by the inverse layer index), so native growth is not exact.
+        inferred: `True` for a row `hf_depthgrow.growth.inference` worked out for a family the table
+            does not name (from the layer's modules and runs on a probe input).
+        fallback_reason: Why native blocks are not exact for this family (empty when they are):
+            set by the inference, e.g. `"post-norm: zeroed branch still normalises"`.
+        index_attrs: Module attributes that hold the layer's index (its KV-cache slot), renumbered
+            when native blocks take a slot: `layer_idx`, plus e.g. GPT-Neo's `layer_id` (inferred).
     """
 
     model_type: str
@@ -42,10 +47,13 @@ class FamilySpec:
     eps_key: str
     gamma_offset: float = 0.0
     inexact_if: tuple[str, ...] = field(default_factory=tuple)
+    inferred: bool = False
+    fallback_reason: str = ""
+    index_attrs: tuple[str, ...] = ("layer_idx",)
 
     def native_is_exact(self, config) -> bool:
         """Whether a native block with zeroed residual outputs is the identity for this config (pre-norm, no index-tied flag)."""
-        if self.norm_style != "pre":
+        if self.norm_style != "pre" or self.fallback_reason or not self.residual_outputs:
             return False
         return not any(getattr(config, flag, False) for flag in self.inexact_if)
 
@@ -142,45 +150,27 @@ def _guess_layer_stack(base: nn.Module, num_layers: int | None) -> tuple[str, nn
     return best[1], best[2]
 
 
-def resolve_family(model: nn.Module) -> tuple[FamilySpec, nn.ModuleList, str]:
+def resolve_family(model: nn.Module, tower: str | None = None) -> tuple[FamilySpec, nn.ModuleList, str]:
     """Find the family row, the layer stack and its full path for a model.
 
-    Unknown families fall back to a layer stack found by shape (adapter growth only), with a
-    warning; a model without a findable stack raises a `ValueError` naming the supported families.
+    A family the table does not name gets a row inferred from its layers
+    (`hf_depthgrow.growth.inference`): native blocks where they are exact, else adapter blocks
+    only, with a warning that says why. A model whose config nests sub-configs (CLIP, LLaVA)
+    grows one tower: `tower=` names it, else the growth record does, else the only tower with a
+    layer stack (`hf_depthgrow.growth.towers`). A model without a findable stack raises a
+    `ValueError` naming the supported families.
+
+    Example:
+        ```python
+        >>> spec, stack, path = resolve_family(tiny_model("llama"))
+        >>> spec.model_type, len(stack), path
+        ('llama', 4, 'model.layers')
+        ```
     """
-    config = getattr(model, "config", None)
-    if config is None:
-        raise ValueError(f"{type(model).__name__} has no `.config`: hf_depthgrow grows Hugging Face `PreTrainedModel`s.")
-    model_type = getattr(config, "model_type", None)
-    base = getattr(model, "base_model", model)
-    prefix = _module_path(model, base)
-    spec = FAMILIES.get(model_type)
-    if spec is not None:
-        stack = _get_submodule(base, spec.layers)
-        if isinstance(stack, nn.ModuleList):
-            return spec, stack, _join(prefix, spec.layers)
-        raise ValueError(
-            f"model_type {model_type!r} is listed but `{spec.layers}` is not a layer list on {type(base).__name__}; "
-            "this transformers version may lay it out differently."
-        )
-    found = _guess_layer_stack(base, getattr(config, "num_hidden_layers", None))
-    if found is None:
-        raise ValueError(
-            f"Cannot find a layer stack in {type(model).__name__} (model_type {model_type!r}). "
-            f"Supported families: {', '.join(SUPPORTED_FAMILIES)}."
-        )
-    path, stack = found
-    norm = "rms" if any("rms" in type(m).__name__.lower() for m in stack[0].modules()) else "layer"
-    eps_key = next((k for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps") if hasattr(config, k)), "")
-    warnings.warn(
-        f"model_type {model_type!r} is not in hf_depthgrow's family table; using the layer stack `{path}` found by shape. "
-        "Only adapter blocks are available for it.",
-        stacklevel=3,
-    )
-    spec = FamilySpec(
-        model_type=str(model_type), layers=path, kind="unknown", residual_outputs=(), norm=norm, norm_style="unknown", eps_key=eps_key
-    )
-    return spec, stack, _join(prefix, path)
+    from .towers import resolve_target  # imported here: towers reads this table
+
+    target = resolve_target(model, tower)
+    return target.spec, target.stack, target.path
 
 
 def _module_path(root: nn.Module, target: nn.Module) -> str:
@@ -196,15 +186,48 @@ def _join(prefix: str, path: str) -> str:
     return f"{prefix}.{path}" if prefix else path
 
 
-def residual_output_modules(spec: FamilySpec, layer: nn.Module) -> list[nn.Module]:
-    """The modules of `layer` whose outputs join the residual stream (one per `residual_outputs` entry)."""
+def _resolve_output(layer: nn.Module, path: str) -> tuple[nn.Module, list[nn.Parameter]] | None:
+    """`(module, parameters to zero)` for one residual output path, or `None` where `layer` has no such path.
+
+    A path names a module (a projection: all its own weights and biases are zeroed) or a
+    parameter of a module (a fused MoE expert bank's `experts.down_proj`: that tensor and its
+    `down_proj_*` bias are zeroed, the `gate_up_proj` before it keeps its values).
+    """
+    module = _get_submodule(layer, path)
+    if module is not None:
+        return module, list(module.parameters(recurse=False))
+    owner_path, _, name = path.rpartition(".")
+    owner = _get_submodule(layer, owner_path) if owner_path else layer
+    if owner is None or not isinstance(getattr(owner, name, None), nn.Parameter):
+        return None
+    return owner, [p for n, p in owner.named_parameters(recurse=False) if n == name or n.startswith(f"{name}_")]
+
+
+def residual_output_targets(spec: FamilySpec, layer: nn.Module) -> list[tuple[str, nn.Module, list[nn.Parameter]]]:
+    """`(entry, module, parameters)` for every `residual_outputs` entry: what a native block zeroes.
+
+    Example:
+        ```python
+        >>> [(e, len(ps)) for e, _, ps in residual_output_targets(FAMILIES["llama"], model.model.layers[0])]
+        [('self_attn.o_proj', 1), ('mlp.down_proj', 1)]
+        ```
+    """
     found = []
     for entry in spec.residual_outputs:
-        module = next((m for alt in entry.split("|") if (m := _get_submodule(layer, alt)) is not None), None)
-        if module is None:
+        hit = next((r for alt in entry.split("|") if (r := _resolve_output(layer, alt)) is not None), None)
+        if hit is None:
             raise ValueError(f"{spec.model_type}: layer {type(layer).__name__} has none of `{entry}`.")
-        found.append(module)
+        found.append((entry, *hit))
     return found
+
+
+def residual_output_modules(spec: FamilySpec, layer: nn.Module) -> list[nn.Module]:
+    """The modules of `layer` whose outputs join the residual stream (one per `residual_outputs` entry).
+
+    For an entry that names a parameter (a fused expert bank's `experts.down_proj`) it is the
+    module that holds the parameter.
+    """
+    return [module for _, module, _ in residual_output_targets(spec, layer)]
 
 
 def model_eps(spec: FamilySpec, config) -> float | None:

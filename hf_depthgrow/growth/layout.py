@@ -8,7 +8,7 @@ one entry per layer (`layer_types` for sliding/full attention). `_Snapshot` reco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -37,23 +37,35 @@ def _set_layers(stack: nn.ModuleList, layers: list[nn.Module]) -> None:
         stack._modules[str(i)] = layer
 
 
-def _renumber(layers: list[nn.Module]) -> None:
-    # Adapter blocks have no KV-cache slot of their own; every other `layer_idx` follows the list.
+def _renumber(layers: list[nn.Module], attrs: tuple[str, ...] = ("layer_idx",)) -> None:
+    # Adapter blocks have no KV-cache slot of their own; every other `layer_idx` follows the list
+    # (and any other index attribute the family keeps its cache slot in: GPT-Neo's `layer_id`).
     for i, layer in enumerate(layers):
         for module in layer.modules():
             if isinstance(module, adapter.NormalizedResidualBlock):
                 continue
-            if isinstance(getattr(module, "layer_idx", None), int):
-                module.layer_idx = i
+            for attr in attrs:
+                value = getattr(module, attr, None)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    setattr(module, attr, i)
 
 
-def _use_layers(model: nn.Module, stack: nn.ModuleList, layers: list[nn.Module], per_layer: dict[str, list], origin: list[int]) -> None:
-    """Make `layers` the stack; layer i takes the per-layer config entries of old layer `origin[i]`."""
+def _use_layers(
+    model: nn.Module, stack: nn.ModuleList, layers: list[nn.Module], per_layer: dict[str, list], origin: list[int],
+    configs: list | None = None, count_key: str = "num_hidden_layers", index_attrs: tuple[str, ...] = ("layer_idx",),
+) -> None:
+    """Make `layers` the stack; layer i takes the per-layer config entries of old layer `origin[i]`.
+
+    `configs` are the config objects that describe the stack (default: `model.config`; a tower's
+    sub-config for a nested model), `count_key` the key of their layer count, `index_attrs` the
+    module attributes that hold a layer's index (`FamilySpec.index_attrs`).
+    """
     _set_layers(stack, layers)
-    model.config.num_hidden_layers = len(layers)
-    for key, values in per_layer.items():
-        setattr(model.config, key, [values[j] for j in origin])
-    _renumber(layers)
+    for config in configs if configs is not None else [model.config]:
+        setattr(config, count_key, len(layers))
+        for key, values in per_layer.items():
+            setattr(config, key, [values[j] for j in origin])
+    _renumber(layers, index_attrs)
 
 
 @dataclass
@@ -63,24 +75,40 @@ class _Snapshot:
     layers: list[nn.Module]
     num_layers: int
     per_layer: dict[str, list]
-    layer_idx: list[tuple[nn.Module, int]]
+    layer_idx: list[tuple[nn.Module, str, int]]
     record: dict | None
+    configs: list = field(default_factory=list)
+    count_key: str = "num_hidden_layers"
+    index_attrs: tuple[str, ...] = ("layer_idx",)
 
     @classmethod
-    def take(cls, model, stack) -> "_Snapshot":
-        config = model.config
+    def take(cls, model, stack, target=None) -> "_Snapshot":
+        """Snapshot `stack`; `target` (a `towers.StackTarget`) names the config(s) that describe it (default: `model.config`)."""
+        configs = target.configs if target is not None else [model.config]
+        count_key = target.count_key if target is not None else "num_hidden_layers"
+        config = configs[0]
         keys = _per_layer_keys(config, len(stack))
-        idx = [(m, m.layer_idx) for layer in stack for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)]
-        record = stored_record(config)
-        return cls(list(stack), config.num_hidden_layers, {k: list(getattr(config, k)) for k in keys}, idx, record)
+        attrs = tuple(target.spec.index_attrs) if target is not None and target.spec is not None else ("layer_idx",)
+        idx = [
+            (m, a, getattr(m, a)) for layer in stack for m in layer.modules() for a in attrs
+            if isinstance(getattr(m, a, None), int) and not isinstance(getattr(m, a), bool)
+        ]
+        record = stored_record(model.config)  # the record lives in the top config, the one config.json stores
+        per_layer = {k: list(getattr(config, k)) for k in keys}
+        return cls(list(stack), getattr(config, count_key), per_layer, idx, record, list(configs), count_key, attrs)
+
+    def use(self, model, stack, layers: list[nn.Module], origin: list[int]) -> None:
+        """`_use_layers` on the snapshot's configs: `layers` become the stack, layer i taking old layer `origin[i]`'s entries."""
+        _use_layers(model, stack, layers, self.per_layer, origin, self.configs or None, self.count_key, self.index_attrs)
 
     def restore(self, model, stack) -> None:
         _set_layers(stack, self.layers)
-        model.config.num_hidden_layers = self.num_layers
-        for key, value in self.per_layer.items():
-            setattr(model.config, key, value)
-        for module, idx in self.layer_idx:
-            module.layer_idx = idx
+        for config in self.configs or [model.config]:
+            setattr(config, self.count_key, self.num_layers)
+            for key, value in self.per_layer.items():
+                setattr(config, key, list(value))
+        for module, attr, idx in self.layer_idx:
+            setattr(module, attr, idx)
         store_record(model.config, self.record)
 
 
@@ -97,4 +125,4 @@ def _insert_native(model, stack, new_blocks, snapshot: _Snapshot) -> None:
         if i < len(old):
             layers.append(old[i])
             origin.append(i)
-    _use_layers(model, stack, layers, snapshot.per_layer, origin)
+    snapshot.use(model, stack, layers, origin)

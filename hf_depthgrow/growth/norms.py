@@ -7,6 +7,7 @@ of eps (the "engineering epsilon").
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from dataclasses import asdict, dataclass
@@ -14,7 +15,6 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .families import FAMILIES
 
 
 @dataclass
@@ -74,7 +74,9 @@ def norm_inventory(model: nn.Module) -> list[NormInfo]:
         >>> max(r.lipschitz_bound for r in rows)
         ```
     """
-    spec = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None))
+    from .inference import known_spec  # the table's row, or one inferred in this process (no probe is run here)
+
+    spec = known_spec(getattr(getattr(model, "config", None), "model_type", None))
     offset = spec.gamma_offset if spec else 0.0
     rows = []
     for name, module in model.named_modules():
@@ -94,3 +96,41 @@ def norm_inventory(model: nn.Module) -> list[NormInfo]:
         bound = max_gamma / math.sqrt(eps) if eps > 0 else math.inf
         rows.append(NormInfo(name, type(module).__name__, eps, max_gamma, bound, module_offset))
     return rows
+
+
+def infer_norm(layer: nn.Module, config) -> tuple[str, str, float]:
+    """`(norm, eps_key, gamma_offset)` of a layer's first norm, by behaviour, for a family the table does not name.
+
+    `norm` is `"layer"` where the norm centres its input (LN(x) = LN(x - mean)), else `"rms"`;
+    `gamma_offset` is 1 where a zero weight still scales by one (Gemma's `(1 + w)`); `eps_key` is
+    the config key whose value is the norm's eps (`""` where none is).
+
+    Example:
+        ```python
+        >>> infer_norm(olmo2.model.layers[0], olmo2.config)
+        ('rms', 'rms_norm_eps', 0.0)
+        ```
+    """
+    norm = next((m for n, m in layer.named_modules() if is_norm(m) and "depthgrow_" not in n), None)
+    eps = norm_eps(norm) if norm is not None else None
+    keys = [k for k, v in config.to_dict().items() if isinstance(v, float) and eps is not None and v == eps]
+    eps_key = next((k for k in keys if "eps" in k), keys[0] if keys else "")
+    if norm is None:
+        return "layer", eps_key, 0.0
+    kind, offset = "rms" if "rms" in type(norm).__name__.lower() else "layer", 0.0
+    weight = getattr(norm, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 1:
+        probe = copy.deepcopy(norm).float().eval()  # probe a copy: the model's norm is not touched
+        x = 0.5 * torch.randn(2, 3, weight.shape[0], generator=torch.Generator().manual_seed(0)) + 3.0
+        try:
+            with torch.no_grad():
+                centred = torch.allclose(probe(x), probe(x - x.mean(-1, keepdim=True)), atol=1e-4)
+                probe.weight.zero_()
+                if isinstance(getattr(probe, "bias", None), torch.Tensor):
+                    probe.bias.zero_()
+                zero_gain = float(probe(x).abs().max())
+        except Exception:  # noqa: BLE001 -- a norm that needs more than its input (a gated norm): keep the name's guess
+            return kind, eps_key, offset
+        kind = "layer" if centred else "rms"
+        offset = 0.0 if zero_gain < 1e-6 else 1.0  # Gemma-style `(1 + w)` scales by 1 at w = 0
+    return kind, eps_key, offset

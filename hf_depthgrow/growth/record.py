@@ -5,6 +5,10 @@ plain transformers keep working) and is the single source of the new and old lay
 the insertion points, the block kinds and their eps. Every module that needs to know what was
 grown reads it through `growth_record(model)`, never the raw dict.
 
+For a model whose config nests sub-configs (CLIP, LLaVA), `tower` names the tower whose layer
+stack was grown (`"vision"`, `"text"`); the indices below count that tower's layers. Flat models
+have no `tower` key, as before.
+
 Index conventions (stack indices count the layers of the *grown* model):
 - a native block is a layer of its own at stack index `i` (`native_indices`);
 - an adapter hangs on an original layer `host`, before it (`where="pre"`: it sees that layer's
@@ -91,6 +95,7 @@ class GrowthRecord:
     adapters: tuple[AdapterEntry, ...] = ()
     history: tuple[GrowthStep, ...] = ()
     hf_depthgrow_version: str | None = None
+    tower: str | None = None
 
     def __post_init__(self):
         self.validate()
@@ -156,14 +161,23 @@ class GrowthRecord:
         for step in self.history:
             if step.eps is not None:
                 _eps(step.eps, "history eps")
+        if self.tower is not None and (not isinstance(self.tower, str) or not self.tower.isidentifier()):
+            raise InvalidGrowthRecordError(f"growth record: tower must be null or a tower name such as 'vision', got {self.tower!r}")
         if num_layers is not None and num_layers != self.num_layers:
             raise InvalidGrowthRecordError(
                 f"growth record says {self.num_layers} layers but the model has {num_layers}: the record does not describe these weights"
             )
 
     def to_dict(self) -> dict:
-        """A plain JSON-able dict, the form stored in `config.json`."""
-        return json.loads(json.dumps(asdict(self)))  # tuples -> lists: exactly what config.json holds
+        """A plain JSON-able dict, the form stored in `config.json`.
+
+        `tower` is written only for a grown tower of a nested model, so a flat model's record is
+        exactly what earlier versions wrote.
+        """
+        data = json.loads(json.dumps(asdict(self)))  # tuples -> lists: exactly what config.json holds
+        if data.get("tower") is None:
+            data.pop("tower", None)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "GrowthRecord":
@@ -176,7 +190,7 @@ class GrowthRecord:
         if not isinstance(data, dict):
             raise InvalidGrowthRecordError(f"growth record must be a dict, got {type(data).__name__}")
         data = copy.deepcopy(data)
-        known = {"base_num_layers", "num_layers", "native_indices", "adapters", "history", "hf_depthgrow_version"}
+        known = {"base_num_layers", "num_layers", "native_indices", "adapters", "history", "hf_depthgrow_version", "tower"}
         unknown = sorted(set(data) - known)
         if unknown:
             warnings.warn(f"growth record: ignoring keys {unknown} (written by a newer hf_depthgrow?)", stacklevel=2)
@@ -196,6 +210,7 @@ class GrowthRecord:
             adapters=adapters,
             history=history,
             hf_depthgrow_version=data.get("hf_depthgrow_version"),
+            tower=data.get("tower"),  # absent in records of flat models and in those written before towers
         )
 
 
@@ -242,11 +257,12 @@ def check_record_matches(model, record: GrowthRecord, adapter_state: dict | None
     # Imported here: the rest of this module is plain data and needs neither torch nor the model code.
     from . import adapter
     from .blocks import _hidden_size
-    from .families import resolve_family
+    from .towers import resolve_target
 
-    _, stack, path = resolve_family(model)
+    target = resolve_target(model, record.tower)  # the base of an adapters-only save has no record to name it
+    stack, path = target.stack, target.path
     record.validate(num_layers=len(stack))
-    hidden = _hidden_size(model, stack[0])
+    hidden = _hidden_size(model, stack[0], target.config)
     expected: dict[tuple[int, str], list[AdapterEntry]] = {}
     for entry in record.adapters:
         if entry.where == "post" and entry.host != len(stack) - 1:

@@ -29,19 +29,55 @@ class GrowthNotExactError(ValueError):
 
 
 def probe_inputs(model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
-    """Batch-1 inputs built from the config alone: one image for vision models, a few token ids otherwise."""
+    """Batch-1 inputs built from the config alone: one image for vision models, a few token ids otherwise.
+
+    A config that nests a text and a vision sub-config (CLIP, SigLIP, vision-language models)
+    gets both, and, where the config names an image token, as many image tokens as the model's
+    `get_image_features` returns features for the one image.
+    """
     config = model.config
     generator = torch.Generator().manual_seed(0)  # its own generator: the global RNG is not drawn from
-    size = getattr(config, "image_size", None)
-    if size is not None:
-        h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
-        pixels = torch.randn(1, getattr(config, "num_channels", 3), h, w, generator=generator)
-        return {"pixel_values": pixels.to(device=device, dtype=_dtype(model))}
-    vocab = getattr(config, "vocab_size", None)
-    if not isinstance(vocab, int) or vocab < 1:
+    text, vision = _modalities(config)
+    if text is None and vision is None:
         raise ValueError("the config has neither image_size nor vocab_size to build a probe input from")
-    ids = torch.randint(min(2, vocab - 1), vocab, (1, PROBE_TOKENS), generator=generator).to(device)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    inputs = {}
+    if vision is not None:
+        size = vision.image_size
+        h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
+        pixels = torch.randn(1, getattr(vision, "num_channels", 3), h, w, generator=generator)
+        inputs["pixel_values"] = pixels.to(device=device, dtype=_dtype(model))
+    if text is None:
+        return inputs
+    vocab = text.vocab_size
+    ids = torch.randint(min(2, vocab - 1), vocab, (1, PROBE_TOKENS), generator=generator)
+    image_token = next((getattr(config, k) for k in ("image_token_id", "image_token_index") if isinstance(getattr(config, k, None), int)), None)
+    if vision is not None and image_token is not None:
+        count = _image_token_count(model, inputs["pixel_values"], text)
+        ids = torch.cat([torch.full((1, count), image_token), ids.masked_fill(ids == image_token, min(2, vocab - 1))], dim=1)
+    ids = ids.to(device)
+    return {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _modalities(config) -> tuple[object | None, object | None]:
+    """`(text config, vision config)`: the config itself where it has `vocab_size` / `image_size`, else its sub-configs."""
+    subs = {k: v for k, v in vars(config).items() if k.endswith("_config") and hasattr(v, "to_dict")}
+    if getattr(config, "image_size", None) is not None:
+        return None, config  # a vision model: one image, as before
+    text = config if isinstance(getattr(config, "vocab_size", None), int) else subs.get("text_config")
+    vision = subs.get("vision_config")
+    vision = vision if getattr(vision, "image_size", None) is not None else None
+    text = text if isinstance(getattr(text, "vocab_size", None), int) and text.vocab_size > 0 else None
+    return text, vision
+
+
+def _image_token_count(model: nn.Module, pixels: torch.Tensor, text) -> int:
+    # How many placeholder tokens one image fills: the model's own image features, counted in text-width vectors.
+    with _quiet_run(model):
+        features = model.get_image_features(pixel_values=pixels)
+    features = getattr(features, "pooler_output", features)
+    if isinstance(features, (list, tuple)):
+        features = torch.cat([f.reshape(-1) for f in features])
+    return int(features.numel() // text.hidden_size)
 
 
 def _dtype(model: nn.Module) -> torch.dtype:
@@ -88,13 +124,15 @@ def run_probe(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor
         return _signal(model(**kwargs)).detach().float()
 
 
-def reference(model: nn.Module) -> tuple[dict, torch.Tensor] | None:
-    """`(inputs, output)` of the model before growing, or `None` (with a warning) where it cannot be run."""
+def reference(model: nn.Module, *, warn: bool = True) -> tuple[dict, torch.Tensor] | None:
+    """`(inputs, output)` of the model before growing, or `None` (with a warning unless `warn=False`) where it cannot be run."""
     try:
         device = next(model.parameters()).device
         inputs = probe_inputs(model, device)
         return inputs, run_probe(model, inputs)
     except Exception as err:  # a model we cannot run is grown unchecked, but not silently
+        if not warn:
+            return None
         warnings.warn(
             f"grow_depth could not run {type(model).__name__} on a probe input ({type(err).__name__}: {err}), so "
             "exactness is not checked; pass verify=False to skip the check on purpose.",
