@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_depthgrow.cli import COMMANDS, main
+from hf_depthgrow.cli import COMMANDS, MODULES, main
 from hf_depthgrow.testing import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,4 +112,4 @@ def test_recipes_and_benchmarks_use_public_api_only(folder):
 
 def test_python_m_entry_points_exist():
     for command in COMMANDS:
-        assert hasattr(importlib.import_module(f"hf_depthgrow.cli.{command}"), "main")
+        assert hasattr(importlib.import_module(f"hf_depthgrow.cli.{MODULES.get(command, command)}"), "main")

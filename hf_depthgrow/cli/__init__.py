@@ -16,7 +16,10 @@ COMMANDS = {
     "train": "train the new blocks of a grown model with Accelerate",
     "eval": "paired test-risk delta of a grown model against its original, with intervals",
     "compare": "growth plans against equal-budget controls (and the probe against realized gains)",
+    "export-gguf": "write a natively grown decoder as a llama.cpp GGUF file (f32, f16, q8_0, q4_1, ... or the source's types)",
 }
+# A command whose module is named otherwise: a dash is not allowed in a Python module name.
+MODULES = {"export-gguf": "export"}
 
 
 def _usage() -> str:
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"hf-depthgrow: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"hf_depthgrow.cli.{name}")
+    module = importlib.import_module(f"hf_depthgrow.cli.{MODULES.get(name, name)}")
     return int(module.main(rest) or 0)
 
 

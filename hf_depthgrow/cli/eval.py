@@ -82,6 +82,7 @@ class EvalArguments:
     block_terms: str | None = field(default=None, metadata={"help": "Estimate rho, B_a, B_W of the new blocks on this split of --splits (usually train)."})
     retention_data: str | None = field(default=None, metadata={"help": "Also measure forgetting on this general-domain set (e.g. python_docs; any --data source), outside the training domain."})
     retention_max_examples: int = field(default=256, metadata={"help": "Examples (LM blocks of --block-size tokens) of --retention-data to evaluate."})
+    lm_eval: bool = field(default=False, metadata={"help": "Also score --retention-data with lm-evaluation-harness (word perplexity, bits per byte; pip install lm-eval)."})
     evaluate: bool = field(default=True, metadata={"help": "Also try the Hugging Face `evaluate` metrics."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars."})
 
@@ -115,7 +116,13 @@ def check_retention_source(args: EvalArguments) -> None:
     from ..pipeline.checks import check_data_source
 
     if args.retention_data is None:
+        if args.lm_eval:
+            raise ValueError("--lm-eval scores the --retention-data set: give --retention-data too")
         return
+    if args.lm_eval:
+        from ..evaluation.lm_eval_task import check_text_source
+
+        check_text_source(args.retention_data)  # lm_eval installed, and a text source it reads
     if args.retention_max_examples < 1:
         raise ValueError(f"--retention-max-examples must be >= 1, got {args.retention_max_examples}")
     given, data = Path(args.retention_data).expanduser(), Path(args.data).expanduser()
@@ -234,12 +241,19 @@ def _eval(argv: list[str]) -> int:
         name = scrub_paths(args.retention_data)  # reports name local files by folder or file name, never a full path
         retained = {"data": name, "block_size": args.block_size, **retained, "paired": retention_result.to_dict()}
         extra["retention"] = f"{name}: {retained['verdict']} (retention.json)"
+        if args.lm_eval:
+            from ..evaluation.lm_eval_task import lm_eval_retention
+
+            retained["lm_eval"] = lm_eval_retention(model, tokenizer, args.retention_data, base=base, batch_size=args.batch_size)
+            extra["retention (lm-eval)"] = retained["lm_eval"]["verdict"]
     paths = write_report(result, args.out, command="hf-depthgrow eval " + shlex.join(argv), extra=extra)
     if retained is not None:
         paths["retention"] = write_json(Path(args.out) / "retention.json", retained)
     print(result.verdict)
     if retained is not None:
         print(f"retention ({retained['data']}): {retained['verdict']}")
+        if "lm_eval" in retained:
+            print(retained["lm_eval"]["verdict"])
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0
 

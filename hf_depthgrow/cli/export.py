@@ -1,0 +1,83 @@
+"""`hf-depthgrow export-gguf --model FOLDER --output FILE --dtype f16`: write a grown model as a llama.cpp GGUF.
+
+    hf-depthgrow export-gguf --model out/grown --output out/grown.f16.gguf --dtype f16
+    hf-depthgrow export-gguf --model out/grown --output out/grown.q4_1.gguf --dtype source --source-gguf smollm2
+
+The model must be natively grown (`--block native`, or `auto` on a pre-norm family) or not grown at all;
+adapter blocks have no llama.cpp form and are refused. `--source-gguf` names the GGUF the original came from
+(`smollm2` is the embedded SmolLM2 file): its tokenizer metadata and licence are copied, and `--dtype source`
+keeps its tensor types (SmolLM2: Q4_1, token embedding Q8_0). Without it the vocabulary is built from the
+folder's tokenizer (byte-level BPE). Bad input is one line on stderr, exit code 2, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .common import dtype_of, parse, run_command
+
+DTYPE_CHOICES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "source"]
+
+
+@dataclass
+class ExportArguments:
+    """Settings of `hf-depthgrow export-gguf`."""
+
+    model: str = field(metadata={"help": "Folder of a saved (grown) model, or 'smollm2'."})
+    output: str = field(metadata={"help": "The GGUF file to write (ends in .gguf; its folder must exist)."})
+    dtype: str = field(default="f16", metadata={"help": "Tensor type; 'source' keeps the --source-gguf types.", "choices": DTYPE_CHOICES})
+    source_gguf: str | None = field(default=None, metadata={"help": "The GGUF the original came from ('smollm2': the embedded file)."})
+    name: str | None = field(default=None, metadata={"help": "general.name in the file; none: the source's name + ' (depth-grown)'."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an existing output file."})
+    load_dtype: str = field(default="float32", metadata={"help": "dtype the model is loaded in before conversion.", "choices": ["float32", "bfloat16", "float16"]})
+
+
+def _source_path(args: ExportArguments) -> str | None:
+    # The embedded model is the float copy of its GGUF: without --source-gguf, that file is its source.
+    given = args.source_gguf if args.source_gguf is not None else ("smollm2" if args.model == "smollm2" else None)
+    if given == "smollm2":
+        from ..data.models import smollm2_gguf_path
+
+        return str(smollm2_gguf_path())
+    if given is not None and not Path(given).is_file():
+        raise FileNotFoundError(f"no such --source-gguf file: {given}")
+    return given
+
+
+def _check_output(args: ExportArguments) -> None:
+    # The same rules export_gguf applies, checked before the (slow) model load.
+    output = Path(args.output)
+    if output.suffix != ".gguf":
+        raise ValueError(f"--output must end in .gguf, got {args.output!r}")
+    if output.is_dir() or (output.exists() and not args.overwrite):
+        raise FileExistsError(f"--output {args.output} already exists (pass --overwrite to replace a file)")
+    if not output.parent.is_dir():
+        raise FileNotFoundError(f"no such folder for --output: {output.parent}")
+
+
+def _export(argv: list[str]) -> int:
+    from ..hub.gguf_export import export_gguf
+    from ..hub.loading import check_model_source, load_model
+
+    (args,) = parse("export-gguf", argv, ExportArguments, description=__doc__)
+    check_model_source(args.model)
+    _check_output(args)
+    if args.dtype == "source" and args.source_gguf is None and args.model != "smollm2":
+        raise ValueError("--dtype source keeps the source GGUF's tensor types: pass --source-gguf")
+    source = _source_path(args)
+    model, tokenizer = load_model(args.model, dtype=dtype_of(args.load_dtype))
+    path = export_gguf(model, tokenizer, args.output, dtype=args.dtype, source_gguf=source, name=args.name, overwrite=args.overwrite)
+    info = {"output": str(path), "bytes": path.stat().st_size, "dtype": args.dtype, "block_count": model.config.num_hidden_layers}
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `hf-depthgrow export-gguf`; an input error is one line on stderr and exit code 2."""
+    return run_command("export-gguf", _export, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

