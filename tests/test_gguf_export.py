@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from hf_depthgrow import grow_depth, growth_record  # noqa: E402
 from hf_depthgrow.hub.gguf_export import export_gguf, read_gguf_header  # noqa: E402
-from hf_depthgrow.testing import tiny_model  # noqa: E402
+from hf_depthgrow.testing import byte_level_tokenizer, tiny_model  # noqa: E402
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer"]
 PROMPT = "To be, or not to be: the quick brown fox, whether nobler"
@@ -24,21 +24,9 @@ ATOL_F32 = 1e-5
 ATOL_F16 = 2e-3
 
 
-def byte_level_tokenizer():
-    """A byte-level BPE tokenizer trained here (no download): 256 byte tokens, 3 specials, 41 merges."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>", "<unk>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(TEXTS * 10, trainer)
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
-    return byte_level_tokenizer()
+    return byte_level_tokenizer(TEXTS * 10)
 
 
 def tiny_llama(tokenizer, **overrides):

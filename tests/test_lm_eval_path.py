@@ -12,6 +12,7 @@ lm_eval = pytest.importorskip("lm_eval")
 transformers = pytest.importorskip("transformers")
 
 from hf_depthgrow import grow_depth  # noqa: E402
+from hf_depthgrow.testing import byte_level_tokenizer  # noqa: E402
 from hf_depthgrow.evaluation.lm_eval_task import (  # noqa: E402
     check_text_source,
     lm_eval_perplexity,
@@ -34,14 +35,7 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>", "<unk>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(TEXTS * 10, trainer)
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    return byte_level_tokenizer(TEXTS * 10)
 
 
 def by_hand(model, tokenizer, docs) -> dict:
