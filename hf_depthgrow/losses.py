@@ -6,6 +6,9 @@
   what the model's own `outputs.loss` computes for one batch.
 - Classifiers (sequence or image): cross-entropy per example; a data-set loss is the mean
   over examples.
+
+`hf_depthgrow.chunked_loss.model_example_losses` computes the same `ExampleLosses` from a causal LM
+without its full `[batch, seq, vocab]` logits (what the trainer, probe and evaluator call).
 """
 
 from __future__ import annotations
@@ -74,8 +77,12 @@ def model_inputs(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k != "labels"}
 
 
-def batch_example_losses(model, batch: dict) -> ExampleLosses:
-    """Run `model` on `batch` and return its per-example losses."""
-    labels = labels_of(batch)
-    outputs = model(**model_inputs(batch))
-    return example_losses(outputs.logits, labels, causal=is_causal_lm(model))
+def batch_example_losses(model, batch: dict, *, chunk_size="auto") -> ExampleLosses:
+    """Run `model` on `batch` and return its per-example losses.
+
+    A causal LM's loss runs over chunks of tokens where its vocabulary makes the logits large
+    (`hf_depthgrow.chunked_loss.model_example_losses`; `chunk_size=None` is the plain path).
+    """
+    from .chunked_loss import model_example_losses  # it builds on this module
+
+    return model_example_losses(model, model_inputs(batch), labels_of(batch), causal=is_causal_lm(model), chunk_size=chunk_size)

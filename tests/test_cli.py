@@ -92,7 +92,7 @@ def test_library_never_imports_the_cli():
 
 
 # The public API: the package, its subpackages' roots, and the few top-level modules.
-PUBLIC_MODULES = {"hf_depthgrow", "hf_depthgrow.config", "hf_depthgrow.plots", "hf_depthgrow.losses", "hf_depthgrow.utils", "hf_depthgrow.testing"}
+PUBLIC_MODULES = {"hf_depthgrow", "hf_depthgrow.config", "hf_depthgrow.plots", "hf_depthgrow.losses", "hf_depthgrow.chunked_loss", "hf_depthgrow.utils", "hf_depthgrow.testing"}
 SUBPACKAGES = {"growth", "data", "probe", "training", "evaluation", "hub", "pipeline", "scaling", "comparison"}
 
 

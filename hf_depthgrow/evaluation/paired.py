@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..chunked_loss import model_example_losses
 from ..data.batches import as_batches, to_device
 from ..growth.engine import bypass_new_blocks
 from ..growth.families import resolve_family
@@ -75,13 +76,22 @@ class Collector:
         self.refs: list = []
 
     def add(self, which: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        losses = example_losses(logits, labels, causal=self.task == "causal_lm")
-        self.total[which].append(losses.total.detach().double().cpu())
-        self.weight[which].append(losses.weight.detach().double().cpu())
+        self.add_losses(which, example_losses(logits, labels, causal=self.task == "causal_lm"))
         if self.task != "causal_lm":
             self.preds[which].append(logits.argmax(dim=-1).cpu())
             if which == "old":
                 self.refs.append(labels.cpu())
+
+    def add_losses(self, which: str, losses: ExampleLosses) -> None:
+        self.total[which].append(losses.total.detach().double().cpu())
+        self.weight[which].append(losses.weight.detach().double().cpu())
+
+    def run(self, which: str, model: nn.Module, inputs: dict, labels: torch.Tensor, chunk_size) -> None:
+        """One forward of `model`: a causal LM's losses chunked over tokens where that pays, a classifier's with predictions."""
+        if self.task == "causal_lm":
+            self.add_losses(which, model_example_losses(model, inputs, labels, causal=True, chunk_size=chunk_size))
+        else:
+            self.add(which, model(**inputs).logits, labels)
 
     def cat(self, which: str) -> ExampleLosses:
         return ExampleLosses(torch.cat(self.total[which]), torch.cat(self.weight[which]))
@@ -96,7 +106,7 @@ def _task(model: nn.Module) -> str:
     return "causal_lm" if is_causal_lm(model) else "classification"
 
 
-def _run_paired(model: nn.Module, batches, index: int, progress: bool) -> Collector:
+def _run_paired(model: nn.Module, batches, index: int, progress: bool, chunk_size="auto") -> Collector:
     collect = Collector(_task(model))
     device = device_of(model)
     with torch.no_grad(), progress_bar(batches, progress, "paired eval") as bar:
@@ -105,18 +115,11 @@ def _run_paired(model: nn.Module, batches, index: int, progress: bool) -> Collec
             inputs, labels = model_inputs(batch), batch["labels"]
             z = prefix_hidden(model, batch, index)
             with start_at(model, index, z):
-                logits = model(**inputs).logits
-            collect.add("new", logits, labels)
-            del logits
+                collect.run("new", model, inputs, labels, chunk_size)
             with bypass_new_blocks(model):
                 # A native block above the last original layer leaves no original layer at `index`.
-                if index < len(resolve_family(model)[1]):
-                    with start_at(model, index, z):
-                        logits = model(**inputs).logits
-                else:
-                    logits = model(**inputs).logits
-            collect.add("old", logits, labels)
-            del logits
+                with start_at(model, index, z) if index < len(resolve_family(model)[1]) else contextlib.nullcontext():
+                    collect.run("old", model, inputs, labels, chunk_size)
             bar.update(1)
     return collect
 
@@ -131,7 +134,7 @@ def _prefix_index(model: nn.Module) -> int:
     return index
 
 
-def paired_losses(model: nn.Module, data, *, batch_size: int = 8, progress: bool = False) -> tuple[Collector, int]:
+def paired_losses(model: nn.Module, data, *, batch_size: int = 8, progress: bool = False, chunk_size="auto") -> tuple[Collector, int]:
     """Per-example losses of the original (bypassed) and the grown model, prefix computed once per batch.
 
     `data` is any form of the data contract (`hf_depthgrow.data.batches`). Returns the `Collector`
@@ -145,24 +148,24 @@ def paired_losses(model: nn.Module, data, *, batch_size: int = 8, progress: bool
         ```
     """
     index = _prefix_index(model)
-    return _run_paired(model, as_batches(data, batch_size=batch_size), index, progress), index
+    return _run_paired(model, as_batches(data, batch_size=batch_size), index, progress, chunk_size), index
 
 
-def _run_separate(model_a: nn.Module, model_b: nn.Module, batches, progress: bool) -> Collector:
+def _run_separate(model_a: nn.Module, model_b: nn.Module, batches, progress: bool, chunk_size="auto") -> Collector:
     collect = Collector(_task(model_a))
     with torch.no_grad(), progress_bar(batches, progress, "eval") as bar:
         for batch in batches:
             batch = split_batch(batch)[0]
             for which, model in (("new", model_b), ("old", model_a)):
                 b = to_device(batch, device_of(model))
-                logits = model(**model_inputs(b)).logits
-                collect.add(which, logits, b["labels"])
-                del logits
+                collect.run(which, model, model_inputs(b), b["labels"], chunk_size)
             bar.update(1)
     return collect
 
 
-def separate_losses(model_a: nn.Module, model_b: nn.Module, data, *, batch_size: int = 8, progress: bool = False) -> Collector:
+def separate_losses(
+    model_a: nn.Module, model_b: nn.Module, data, *, batch_size: int = 8, progress: bool = False, chunk_size="auto"
+) -> Collector:
     """Per-example losses of two models, each run fully (no shared computation); `model_a` is "old".
 
     Example:
@@ -172,7 +175,7 @@ def separate_losses(model_a: nn.Module, model_b: nn.Module, data, *, batch_size:
         torch.Size([12])
         ```
     """
-    return _run_separate(model_a, model_b, as_batches(data, batch_size=batch_size), progress)
+    return _run_separate(model_a, model_b, as_batches(data, batch_size=batch_size), progress, chunk_size)
 
 
 def _check_finite(per_old: np.ndarray, per_new: np.ndarray, ids: list) -> None:
@@ -264,6 +267,7 @@ def evaluate_delta(
     routes: RouteInputs | None = None,
     example_ids: Sequence | None = None,
     progress: bool = False,
+    chunk_size="auto",
 ) -> EvalResult:
     """Paired test-risk delta of a grown model against its original, sharing the frozen prefix.
 
@@ -291,6 +295,8 @@ def evaluate_delta(
             result then carries every term and both bounds.
         example_ids: Names of the examples in data order (default: their position).
         progress: Show a tqdm progress bar.
+        chunk_size: A causal LM's loss over chunks of tokens without the full logits (`hf_depthgrow.chunked_loss`):
+            `"auto"` (where the vocabulary makes them large), tokens per chunk, or `None` (plain).
 
     Returns:
         `EvalResult`.
@@ -308,7 +314,7 @@ def evaluate_delta(
     index = _prefix_index(model)
     batches, ids = prepare_batches({"the model": model}, data, batch_size, example_ids)
     with eval_mode(model):
-        collect = _run_paired(model, batches, index, progress)
+        collect = _run_paired(model, batches, index, progress, chunk_size)
     record = growth_record(model)
     described = {"old": {**describe_model(model), "note": "the grown model with its new blocks bypassed",
                          "num_layers": record.base_num_layers if record else None}, "new": describe_model(model)}
@@ -334,6 +340,7 @@ def compare_models(
     routes: RouteInputs | None = None,
     example_ids: Sequence | None = None,
     progress: bool = False,
+    chunk_size="auto",
 ) -> EvalResult:
     """Paired test-risk delta of two separate models: `model_a` is the reference ("old"), `model_b` the candidate ("new").
 
@@ -352,7 +359,7 @@ def compare_models(
     started = time.perf_counter()
     batches, ids = prepare_batches({"model_a": model_a, "model_b": model_b}, data, batch_size, example_ids)
     with eval_mode(model_a, model_b):
-        collect = _run_separate(model_a, model_b, batches, progress)
+        collect = _run_separate(model_a, model_b, batches, progress, chunk_size)
     return _assemble(
         collect, ids, mode="separate", delta=delta, loss_bound=loss_bound, n_bootstrap=n_bootstrap, seed=seed,
         metrics=metrics, use_evaluate=use_evaluate, num_labels=getattr(model_a.config, "num_labels", None),

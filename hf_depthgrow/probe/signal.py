@@ -35,11 +35,12 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from ..chunked_loss import model_example_losses
 from ..data.batches import as_batches, to_device
 from ..data.checks import check_batch
 from ..growth.engine import GrowthConfig, check_positions, resolve_block_kind
 from ..growth.families import FamilySpec, model_eps, resolve_family
-from ..losses import IGNORE_INDEX, example_losses, is_causal_lm, labels_of, model_inputs
+from ..losses import IGNORE_INDEX, is_causal_lm, labels_of, model_inputs
 from .capture import CandidateBlock, ResidualTap, next_norm_eps
 from .result import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult, recommend
 from .statistics import PositionStats, token_mask, token_var
@@ -75,6 +76,7 @@ class _Plan:
     weight: float = 0.0
     examples: int = 0
     batches: int = 0
+    chunk_size: object = "auto"  # the loss over chunks of tokens (`hf_depthgrow.chunked_loss`)
 
 
 def _check_options(num_splits, norm_factor, z_threshold) -> None:
@@ -158,8 +160,8 @@ def _add_batch(plan: _Plan, tap: ResidualTap, index: int, batch: dict, norm_fact
     labels = labels_of(batch)
     tap.clear()
     with torch.enable_grad():
-        outputs = plan.model(**model_inputs(batch), **plan.forward_kwargs)
-        losses = example_losses(outputs.logits, labels, causal=plan.causal)
+        inputs = {**model_inputs(batch), **plan.forward_kwargs}
+        losses = model_example_losses(plan.model, inputs, labels, causal=plan.causal, chunk_size=plan.chunk_size)
         loss_sum = losses.total.sum()
         weight = float(losses.weight.sum())
         loss_value = float(loss_sum.detach())
@@ -171,7 +173,7 @@ def _add_batch(plan: _Plan, tap: ResidualTap, index: int, batch: dict, norm_fact
             raise RuntimeError(f"no residual stream captured at positions {missing}")
         # No supervised token: the gradient is exactly zero (ignored targets), so the backward is skipped.
         gs = torch.autograd.grad(loss_sum, zs, allow_unused=True) if weight > 0 else [None] * len(zs)
-    del outputs
+    del losses, loss_sum
     finite = [torch.isfinite(g).all() for g in gs if g is not None]
     if finite and not bool(torch.stack(finite).all()):  # one device sync for all positions
         raise _non_finite("activation gradient", "not finite", index)
@@ -294,6 +296,7 @@ def probe(
     batch_size: int = 8,
     keep_gradients: bool = False,
     progress: bool = True,
+    chunk_size="auto",
 ) -> ProbeResult:
     """Measure, for every candidate depth k, whether a zero-initialised block there can lower the loss.
 
@@ -321,6 +324,8 @@ def probe(
         collate_fn, batch_size: How rows are batched (default `hf_depthgrow.data.batches.collate`).
         keep_gradients: Keep `G_S(k)` per block parameter in `result.gradients` (for stepping stones).
         progress: Show a tqdm progress bar.
+        chunk_size: A causal LM's loss over chunks of tokens without the full logits (`hf_depthgrow.chunked_loss`):
+            `"auto"` (where the vocabulary makes them large), tokens per chunk, or `None` (plain).
 
     Returns:
         A `ProbeResult`.
@@ -338,5 +343,6 @@ def probe(
     cfg = GrowthConfig(block=block, init=init, eps=eps, seed=seed, adapter_dim=adapter_dim, adapter_act=adapter_act)
     batches = as_batches(data, batch_size=batch_size, collate_fn=collate_fn, max_batches=max_batches)
     plan = _plan(model, positions, cfg, num_splits, covariance)
+    plan.chunk_size = chunk_size
     _run(plan, batches, norm_factor, progress)
     return _assemble(plan, num_splits, z_threshold, norm_factor, keep_gradients)

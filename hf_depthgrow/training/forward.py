@@ -12,16 +12,21 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..chunked_loss import model_example_losses
 from ..data.batches import to_device
 from ..growth.prefix import start_at
-from ..losses import ExampleLosses, example_losses, model_inputs
+from ..losses import ExampleLosses, model_inputs
 from .data_order import fetch
 
 
 def batch_losses(
-    module: nn.Module, base: nn.Module, batch: dict, rows: Sequence[int], cache, index: int | None, *, accelerator, causal: bool
+    module: nn.Module, base: nn.Module, batch: dict, rows: Sequence[int], cache, index: int | None, *, accelerator, causal: bool,
+    chunk_size="auto",
 ) -> ExampleLosses:
     """Per-example losses of `module` (a wrapper of `base` or `base` itself) on a batch of rows `rows`.
+
+    A causal LM's loss is chunked over tokens where the vocabulary makes the logits large
+    (`hf_depthgrow.chunked_loss`, `chunk_size`: "auto", tokens per chunk, or `None` for the plain path).
 
     Example:
         ```python
@@ -33,10 +38,12 @@ def batch_losses(
     inputs = model_inputs(batch)
     if causal:
         inputs["use_cache"] = False
+    if accelerator.distributed_type in ("FSDP", "DEEPSPEED"):
+        chunk_size = None  # the head's weight is sharded outside the wrapped forward: only the plain path reads it there
     ctx = start_at(base, index, cache.get(rows, accelerator.device)) if cache is not None else contextlib.nullcontext()
     with ctx, accelerator.autocast():
-        logits = module(**inputs).logits
-    return example_losses(logits, batch["labels"], causal=causal)
+        # The body runs through `module`'s own forward, so `start_at`'s hooks on the layer stack still apply.
+        return model_example_losses(base, inputs, batch["labels"], causal=causal, chunk_size=chunk_size, module=module)
 
 
 @torch.no_grad()
@@ -53,6 +60,7 @@ def dataset_loss(
     contexts: Sequence = (),
     progress: bool = True,
     desc: str = "loss",
+    chunk_size="auto",
 ) -> float:
     """Token-weighted (causal LM) or per-example mean loss of `base` over rows `rows` of `data`, shared between processes.
 
@@ -83,7 +91,7 @@ def dataset_loss(
                 valid = len(mine)
                 run = mine or [rows[0]]
                 batch = to_device(fetch(data, run), acc.device)
-                el = batch_losses(base, base, batch, run, cache, index, accelerator=acc, causal=causal)
+                el = batch_losses(base, base, batch, run, cache, index, accelerator=acc, causal=causal, chunk_size=chunk_size)
                 if valid:
                     totals += torch.stack([el.total.sum().double(), el.weight.sum().double()])
                 bar.update(min(len(rows) - start, bs * world))
