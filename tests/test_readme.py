@@ -142,11 +142,22 @@ def fake_load_model(monkeypatch, tokenizer):
         calls.append((str(name_or_path), task, kwargs))
         return tiny_llama(tokenizer), tokenizer
 
+    patch_load_model(monkeypatch, load_model)
+    return calls
+
+
+def patch_load_model(monkeypatch, fake) -> None:
+    """Replace `load_model` where users reach it, so that undoing restores the real one everywhere.
+
+    `hf_depthgrow.load_model` is resolved lazily from `hf_depthgrow.hub.loading`: patching the
+    package first records the real function as the value to restore. (Patching `loading` first
+    made monkeypatch record the fake as the package's "old" value and leave it behind, so later
+    tests in the same process loaded the tiny README model instead of theirs.)
+    """
     import hf_depthgrow.hub.loading as loading
 
-    monkeypatch.setattr(loading, "load_model", load_model)
-    monkeypatch.setattr(hf_depthgrow, "load_model", load_model, raising=False)
-    return calls
+    monkeypatch.setattr(hf_depthgrow, "load_model", fake, raising=False)
+    monkeypatch.setattr(loading, "load_model", fake)
 
 
 @pytest.fixture
@@ -158,6 +169,17 @@ def fake_hub(monkeypatch):
         monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
         yield hub
     huggingface_hub.close_session()
+
+
+def test_the_load_model_patch_is_fully_undone():
+    from hf_depthgrow.hub import loading
+
+    real = loading.load_model
+    mp = pytest.MonkeyPatch()
+    patch_load_model(mp, lambda *a, **k: None)
+    assert hf_depthgrow.load_model is not real and loading.load_model is not real
+    mp.undo()
+    assert hf_depthgrow.load_model is real and loading.load_model is real
 
 
 # --------------------------------------------------------------------------- README
