@@ -217,10 +217,11 @@ def chunked_token_losses(hidden: torch.Tensor, targets: torch.Tensor, head: nn.L
 
 
 def resolve_chunk_size(chunk_size, tokens: int, vocab: int) -> int | None:
-    """Tokens per chunk for `chunk_size` (`"auto"`, an int >= 1 or `None`), given the supervised tokens and vocabulary.
+    """Tokens per chunk for `chunk_size` (`"auto"`, `"on"`, an int >= 1 or `None`), given the supervised tokens and vocabulary.
 
     `"auto"` chunks when `tokens * vocab >= AUTO_MIN_ELEMENTS`, `max(MIN_CHUNK_TOKENS, CHUNK_ELEMENTS // vocab)`
-    tokens at a time (see the constants). `None` (and "auto" below the threshold) is the plain path.
+    tokens at a time (see the constants); `"on"` always chunks, at that size. `None` (and "auto" below the
+    threshold) is the plain path.
 
     Example:
         ```python
@@ -230,10 +231,11 @@ def resolve_chunk_size(chunk_size, tokens: int, vocab: int) -> int | None:
     """
     if chunk_size is None:
         return None
-    if chunk_size == "auto":
-        return max(MIN_CHUNK_TOKENS, CHUNK_ELEMENTS // max(vocab, 1)) if tokens * vocab >= AUTO_MIN_ELEMENTS else None
+    if chunk_size in ("auto", "on"):  # "on": the automatic size, whatever the vocabulary and tokens
+        size = max(MIN_CHUNK_TOKENS, CHUNK_ELEMENTS // max(vocab, 1))
+        return size if chunk_size == "on" or tokens * vocab >= AUTO_MIN_ELEMENTS else None
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be 'auto', an int >= 1 or None, got {chunk_size!r}")
+        raise ValueError(f"chunk_size must be 'auto', 'on', an int >= 1 or None, got {chunk_size!r}")
     return chunk_size
 
 

@@ -207,21 +207,40 @@ def _lm_rows(n, seq=12, seed=0):
 def test_trainer_takes_the_same_steps(monkeypatch, trainable, cache):
     data, runs = _lm_rows(12), {}
     base = grow_depth(tiny_model("llama", vocab_size=VOCAB), [2])
-    for mode in ("plain", "chunked"):
-        if mode == "chunked":
-            _force_chunks(monkeypatch, 7)
+    chunks = []
+    real = cl.chunked_token_losses
+    monkeypatch.setattr(cl, "chunked_token_losses", lambda *a, chunk, **k: chunks.append(chunk) or real(*a, chunk=chunk, **k))
+    # TrainConfig's flag: "off" is the plain head; "on" with 7 tokens per chunk chunks this small vocabulary too
+    for mode, flags in (("plain", {"chunked_loss": "off"}), ("chunked", {"chunked_loss": "on", "loss_chunk_size": 7})):
         model = copy.deepcopy(base)
-        cfg = TrainConfig(max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1,
-                          progress_bar=False, fallback=False, trainable=trainable, prefix_cache=cache)  # fmt: skip
+        cfg = TrainConfig(max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1, progress_bar=False,
+                          fallback=mode == "chunked", trainable=trainable, prefix_cache=cache, **flags)  # fmt: skip
         result = train(model, data, config=cfg)
         assert (result.prefix_cache is not None) == (cache == "memory")  # start_at runs the body from the cache
         assert chunked_loss_status(model) == ("" if mode == "chunked" else None)
+        assert set(chunks) == ({7} if mode == "chunked" else set())  # training and the fallback's passes took the flag
         runs[mode] = ([h["loss"] for h in result.history], dict(result.model.named_parameters()))
     assert runs["chunked"][0] == pytest.approx(runs["plain"][0], rel=1e-6)
     for name, p in runs["plain"][1].items():
         # AdamW divides by sqrt(v): an entry whose gradient is near zero moves by up to lr = 1e-2 on fp32
         # rounding alone, so weights agree to 1e-4 (1% of one step), not to 1e-6.
         torch.testing.assert_close(runs["chunked"][1][name], p, rtol=1e-5, atol=1e-4)
+
+
+def test_train_config_checks_the_chunked_loss_flags():
+    assert TrainConfig().loss_chunk == "auto"
+    assert TrainConfig(chunked_loss="off").loss_chunk is None
+    assert TrainConfig(chunked_loss="on").loss_chunk == "on"
+    assert TrainConfig(chunked_loss="on", loss_chunk_size=64).loss_chunk == 64
+    vocab = 1 << 20  # the automatic size is then the minimum chunk
+    assert resolve_chunk_size("on", 1, vocab) == cl.MIN_CHUNK_TOKENS  # "on" chunks even where "auto" would not
+    assert resolve_chunk_size("auto", 1, vocab) is None
+    with pytest.raises(ValueError, match="chunked_loss must be one of"):
+        TrainConfig(chunked_loss="yes")
+    with pytest.raises(ValueError, match="loss_chunk_size must be an int >= 1"):
+        TrainConfig(loss_chunk_size=0)
+    with pytest.raises(ValueError, match="but chunked_loss is 'off'"):
+        TrainConfig(chunked_loss="off", loss_chunk_size=8)
 
 
 def test_probe_signal_is_the_same(monkeypatch):

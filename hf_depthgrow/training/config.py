@@ -17,6 +17,7 @@ SCHEDULERS = ("cosine", "linear", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 PREFIX_CACHE = ("auto", "memory", "disk", "off")
 CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+CHUNKED_LOSS = ("auto", "on", "off")
 # Fields a resumed run may set differently from the run that wrote the checkpoint: they change
 # neither the weights nor the data order. Every other field is part of the run fingerprint.
 RESUME_MAY_CHANGE = (
@@ -178,6 +179,13 @@ class TrainConfig:
     )
     prefix_cache_dir: str | None = field(default=None, metadata={"help": "Folder for prefix_cache=disk."})
     prefix_cache_batch_size: int | None = field(default=None, metadata={"help": "Batch size of the prefix pass."})
+    # causal-LM loss without the full logits (hf_depthgrow.chunked_loss)
+    chunked_loss: str = field(
+        default="auto",
+        metadata={"help": "Cross-entropy over chunks of tokens, one chunk's logits alive at a time: auto (where vocabulary x "
+                          "tokens is large), on or off (the plain head).", "choices": list(CHUNKED_LOSS)},
+    )  # fmt: skip
+    loss_chunk_size: int | None = field(default=None, metadata={"help": "Tokens per chunk where the loss is chunked; None: from the vocabulary."})
     # fallback rule
     fallback: bool = field(default=True, metadata={"help": "Select the better of trained/stepping-stone/original by L_S."})
     selection_max_examples: int | None = field(
@@ -271,11 +279,28 @@ class TrainConfig:
             not (self.resume_from_checkpoint == "latest" and not self.output_dir),
             "resume_from_checkpoint='latest' looks under output_dir, which is not set",
         )
+        self._check_chunked_loss()
         self.report_to = check_report_to(self.report_to)
         check_logging_dir(self.report_to, self.resolved_logging_dir(), "neither logging_dir nor output_dir (default <output_dir>/runs) is set")
         for name in ("project_name", "run_name"):
             value = getattr(self, name)
             check((value is None and name == "run_name") or (isinstance(value, str) and value.strip()), f"{name} must be a non-empty string, got {value!r}")
+
+    def _check_chunked_loss(self) -> None:
+        if self.chunked_loss not in CHUNKED_LOSS:
+            raise ValueError(f"chunked_loss must be one of {CHUNKED_LOSS}, got {self.chunked_loss!r}")
+        size = self.loss_chunk_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"loss_chunk_size must be an int >= 1 or None, got {size!r}")
+        if size is not None and self.chunked_loss == "off":
+            raise ValueError(f"loss_chunk_size={size} sizes the chunks of a chunked loss, but chunked_loss is 'off'")
+
+    @property
+    def loss_chunk(self):
+        """What `hf_depthgrow.chunked_loss` takes as `chunk_size`: `"auto"`, `"on"`, tokens per chunk, or `None` (plain)."""
+        if self.chunked_loss == "off":
+            return None
+        return self.loss_chunk_size or self.chunked_loss
 
     def resolved_logging_dir(self) -> str | None:
         """Where the trackers write: `logging_dir`, else `<output_dir>/runs`, else `None`."""

@@ -256,7 +256,7 @@ class GrownTrainer:
         return candidate_loss(
             which, dataset, rows, model=self.model, stone=self.stone, peft_model=self.peft_model, index=self.prefix_index,
             cache=cache, accelerator=self.accelerator, causal=self.causal, batch_size=self.eval_batch_size,
-            progress=self.config.progress_bar, desc=desc,
+            progress=self.config.progress_bar, desc=desc, chunk_size=self.config.loss_chunk,
         )  # fmt: skip
 
     def _save_checkpoint(self, step: int):
@@ -305,7 +305,8 @@ class GrownTrainer:
             # Gradients are all-reduced once per optimizer step, on the last micro-batch.
             sync = contextlib.nullcontext() if i == accum - 1 else acc.no_sync(self.wrapped)
             with sync:
-                el = batch_losses(self.wrapped, self.model, batch, r, self.train_cache, self.prefix_index, accelerator=acc, causal=self.causal)
+                el = batch_losses(self.wrapped, self.model, batch, r, self.train_cache, self.prefix_index, accelerator=acc, causal=self.causal,
+                                  chunk_size=self.config.loss_chunk)  # fmt: skip
                 total = el.total.sum()
                 # Sum of token losses over the global weight, times the process count because
                 # DDP averages gradients over processes: the gradient of the global mean.
