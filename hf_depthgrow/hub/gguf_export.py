@@ -9,6 +9,7 @@ Types (`dtype=`): `"f32"`, `"f16"`, `"bf16"`, the block types `gguf.quants` can 
 `"q5_0"`, `"q5_1"`), or `"source"`: each tensor keeps its type in the source GGUF (a new block takes the type the
 source uses most for that tensor), so an original layer loaded from that file is written back byte for byte. Norms
 stay F32; a matrix whose rows split into no whole blocks falls back to F16, as llama.cpp's converter does.
+llama.cpp's tensor names and the header reader live in `gguf_names`.
 
 Example:
     ```python
@@ -22,96 +23,23 @@ Example:
 from __future__ import annotations
 
 import json
-import mmap
 import os
-import struct
 import uuid
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
 
+# GGUFHeader and read_gguf_header are re-exported: callers import them from here, where they used to live.
+from .gguf_names import ARCHITECTURES, ARRAY, STRING, GGUFHeader, read_gguf_header, source_types, tensor_names
+
 __all__ = ["DTYPES", "GGUFHeader", "check_exportable", "export_gguf", "read_gguf_header"]
 
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "source")
-# transformers model_type -> llama.cpp architecture. Only families whose GGUF round trip is tested are listed.
-ARCHITECTURES = {"llama": "llama"}
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
 # Descriptive keys worth keeping from the source (the licence above all); `general.name` is set anew.
 _GENERAL_COPIED = ("license", "license.name", "license.link", "organization", "basename", "languages", "tags")
-
-
-@dataclass(frozen=True)
-class GGUFHeader:
-    """`metadata[key] = (value, value type, array item type or None)`, `tensors[name] = (ggml type, torch shape)`."""
-
-    metadata: dict
-    tensors: dict
-
-    def value(self, key: str, default=None):
-        return self.metadata[key][0] if key in self.metadata else default
-
-
-def _read_string(buf, pos: int) -> tuple[str, int]:
-    (length,) = struct.unpack_from("<Q", buf, pos)
-    return bytes(buf[pos + 8 : pos + 8 + length]).decode("utf-8"), pos + 8 + length
-
-
-def _read_value(buf, pos: int, vtype: int):
-    if vtype in _SCALAR:
-        return struct.unpack_from(_SCALAR[vtype], buf, pos)[0], pos + struct.calcsize(_SCALAR[vtype])
-    if vtype == _STRING:
-        return _read_string(buf, pos)
-    if vtype != _ARRAY:
-        raise ValueError(f"unknown GGUF value type {vtype}")
-    item, count = struct.unpack_from("<IQ", buf, pos)
-    pos += 12
-    if item in _SCALAR:  # one unpack for the whole array: a 49k-entry token_type array in microseconds
-        fmt = _SCALAR[item]
-        return list(struct.unpack_from(f"<{count}{fmt[1]}", buf, pos)), pos + count * struct.calcsize(fmt)
-    values = [None] * count
-    for i in range(count):
-        values[i], pos = _read_value(buf, pos, item)
-    return values, pos
-
-
-def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
-    """Read a GGUF file's metadata and tensor table (not the tensor data), in well under a second.
-
-    `gguf.GGUFReader` builds numpy views per metadata item: about 30 s for SmolLM2's 49k-token vocabulary on 2 cores.
-
-    Example:
-        ```python
-        >>> header = read_gguf_header(smollm2_gguf_path())
-        >>> header.value("llama.block_count"), header.tensors["blk.0.attn_q.weight"]
-        (30, (3, (576, 576)))
-        ```
-    """
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file (no GGUF magic bytes)")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version not in (2, 3):
-            raise ValueError(f"{path} is GGUF version {version}; versions 2 and 3 are read")
-        pos, metadata, tensors = 24, {}, {}
-        for _ in range(n_kv):
-            key, pos = _read_string(buf, pos)
-            (vtype,) = struct.unpack_from("<I", buf, pos)
-            item = struct.unpack_from("<I", buf, pos + 4)[0] if vtype == _ARRAY else None
-            value, pos = _read_value(buf, pos + 4, vtype)
-            metadata[key] = (value, vtype, item)
-        for _ in range(n_tensors):
-            name, pos = _read_string(buf, pos)
-            (n_dims,) = struct.unpack_from("<I", buf, pos)
-            dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
-            ggml_type, _offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
-            pos += 4 + 8 * n_dims + 12
-            tensors[name] = (ggml_type, tuple(reversed(dims)))  # ggml lists the fastest-moving dimension first
-    return GGUFHeader(metadata, tensors)
 
 
 def _family_problem(model) -> str | None:
@@ -185,7 +113,7 @@ def check_exportable(model, tokenizer=None, path=None, *, dtype: str = "f16", so
         raise ValueError("a GGUF needs a vocabulary: pass the tokenizer, or source_gguf= to copy the source's")
     if header is None:
         _hf_vocabulary(tokenizer, model.config.vocab_size)  # raises for a tokenizer that cannot be written
-    list(_tensor_names(model))  # raises for a tensor llama.cpp has no name for
+    list(tensor_names(model))  # raises for a tensor llama.cpp has no name for
     return header
 
 
@@ -255,20 +183,20 @@ def _hf_vocabulary(tokenizer, vocab_size: int) -> dict:
     special, plain = (tokenizer("a", add_special_tokens=flag)["input_ids"] for flag in (True, False))
     added = len(special) > len(plain)
     entries = {
-        "tokenizer.ggml.model": ("gpt2", _STRING, None),
-        "tokenizer.ggml.pre": ("gpt-2", _STRING, None),
-        "tokenizer.ggml.tokens": (tokens, _ARRAY, _STRING),
-        "tokenizer.ggml.token_type": (types, _ARRAY, 5),
+        "tokenizer.ggml.model": ("gpt2", STRING, None),
+        "tokenizer.ggml.pre": ("gpt-2", STRING, None),
+        "tokenizer.ggml.tokens": (tokens, ARRAY, STRING),
+        "tokenizer.ggml.token_type": (types, ARRAY, 5),
         "tokenizer.ggml.add_space_prefix": (bool(byte_level[0].get("add_prefix_space", False)), 7, None),
         "tokenizer.ggml.add_bos_token": (added and ids["bos"] is not None and special[0] == ids["bos"], 7, None),
         "tokenizer.ggml.add_eos_token": (added and ids["eos"] is not None and special[-1] == ids["eos"], 7, None),
     }
     if merges:
-        entries["tokenizer.ggml.merges"] = (merges, _ARRAY, _STRING)
+        entries["tokenizer.ggml.merges"] = (merges, ARRAY, STRING)
     names = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id", "pad": "padding_token_id"}
     entries.update({f"tokenizer.ggml.{names[k]}": (int(v), 4, None) for k, v in ids.items() if v is not None})
     if isinstance(getattr(tokenizer, "chat_template", None), str):
-        entries["tokenizer.chat_template"] = (tokenizer.chat_template, _STRING, None)
+        entries["tokenizer.chat_template"] = (tokenizer.chat_template, STRING, None)
     return entries
 
 
@@ -283,27 +211,11 @@ def _permute(weight: np.ndarray, n_head: int) -> np.ndarray:
     return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _tensor_names(model):
-    """`(gguf name, state-dict key)` for every tensor the GGUF holds; raises for one llama.cpp has no name for."""
-    config = model.config
-    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == ARCHITECTURES[config.model_type])
-    names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-    tied = getattr(config, "tie_word_embeddings", False)
-    for key in model.state_dict():
-        if tied and key == "lm_head.weight":
-            continue  # llama.cpp (and transformers' loader) tie the head when output.weight is absent
-        base, _, suffix = key.rpartition(".")
-        gguf_name = names.get_name(base)
-        if gguf_name is None:
-            raise ValueError(f"tensor {key!r} has no llama.cpp name for {ARCHITECTURES[config.model_type]}")
-        yield f"{gguf_name}.{suffix}", key
-
-
 def _gguf_arrays(model) -> list[tuple[str, np.ndarray]]:
     """`[(gguf name, float32 array in llama.cpp's layout)]`."""
     config, state = model.config, model.state_dict()
     out = []
-    for name, key in _tensor_names(model):
+    for name, key in tensor_names(model):
         array = state[key].detach().to("cpu", torch.float32).numpy()
         if ".attn_q." in name:
             array = _permute(array, config.num_attention_heads)
@@ -311,29 +223,6 @@ def _gguf_arrays(model) -> list[tuple[str, np.ndarray]]:
             array = _permute(array, config.num_key_value_heads or config.num_attention_heads)
         out.append((name, array))
     return out
-
-
-def _source_types(model, header: GGUFHeader) -> dict[str, int]:
-    """The source's type for every tensor name of the grown model (original layers by their original index)."""
-    from ..growth.record import growth_record
-
-    record = growth_record(model)
-    old = record.old_indices if record is not None else range(model.config.num_hidden_layers)
-    original = {f"blk.{i}.": f"blk.{j}." for j, i in enumerate(old)}  # grown stack index -> original index
-    role = lambda name: name.split(".", 2)[2] if name.startswith("blk.") else name  # noqa: E731
-    by_role: dict[str, Counter] = {}
-    for name, (ggml_type, _) in header.tensors.items():
-        by_role.setdefault(role(name), Counter())[ggml_type] += 1
-    # Any matrix type, for a tensor the source lacks (an untied output.weight where the source tied it).
-    fallback = Counter(t for t, shape in header.tensors.values() if len(shape) == 2)
-    types = {}
-    for name, _ in _tensor_names(model):
-        prefix = name[: name.index(".", 4) + 1] if name.startswith("blk.") else ""
-        source = original.get(prefix, "new.") + role(name) if prefix else name
-        # a new block has no source tensor: the type the source uses most for that tensor
-        counts = by_role.get(role(name), fallback)
-        types[name] = header.tensors[source][0] if source in header.tensors else counts.most_common(1)[0][0]
-    return types
 
 
 def _encode(name: str, array: np.ndarray, qtype):
@@ -354,11 +243,11 @@ def _encode(name: str, array: np.ndarray, qtype):
 def _tensor_types(model, dtype: str, header: GGUFHeader | None) -> tuple[dict, int]:
     """`({gguf name: type}, general.file_type)`."""
     if dtype == "source":
-        types = {name: gguf.GGMLQuantizationType(t) for name, t in _source_types(model, header).items()}
+        types = {name: gguf.GGMLQuantizationType(t) for name, t in source_types(model, header).items()}
         if "general.file_type" in header.metadata:
             return types, header.value("general.file_type")
     else:
-        types = dict.fromkeys((name for name, _ in _tensor_names(model)), gguf.GGMLQuantizationType[dtype.upper()])
+        types = dict.fromkeys((name for name, _ in tensor_names(model)), gguf.GGMLQuantizationType[dtype.upper()])
     # The type of most matrices names the file, as llama.cpp's `general.file_type` does.
     main = Counter(t for name, t in types.items() if not name.endswith("norm.weight")).most_common(1)[0][0]
     file_type = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16"}.get(main.name, f"MOSTLY_{main.name}")
