@@ -2,6 +2,7 @@
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -120,3 +121,52 @@ def test_gradient_of_another_block_is_refused():
         stepping_stone(model, 1, batches, gradient=kept.gradients[0], block="native")
     with pytest.raises(ValueError, match="non-empty dict"):
         stepping_stone(model, 1, batches, gradient={})
+
+
+# ----------------------------------------------------------------------------- the line search itself
+
+
+def _trace(fn, eta0, refine_steps=2):
+    """Run `_search` on a loss curve `fn(eta)`; returns `(best eta, its loss, evaluations)`."""
+    from hf_depthgrow.probe.stepping_stone import _search
+
+    seen = {}
+
+    def loss_at(eta):
+        if eta not in seen:
+            seen[eta] = fn(eta)
+        return seen[eta]
+
+    _search(loss_at, eta0=eta0, expand=4.0, max_expand=12, refine_steps=refine_steps)
+    best = min(seen, key=lambda e: (seen[e], e))
+    return best, seen[best], len(seen)
+
+
+@pytest.mark.parametrize("minimum", [0.03, 1.0, 7.0, 40.0])
+def test_line_search_lands_near_the_minimum_of_a_quadratic(minimum):
+    # L(eta) = 4 - 2 m eta + eta^2: minimum 4 - m^2 at eta = m, first step where the linear gain is 1% of L(0)
+    best, loss, evals = _trace(lambda e: 4 - 2 * minimum * e + e * e, eta0=0.01 * 4 / (2 * minimum))
+    assert 4 - loss >= 0.94 * minimum**2  # the gain is within 6% of the best possible one
+    assert abs(math.log(best / minimum)) < math.log(1.5)
+    assert evals <= 13  # L(0), the bracket (geometric, by 4 from eta0) and two refinement steps
+
+
+def test_line_search_on_a_curve_that_flattens_needs_few_passes():
+    # The shape of SmolLM2's stepping stones: the gain keeps accruing long after the linear term fades,
+    # then overshoots steeply (docs/examples/run_smollm2/stepping_stones.json: best near eta 5, loss 5.3 at 26).
+    def curve(e):
+        return 4.51 - 0.35 * math.log1p(e) + 0.004 * e * e
+
+    grid = min(curve(e / 100) for e in range(1, 4000))
+    best, loss, evals = _trace(curve, eta0=1e-2 * 4.51 / 0.35)
+    assert 4.51 - loss >= 0.95 * (4.51 - grid)  # within 5% of the grid minimum's gain
+    assert evals <= 8  # the search before (0.1% start, golden section) spent 10 on such a curve
+
+
+def test_line_search_shrinks_under_strong_curvature_and_gives_up_when_nothing_helps():
+    best, loss, _ = _trace(lambda e: 3 - 0.1 * e + 50 * e * e, eta0=1.0)  # minimum at 0.001: shrink from 1.0
+    assert 0 < best < 0.004 and loss < 3
+    best, loss, evals = _trace(lambda e: 3 + e, eta0=1.0)  # every step is worse
+    assert best == 0.0 and loss == 3 and evals == 1 + 1 + 12
+    best, loss, _ = _trace(lambda e: 3 - e if e < 2 else math.inf, eta0=0.5)  # an overflowing step is never taken
+    assert 0 < best < 2 and math.isfinite(loss)

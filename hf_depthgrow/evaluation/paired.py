@@ -15,21 +15,21 @@ import contextlib
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..chunked_loss import model_example_losses
 from ..data.batches import as_batches, to_device
 from ..growth.engine import bypass_new_blocks
 from ..growth.families import resolve_family
 from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
 from ..growth.record import growth_record
-from ..losses import ExampleLosses, example_losses, is_causal_lm, model_inputs
+from ..losses import is_causal_lm, model_inputs
 from .bounds import INTERVALS, paired_intervals
 from .checks import check_level, check_same_head, prepare_batches, split_batch
+from .collector import Collector
 from .formatting import public_name
 from .metrics import task_metrics
 from .result import EvalResult, NonFiniteLossError
@@ -65,48 +65,11 @@ def device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-class Collector:
-    """Per-example losses (and, for classifiers, predictions) of the "old" and "new" model, batch by batch."""
-
-    def __init__(self, task: str):
-        self.task = task
-        self.total = {"old": [], "new": []}
-        self.weight = {"old": [], "new": []}
-        self.preds = {"old": [], "new": []}
-        self.refs: list = []
-
-    def add(self, which: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        self.add_losses(which, example_losses(logits, labels, causal=self.task == "causal_lm"))
-        if self.task != "causal_lm":
-            self.preds[which].append(logits.argmax(dim=-1).cpu())
-            if which == "old":
-                self.refs.append(labels.cpu())
-
-    def add_losses(self, which: str, losses: ExampleLosses) -> None:
-        self.total[which].append(losses.total.detach().double().cpu())
-        self.weight[which].append(losses.weight.detach().double().cpu())
-
-    def run(self, which: str, model: nn.Module, inputs: dict, labels: torch.Tensor, chunk_size) -> None:
-        """One forward of `model`: a causal LM's losses chunked over tokens where that pays, a classifier's with predictions."""
-        if self.task == "causal_lm":
-            self.add_losses(which, model_example_losses(model, inputs, labels, causal=True, chunk_size=chunk_size))
-        else:
-            self.add(which, model(**inputs).logits, labels)
-
-    def cat(self, which: str) -> ExampleLosses:
-        return ExampleLosses(torch.cat(self.total[which]), torch.cat(self.weight[which]))
-
-    def predictions(self) -> tuple:
-        """Old predictions, new predictions and references as arrays (`None` for a causal LM)."""
-        joined = [torch.cat(x).numpy() if x else None for x in (self.preds["old"], self.preds["new"], self.refs)]
-        return tuple(joined)
-
-
 def _task(model: nn.Module) -> str:
     return "causal_lm" if is_causal_lm(model) else "classification"
 
 
-def _run_paired(model: nn.Module, batches, index: int, progress: bool, chunk_size="auto") -> Collector:
+def _run_paired(model: nn.Module, batches, index: int, progress: bool, chunk_size="auto", extra: Mapping | None = None) -> Collector:
     collect = Collector(_task(model))
     device = device_of(model)
     with torch.no_grad(), progress_bar(batches, progress, "paired eval") as bar:
@@ -116,6 +79,9 @@ def _run_paired(model: nn.Module, batches, index: int, progress: bool, chunk_siz
             z = prefix_hidden(model, batch, index)
             with start_at(model, index, z):
                 collect.run("new", model, inputs, labels, chunk_size)
+            for name, other in (extra or {}).items():  # grown from the same original with the same lowest new block
+                with start_at(other, index, z):
+                    collect.run(name, other, inputs, labels, chunk_size)
             with bypass_new_blocks(model):
                 # A native block above the last original layer leaves no original layer at `index`.
                 with start_at(model, index, z) if index < len(resolve_family(model)[1]) else contextlib.nullcontext():
@@ -134,11 +100,16 @@ def _prefix_index(model: nn.Module) -> int:
     return index
 
 
-def paired_losses(model: nn.Module, data, *, batch_size: int = 8, progress: bool = False, chunk_size="auto") -> tuple[Collector, int]:
+def paired_losses(
+    model: nn.Module, data, *, batch_size: int = 8, progress: bool = False, chunk_size="auto", extra: Mapping[str, nn.Module] | None = None
+) -> tuple[Collector, int]:
     """Per-example losses of the original (bypassed) and the grown model, prefix computed once per batch.
 
-    `data` is any form of the data contract (`hf_depthgrow.data.batches`). Returns the `Collector`
-    and the stack index where the shared prefix ends.
+    `data` is any form of the data contract (`hf_depthgrow.data.batches`). `extra` names further
+    models grown from the same original whose lowest new block is the grown model's (a stepping
+    stone at the same position): they start from the same prefix, one more pass of the top layers
+    each, and their losses are kept under their names. Returns the `Collector` and the stack index
+    where the shared prefix ends.
 
     Example:
         ```python
@@ -148,18 +119,27 @@ def paired_losses(model: nn.Module, data, *, batch_size: int = 8, progress: bool
         ```
     """
     index = _prefix_index(model)
-    return _run_paired(model, as_batches(data, batch_size=batch_size), index, progress, chunk_size), index
+    for name, other in (extra or {}).items():
+        if name in ("old", "new") or lowest_new_index(other) != index:
+            raise ValueError(f"extra model {name!r} must be named other than old/new and have its lowest new block at {index}")
+    with eval_mode(model, *(extra or {}).values()):
+        return _run_paired(model, as_batches(data, batch_size=batch_size), index, progress, chunk_size, extra), index
 
 
-def _run_separate(model_a: nn.Module, model_b: nn.Module, batches, progress: bool, chunk_size="auto") -> Collector:
+def _run_separate(model_a: nn.Module, model_b: nn.Module, batches, progress: bool, chunk_size="auto", reuse: Mapping | None = None) -> Collector:
     collect = Collector(_task(model_a))
-    with torch.no_grad(), progress_bar(batches, progress, "eval") as bar:
-        for batch in batches:
-            batch = split_batch(batch)[0]
-            for which, model in (("new", model_b), ("old", model_a)):
-                b = to_device(batch, device_of(model))
-                collect.run(which, model, model_inputs(b), b["labels"], chunk_size)
-            bar.update(1)
+    reuse = dict(reuse or {})
+    sides = [(which, model) for which, model in (("new", model_b), ("old", model_a)) if which not in reuse]
+    if sides:
+        with torch.no_grad(), progress_bar(batches, progress, "eval") as bar:
+            for batch in batches:
+                batch = split_batch(batch)[0]
+                for which, model in sides:
+                    b = to_device(batch, device_of(model))
+                    collect.run(which, model, model_inputs(b), b["labels"], chunk_size)
+                bar.update(1)
+    for which, (other, source) in reuse.items():
+        collect.take(which, other, source)
     return collect
 
 
@@ -207,6 +187,12 @@ def _assemble(collect: Collector, ids: list, *, mode: str, delta: float, loss_bo
               seed: int, metrics: bool, use_evaluate: bool, num_labels: int | None, routes: RouteInputs | None,
               prefix_index: int | None, started: float, models: dict) -> EvalResult:
     old, new = collect.cat("old"), collect.cat("new")
+    # Reused losses must be of these examples: the same count, and (causal LM) the same tokens per example.
+    if len(old.weight) != len(ids) or len(new.weight) != len(ids) or not torch.equal(old.weight, new.weight):
+        raise ValueError(
+            f"the old and new losses are not of the same {len(ids)} examples (reused losses of other data?): "
+            f"{len(old.weight)} and {len(new.weight)} examples"
+        )
     per_old, per_new = old.per_example.numpy(), new.per_example.numpy()
     _check_finite(per_old, per_new, ids)
     notes: list[str] = []
@@ -268,6 +254,7 @@ def evaluate_delta(
     example_ids: Sequence | None = None,
     progress: bool = False,
     chunk_size="auto",
+    losses: Collector | None = None,
 ) -> EvalResult:
     """Paired test-risk delta of a grown model against its original, sharing the frozen prefix.
 
@@ -297,6 +284,8 @@ def evaluate_delta(
         progress: Show a tqdm progress bar.
         chunk_size: A causal LM's loss over chunks of tokens without the full logits (`hf_depthgrow.chunked_loss`):
             `"auto"` (where the vocabulary makes them large), tokens per chunk, or `None` (plain).
+        losses: The `Collector` of `paired_losses(model, data, ...)` when it already ran on this data (e.g.
+            with a stepping stone in the same pass): nothing runs again; the examples are checked to match.
 
     Returns:
         `EvalResult`.
@@ -313,8 +302,13 @@ def evaluate_delta(
     started = time.perf_counter()
     index = _prefix_index(model)
     batches, ids = prepare_batches({"the model": model}, data, batch_size, example_ids)
-    with eval_mode(model):
-        collect = _run_paired(model, batches, index, progress, chunk_size)
+    if losses is None:
+        with eval_mode(model):
+            collect = _run_paired(model, batches, index, progress, chunk_size)
+    else:
+        collect = Collector(losses.task)
+        for which in ("old", "new"):
+            collect.take(which, losses, which)
     record = growth_record(model)
     described = {"old": {**describe_model(model), "note": "the grown model with its new blocks bypassed",
                          "num_layers": record.base_num_layers if record else None}, "new": describe_model(model)}
@@ -341,12 +335,15 @@ def compare_models(
     example_ids: Sequence | None = None,
     progress: bool = False,
     chunk_size="auto",
+    reuse: Mapping[str, tuple[Collector, str]] | None = None,
 ) -> EvalResult:
     """Paired test-risk delta of two separate models: `model_a` is the reference ("old"), `model_b` the candidate ("new").
 
     Both run fully on every batch (nothing is shared), e.g. a LLaMA-Pro-style expanded checkpoint
     made elsewhere against its base. Same arguments (and data forms) and result as `evaluate_delta`;
-    the two models must have the same head (task, classes or vocabulary).
+    the two models must have the same head (task, classes or vocabulary). `reuse={"new": (collector,
+    "new")}` takes a side's losses from an earlier evaluation of the same examples instead of running
+    that model again (e.g. the grown model's test losses when it is compared with a control next).
 
     Example:
         ```python
@@ -358,8 +355,10 @@ def compare_models(
     check_same_head(model_a, model_b)
     started = time.perf_counter()
     batches, ids = prepare_batches({"model_a": model_a, "model_b": model_b}, data, batch_size, example_ids)
+    if reuse and not set(reuse) <= {"old", "new"}:
+        raise ValueError(f"reuse takes the sides 'old' and 'new', got {sorted(reuse)}")
     with eval_mode(model_a, model_b):
-        collect = _run_separate(model_a, model_b, batches, progress, chunk_size)
+        collect = _run_separate(model_a, model_b, batches, progress, chunk_size, reuse)
     return _assemble(
         collect, ids, mode="separate", delta=delta, loss_bound=loss_bound, n_bootstrap=n_bootstrap, seed=seed,
         metrics=metrics, use_evaluate=use_evaluate, num_labels=getattr(model_a.config, "num_labels", None),

@@ -61,7 +61,7 @@ class RunConfig:
     probe_max_batches: int | None = field(default=16, metadata={"help": "Probe on at most this many training batches (None: all)."})
     stone_max_batches: int | None = field(default=4, metadata={"help": "Batches of each stepping stone's line search and of f~_pop's held-out direction (f~_S reuses the probe's G_S)."})
     selection_max_examples: int | None = field(default=128, metadata={"help": "Training examples on which the fallback rule compares f_new with f~_S (a seeded sample; None: all)."})
-    stone_refine_steps: int = field(default=2, metadata={"help": "Golden-section steps of each stepping stone's line search after bracketing."})
+    stone_refine_steps: int = field(default=2, metadata={"help": "Parabolic-interpolation steps of each stepping stone's line search after bracketing (one forward pass each)."})
     route_max_examples: int | None = field(default=64, metadata={"help": "Training examples for rho and B_a of the route terms (None: all; a sample maximum either way)."})
     batch_size: int = field(default=8, metadata={"help": "Batch size of probe, training and evaluation."})
     train_steps: int = field(default=80, metadata={"help": "Optimizer steps."})

@@ -111,9 +111,11 @@ def evaluate_control(run) -> None:
     if run.control_result is None:
         return
     run.log(f"paired evaluation: grown model vs the control on {len(run.splits['test'])} test examples")
+    # The grown model's test losses are the evaluation's: only the control runs here.
+    reuse = {"new": (run.test_losses, "new")} if run.test_losses is not None else None
     result = compare_models(
         run.control_model, run.model, run.splits["test"], delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed,
-        batch_size=cfg.batch_size, progress=cfg.progress,
+        batch_size=cfg.batch_size, progress=cfg.progress, reuse=reuse,
     )  # fmt: skip
     result.models["old"]["name_or_path"] = f"{run.base_name} control ({_describe(run.control_plan)})"
     result.models["new"]["name_or_path"] = f"{run.base_name} grown at {run.positions}"
@@ -159,6 +161,7 @@ def control_summary(run, result) -> dict:
 
 def measure_retention(run) -> None:
     """Forgetting on `retention_data` of the grown model, and of the control, against the original."""
+    from ..evaluation.paired import paired_losses
     from ..evaluation.retention import evaluate_retention
     from ..growth.bypass import bypass_new_blocks
 
@@ -166,13 +169,17 @@ def measure_retention(run) -> None:
     if run.retention_data is None:
         return
     run.log(f"retention: forgetting on {len(run.retention_data)} examples of {public_name(cfg.retention_data)}")
-    kwargs = dict(delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size, progress=cfg.progress)
-    _, grown = evaluate_retention(run.model, run.retention_data, **kwargs)
+    kwargs = dict(delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size)
+    losses, _ = paired_losses(run.model, run.retention_data, batch_size=cfg.batch_size, progress=cfg.progress)
+    _, grown = evaluate_retention(run.model, run.retention_data, losses=losses, **kwargs)
     control = None
     if run.control_result is not None:
-        # The grown model with its new blocks bypassed *is* the original (what the growth is measured against).
+        # The grown model with its new blocks bypassed *is* the original (what the growth is measured against);
+        # its retention losses were just computed, so only the control runs.
         with bypass_new_blocks(run.model):
-            _, control = evaluate_retention(run.control_model, run.retention_data, base=run.model, **kwargs)
+            _, control = evaluate_retention(
+                run.control_model, run.retention_data, base=run.model, reuse={"old": (losses, "old")}, progress=cfg.progress, **kwargs
+            )
     run.retention = {"data": public_name(cfg.retention_data), "num_examples": len(run.retention_data), "growth": grown, "control": control}
     run.retention["sentence"] = retention_sentence(run.retention)
     (run.out / "eval").mkdir(exist_ok=True)

@@ -70,6 +70,7 @@ class _Run:
     control_model: object = None  # the original's copy before growth; after `control.train_control`, the trained control
     control_plan: dict | None = None
     control_result: object = None
+    test_losses: object = None  # the test split's per-example losses (original, grown, stone): reused by the control
     control: dict | None = None  # summary.json's "control"
     retention: dict | None = None  # summary.json's "retention"
     tracking: object = tracking.NO_TRACKING  # the "grown" tracker run (report_to), shared with the trainer
@@ -220,26 +221,41 @@ def _grow_and_train(run: _Run) -> None:
 
 def _evaluate(run: _Run) -> None:
     """Paired evaluation on the test split, with the Route A/B terms; writes `eval/`."""
-    from ..evaluation.paired import evaluate_delta, route_inputs
+    from ..evaluation.paired import evaluate_delta, paired_losses, route_inputs
     from ..evaluation.report import write_report
 
     cfg, train_ds, held_ds, test_ds = run.cfg, run.splits["train"], run.splits["held_out"], run.splits["test"]
     run.log(f"paired evaluation on {len(test_ds)} test examples")
+    # One pass over the test split: the prefix once per batch, then the original, the grown model and the
+    # stepping stone f~_S (same position) from it; the control's comparison later reuses the grown losses.
+    stone = {"stone": run.stone_model} if run.stone_model is not None else None
+    run.test_losses, _ = paired_losses(run.model, test_ds, batch_size=cfg.batch_size, progress=cfg.progress, extra=stone)
     block_data = train_ds if cfg.route_max_examples is None else train_ds.select(range(min(len(train_ds), cfg.route_max_examples)))
     routes = route_inputs(
         run.model, n_train=len(train_ds), train_result=run.train_result, stone_pop=run.pop_model,
-        held_out=held_ds if run.stones else None, stone=run.stone_model,
-        test_data=test_ds if run.stone_model is not None else None, block_data=block_data, batch_size=cfg.batch_size,
+        held_out=held_ds if run.stones else None, stone=_stone_margin(run.test_losses) if stone else None,
+        block_data=block_data, batch_size=cfg.batch_size,
     )  # fmt: skip
+    if stone:
+        routes.sources["delta_r_test"] = (
+            f"measured here: mean per-example delta of the stepping stone vs the original on {len(test_ds)} test examples "
+            "(in the evaluation's pass)"
+        )
     run.eval_result = evaluate_delta(
-        run.model, test_ds, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size, routes=routes, progress=cfg.progress
-    )
+        run.model, test_ds, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size, routes=routes,
+        losses=run.test_losses,
+    )  # fmt: skip
     run.tracking.log_evaluation(run.eval_result, cfg.train_steps)
     for side, name in (("old", f"{run.base_name} (new blocks bypassed)"), ("new", f"{run.base_name} grown at {run.positions}")):
         run.eval_result.models.setdefault(side, {})["name_or_path"] = name  # not a local path
     title = f"{Path(run.base_name).name} grown at {run.positions}"
     run.report_paths = write_report(run.eval_result, run.out / "eval", title=title, command=run.command)
     run.lap("evaluate")
+
+
+def _stone_margin(losses) -> float:
+    """`Delta^R_test`: mean over test examples of the original's loss minus the stepping stone's."""
+    return float((losses.cat("old").per_example - losses.cat("stone").per_example).mean())
 
 
 def _grown_summary(run: _Run) -> dict:
