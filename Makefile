@@ -25,7 +25,8 @@ install-data:
 	  (apt-get update -qq && apt-get install -y -qq python3.11-doc >/dev/null) || echo "note: python3.11-doc not installed"; fi
 
 run: install
-	hf-depthgrow run
+	@# With the general-domain retention set where Debian's python3.11-doc is installed (install-data): forgetting is reported too.
+	@if [ -d /usr/share/doc/python3.11/html/_sources ]; then set -x; hf-depthgrow run --retention-data python_docs; else set -x; hf-depthgrow run; fi
 
 demo: install
 	hf-depthgrow demo
