@@ -116,10 +116,12 @@ def _route(name: str, inputs: RouteInputs, terms: dict, missing_m: list[str], *,
     needed = [margin_key, "delta_erm"] + (["eps_M"] if terms["eps_M"] is None else [])
     missing = [k for k in (margin_key, "delta_erm") if getattr(inputs, k) is None] + (missing_m if terms["eps_M"] is None else [])
     if missing:
+        # A term that was looked for but could not be measured (B_a of per-expert projections) says why.
+        why = "; ".join(f"{k}: {inputs.sources[k]}" for k in missing if inputs.sources.get(k))
         return {
             "complete": False,
             "missing": missing,
-            "sentence": f"Route {name} is not computed: missing {', '.join(missing)}.",
+            "sentence": f"Route {name} is not computed: missing {', '.join(missing)}" + (f" ({why})." if why else "."),
             "needed": needed,
         }
     margin = margin_factor * getattr(inputs, margin_key)
