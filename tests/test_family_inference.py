@@ -183,3 +183,19 @@ def test_family_that_is_not_exact_natively_falls_back_to_adapters_and_says_why(m
         grow_depth(model, [0, 2, 4])
     assert growth_record(model).block_kinds == ("adapter",)
     assert max_diff(logits(model, IDS), before) <= TOL
+
+
+def test_probe_on_a_fused_expert_bank_takes_exactly_the_zeroed_parameters():
+    from hf_depthgrow.probe.signal import probe
+    from hf_depthgrow.probe.stepping_stone import stepping_stone
+
+    kwargs, _ = NATIVE["mixtral"]
+    model = tiny("mixtral", **kwargs)
+    batches = [{"input_ids": IDS, "labels": IDS.clone()} for _ in range(3)]
+    result = probe(model, batches, positions=[2], keep_gradients=True, progress=False)
+    grown = grow_depth(copy.deepcopy(model), [2])
+    zeroed = {name.split("layers.2.", 1)[1] for name, p in grown.named_parameters() if "layers.2." in name and not p.any()}
+    # The bank's gate_up_proj is not a zeroed parameter (its gradient at zero init is 0): the probe leaves it out.
+    assert set(result.gradients[0]) == zeroed and not any("gate_up" in n for n in zeroed)
+    stone, info = stepping_stone(model, 2, batches, gradient=result.gradients[0])
+    assert info.loss_stone <= info.loss_old

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..growth import adapter
 from ..growth.engine import GrowthConfig, build_block
-from ..growth.families import FamilySpec, model_eps, residual_output_modules
+from ..growth.families import FamilySpec, model_eps, residual_output_targets
 from ..growth.norms import is_norm, norm_eps
 
 __all__ = ["CandidateBlock", "ResidualTap", "next_norm_eps"]
@@ -131,13 +131,17 @@ class CandidateBlock:
         self.kind, self.module = build_block(model, position, cfg)
         self.module.eval()
         if self.kind == "native":
-            outputs = residual_output_modules(spec, self.module)
+            # Exactly the zeroed parameters: for a fused MoE expert bank its down projection, not the
+            # bank's gate_up_proj (whose gradient is 0 at zero init but would count in the statistics).
+            targets = residual_output_targets(spec, self.module)
+            outputs = [module for _, module, _ in targets]
+            ids = {id(p) for _, _, params in targets for p in params}
         else:
             outputs = [self.module.w_out]
+            ids = {id(p) for p in self.module.w_out.parameters(recurse=False)}
         # The native block copies layer k-1 and takes its per-layer config entries (attention
         # type, sliding window), so it is called with the arguments layer k-1 receives.
         self.source = max(position - 1, 0) if self.kind == "native" else None
-        ids = {id(p) for m in outputs for p in m.parameters(recurse=False)}
         self.names = [n for n, p in self.module.named_parameters() if id(p) in ids]
         self.params = [self.module.get_parameter(n) for n in self.names]
         for p in self.module.parameters():
