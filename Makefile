@@ -38,3 +38,4 @@ bench: install
 	$(PYTHON) benchmarks/bench_probe.py
 	$(PYTHON) benchmarks/bench_prefix_cache.py
 	$(PYTHON) benchmarks/bench_paired_eval.py
+	$(PYTHON) benchmarks/bench_cost_growth.py --model smollm2
