@@ -11,7 +11,11 @@ single-process run on the same data in this process:
   losses as one process; a run abandoned after step 3 and resumed from checkpoint-2 (sharded,
   `torch.distributed.checkpoint`) ends bit-identical to the uninterrupted run; the fallback rule
   returns the original function when training made the losses worse, under FSDP2 and DDP;
-- DeepSpeed ZeRO-2 and ZeRO-3 driven by hand (skipped without `deepspeed`).
+- DeepSpeed ZeRO-2 and ZeRO-3 driven by hand, and GrownTrainer under both with the environment
+  `accelerate launch --config_file recipes/accelerate_configs/deepspeed/zero{2,3}.yaml` gives:
+  the same weights, losses and clipped gradient norms as one process (with gradient accumulation),
+  bit-identical resume, the fallback rule, a complete saved model (skipped without `deepspeed`);
+  the refusals of unsupported DeepSpeed settings run without it.
 
 Launches go through `torchrun --standalone` (a free port each time) with a timeout; on a timeout
 the launcher and its workers (which run in sessions of their own) are ended by pid. The scripts
@@ -239,21 +243,72 @@ def test_fallback_returns_the_original_when_training_hurt(fsdp_runs, base, name)
         torch.testing.assert_close(saved(input_ids=ids).logits, original(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
-@needs_processes
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
-def test_deepspeed_zero2_and_zero3_frozen_base(base, tmp_path):
-    """ZeRO-2 and ZeRO-3 (DeepSpeed on CPU, gloo, client torch AdamW) train the new block as one process does."""
-    proc = launch("deepspeed_zero.py", ["--base", str(base), "--out", str(tmp_path), "--stages", "2", "3"],
+DS_CLIP = 0.15  # below the gradient norms of steps 1-4 (0.16-0.23), above those of steps 5-6: clipping acts and rests
+
+
+def accelerate_launch_env(yaml_name: str, **overrides: str) -> dict[str, str]:
+    """The `ACCELERATE_*` variables `accelerate launch --config_file deepspeed/<yaml_name> --mixed_precision no` gives its processes."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    path = REPO / "recipes" / "accelerate_configs" / "deepspeed" / yaml_name
+    args, defaults, mp_from_config = _validate_launch_command(
+        launch_command_parser().parse_args(["--config_file", str(path), "--mixed_precision", "no", "x.py"])
+    )
+    # What `launch_command` sets before calling the DeepSpeed launcher.
+    args.deepspeed_fields_from_accelerate_config = ",".join([*defaults.deepspeed_config, *(["mixed_precision"] if mp_from_config else [])])
+    _, env = prepare_deepspeed_cmd_env(args)
+    return {**{k: v for k, v in env.items() if k.startswith("ACCELERATE_")}, **overrides}
+
+
+@pytest.fixture(scope="module")
+def deepspeed_runs(base, tmp_path_factory) -> Path:
+    """One launch: for ZeRO-2 then ZeRO-3, DeepSpeed by hand, then GrownTrainer straight (2 micro-batches of 1 per
+    process, clipping at DS_CLIP), abandoned after step 3 and resumed from checkpoint-2, and with a ruinous
+    learning rate; last, a run whose DeepSpeed config disagrees with its TrainConfig."""
+    pytest.importorskip("deepspeed")
+    root = tmp_path_factory.mktemp("deepspeed")
+    accum = {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 1, "max_grad_norm": DS_CLIP}
+    jobs = []
+    for stage in (2, 3):
+        env = accelerate_launch_env(f"zero{stage}.yaml", ACCELERATE_GRADIENT_ACCUMULATION_STEPS="2", ACCELERATE_GRADIENT_CLIPPING=str(DS_CLIP))
+        jobs += [
+            {"kind": "direct", "stage": stage},
+            {"kind": "trainer", "name": f"zero{stage}_straight", "env": env, "save_steps": 2, **accum},
+            {"kind": "trainer", "name": f"zero{stage}_resumed", "env": env, "save_steps": 2, "abandon_after_step": 3, **accum},
+            {"kind": "trainer", "name": f"zero{stage}_resumed", "env": env, "save_steps": 2, "resume_from_checkpoint": "latest", **accum},
+            {"kind": "trainer", "name": f"zero{stage}_fallback", "env": accelerate_launch_env(f"zero{stage}.yaml"), "learning_rate": 0.1},
+        ]
+    # zero2.yaml as shipped says gradient_accumulation_steps: 1.
+    jobs.append({"kind": "refused", "name": "refused_accumulation", "env": accelerate_launch_env("zero2.yaml"),
+                 "gradient_accumulation_steps": 2, "per_device_train_batch_size": 1})  # fmt: skip
+    proc = launch("deepspeed_grown.py", ["--root", str(root), "--base", str(base), "--jobs", json.dumps(jobs)],
                   timeout=420, env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
     assert proc.returncode == 0, tail(proc)
+    return root
+
+
+@pytest.fixture(scope="module")
+def one_process_clipped(base):
+    """GrownTrainer in one process, global batch 4 in one micro-batch, clipped at DS_CLIP: `(result, weights)`."""
+    from hf_depthgrow.training import train
+
+    train_rows, held_out = F.trainer_data()
+    one = train(F.grown_model(base), train_rows, eval_data=held_out, config=F.trainer_config(world=1, max_grad_norm=DS_CLIP))
+    return one, weights(one.model)
+
+
+@pytest.mark.slow
+@needs_processes
+def test_deepspeed_zero2_and_zero3_frozen_base(deepspeed_runs, base):
+    """ZeRO-2 and ZeRO-3 (DeepSpeed on CPU, gloo, client torch AdamW) driven by hand train the new block as one process does."""
     start = F.grown_model(base)
     initial, new = weights(start), new_names(start)
     reference = F.grown_model(base)
     optimizer = torch.optim.AdamW(F.freeze_all_but_new(reference), lr=F.LR)
     losses = [F.direct_step(reference, optimizer, batch, 0, 1) for batch in F.direct_batches()]
     for stage in (2, 3):
-        got = torch.load(tmp_path / f"zero{stage}.pt", weights_only=True)
+        got = torch.load(deepspeed_runs / f"zero{stage}.pt", weights_only=True)
         state = got["state"]
         assert state.keys() == initial.keys(), stage
         for name in initial.keys() - new:
@@ -261,6 +316,101 @@ def test_deepspeed_zero2_and_zero3_frozen_base(base, tmp_path):
         assert got["losses"] == pytest.approx(losses, rel=1e-5), stage
         worst = max((state[n] - p.detach()).abs().max().item() for n, p in reference.named_parameters())
         assert worst <= 5e-5, (stage, worst)
+
+
+@pytest.mark.slow
+@needs_processes
+@pytest.mark.parametrize("stage", [2, 3])
+def test_grown_trainer_under_deepspeed_matches_one_process(deepspeed_runs, one_process_clipped, base, stage):
+    """Two processes x 2 micro-batches of 1 (accumulated, clipped by the engine) vs one process x 1 micro-batch of 4.
+
+    Tolerances as for FSDP2: weights 5e-5 (measured 8.1e-7 under ZeRO-2, 1.2e-6 under ZeRO-3), losses and
+    gradient norms 1e-5 relative (measured at most 3e-7). Only the gradient's summation order differs.
+    Clipping at DS_CLIP moves the weights by 1.4e-3 against an unclipped run, and a gradient not
+    accumulated (or scaled by the engine's 1/accumulation) changes the norms and the clipping: the
+    weight tolerance separates both from a match.
+    """
+    from hf_depthgrow import load_pretrained
+
+    one, reference = one_process_clipped
+    run = deepspeed_runs / f"zero{stage}_straight"
+    result = json.loads((run / "train_result.json").read_text())
+    assert result["num_processes"] == 2 and result["prefix_cache"] is None
+    assert result["num_trainable_parameters"] == one.num_trainable_parameters == 36_992  # counted before ZeRO-3 partitions
+    assert result["selected"] == "new" and result["train_losses"]["new"] < result["train_losses"]["old"]
+    assert result["eval_loss_after"] < result["eval_loss_before"]
+    assert (run / "checkpoint-6" / "pytorch_model").is_dir()  # the engine's checkpoint, through accelerate's save_state
+
+    start = F.grown_model(base)
+    initial, new = weights(start), new_names(start)
+    got = saved_weights(run)
+    assert got.keys() == initial.keys()  # the saved model is complete, frozen base included
+    for name in initial.keys() - new:
+        assert torch.equal(got[name], initial[name]), name  # frozen base: bit-identical
+    for name in new:
+        assert not torch.equal(got[name], initial[name]), name  # every tensor of the new block trained
+    worst = max((got[n] - reference[n]).abs().max().item() for n in new)
+    assert worst <= 5e-5, worst
+    history = result["history"]
+    assert [h["loss"] for h in history] == pytest.approx([h["loss"] for h in one.history], rel=1e-5)
+    assert [h["grad_norm"] for h in history] == pytest.approx([h["grad_norm"] for h in one.history], rel=1e-5)
+    norms = [h["grad_norm"] for h in history]
+    assert max(norms) > DS_CLIP > min(norms)  # clipping acted on some steps and not on others
+    assert result["train_losses"]["new"] == pytest.approx(one.train_losses["new"], rel=1e-5)
+    reloaded = load_pretrained(run / "model")
+    for name, param in reloaded.named_parameters():
+        assert torch.equal(param, got[name]), name
+
+
+@pytest.mark.slow
+@needs_processes
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_resume_gives_the_same_weights(deepspeed_runs, stage):
+    """Abandoned after step 3 with checkpoint-2 (the engine's: trainable set, partitioned optimizer state) on disk,
+    resumed on a fresh model: bit-identical to the uninterrupted run."""
+    resumed_dir, straight_dir = deepspeed_runs / f"zero{stage}_resumed", deepspeed_runs / f"zero{stage}_straight"
+    resumed = json.loads((resumed_dir / "train_result.json").read_text())
+    straight = json.loads((straight_dir / "train_result.json").read_text())
+    assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["global_step"] == 6
+    a, b = saved_weights(resumed_dir), saved_weights(straight_dir)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in straight["history"]]
+    assert resumed["train_losses"] == straight["train_losses"] and resumed["selected"] == straight["selected"]
+
+
+@pytest.mark.slow
+@needs_processes
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_fallback_returns_the_original_when_training_hurt(deepspeed_runs, base, stage):
+    """lr 0.1: losses rise, f_old is selected; under ZeRO-3 the new block is written back through GatheredParameters."""
+    from transformers import LlamaForCausalLM
+
+    from hf_depthgrow import load_pretrained
+
+    run = deepspeed_runs / f"zero{stage}_fallback"
+    result = json.loads((run / "train_result.json").read_text())
+    assert result["train_losses"]["new"] > result["train_losses"]["old"]
+    assert result["eval_loss_after"] > result["eval_loss_before"]
+    assert result["selected"] == "old" and result["eval_loss_selected"] == result["eval_loss_before"]
+    got, initial = saved_weights(run), weights(F.grown_model(base))
+    assert got.keys() == initial.keys()
+    for name in got:  # the new block is back at its zero-initialised start: the grown model is f_old
+        assert torch.equal(got[name], initial[name]), name
+    saved = load_pretrained(run / "model").eval()
+    original = LlamaForCausalLM.from_pretrained(base).eval()
+    ids = torch.stack([r["input_ids"] for r in F.trainer_data()[1]])
+    with torch.no_grad():
+        torch.testing.assert_close(saved(input_ids=ids).logits, original(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@needs_processes
+def test_deepspeed_mismatch_is_refused_before_any_work(deepspeed_runs):
+    got = json.loads((deepspeed_runs / "refused_accumulation.json").read_text())
+    assert got["error"].startswith("DeepSpeed gradient_accumulation_steps=1 but TrainConfig gives 2")
+    assert "\n" not in got["error"] and not got["output_dir_created"]
 
 
 # ----------------------------------------------------------------------------- configs and refusals (no processes)
@@ -285,7 +435,6 @@ def test_every_accelerate_config_loads_and_names_its_command(path):
         assert ds["zero_stage"] == int(name[-6])
         assert ds["zero3_init_flag"] is False  # the model is grown after loading: no partitioned placeholders at load
         assert ds["offload_param_device"] == ds["offload_optimizer_device"] == "none"
-        assert "NotImplementedError" in path.read_text()  # the header says GrownTrainer refuses it today
     if config.distributed_type == DistributedType.FSDP:
         assert config.fsdp_config["fsdp_version"] == 2  # per-parameter sharding: frozen and trainable may share a unit
         assert config.fsdp_config["fsdp_cpu_ram_efficient_loading"] is False
@@ -323,3 +472,61 @@ def test_shard_grown_model_refuses_adapter_blocks():
     with pytest.raises(NotImplementedError, match="native blocks"):
         shard_grown_model(model)  # refused before any process group is needed
     assert not is_sharded(model)
+
+
+def _zero2_as_launched(monkeypatch, **overrides: str) -> dict:
+    """The DeepSpeed config a process launched with deepspeed/zero2.yaml (--mixed_precision no) builds: `DeepSpeedPlugin()` from its environment."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1",
+           "ACCELERATE_GRADIENT_CLIPPING": "1.0", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none",
+           "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none", "ACCELERATE_DEEPSPEED_ZERO3_INIT": "false", **overrides}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()
+    plugin.set_mixed_precision("no")
+    return plugin.deepspeed_config
+
+
+def test_shipped_deepspeed_settings_pass_and_autos_are_filled(monkeypatch):
+    from hf_depthgrow import grow_depth
+    from hf_depthgrow.testing import tiny_model
+    from hf_depthgrow.training import TrainConfig
+    from hf_depthgrow.training.deepspeed_support import check_deepspeed_config
+
+    model = grow_depth(tiny_model("llama"), [2])
+    ds = _zero2_as_launched(monkeypatch)
+    assert ds["train_micro_batch_size_per_gpu"] == ds["train_batch_size"] == "auto"
+    check_deepspeed_config(ds, TrainConfig(per_device_train_batch_size=3), model=model, num_processes=2)
+    assert (ds["train_micro_batch_size_per_gpu"], ds["train_batch_size"], ds["gradient_accumulation_steps"], ds["gradient_clipping"]) == (3, 6, 1, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "train", "message"),
+    [
+        ({}, {"gradient_accumulation_steps": 2}, "DeepSpeed gradient_accumulation_steps=1 but TrainConfig gives 2"),
+        ({}, {"max_grad_norm": 0.5}, "DeepSpeed gradient_clipping=1.0 but TrainConfig gives 0.5"),
+        ({"train_micro_batch_size_per_gpu": 4}, {}, "DeepSpeed train_micro_batch_size_per_gpu=4 but TrainConfig gives 8"),
+        ({"zero_optimization": {"stage": 1}}, {}, "DeepSpeed zero_stage=1 is not supported"),
+        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, {}, "DeepSpeed offload_optimizer_device='cpu'"),
+        ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, {}, "DeepSpeed offload_param_device='nvme'"),
+        ({"fp16": {"enabled": True}}, {}, "DeepSpeed fp16"),
+        ({"bf16": {"enabled": True}}, {}, "DeepSpeed bf16 casts every weight to bf16"),
+        ({"optimizer": {"type": "AdamW"}}, {}, "a DeepSpeed 'optimizer' section"),
+        ({"zero_optimization": {"stage": 3}}, {"output_dir": "out"}, "ZeRO-3 needs zero3_save_16bit_model: true"),
+    ],
+    ids=["accumulation", "clipping", "micro-batch", "stage1", "offload-optimizer", "offload-param", "fp16", "bf16-on-fp32",
+         "optimizer", "zero3-save"],  # fmt: skip
+)
+def test_unsupported_deepspeed_settings_are_refused(monkeypatch, change, train, message):
+    """One-line ValueErrors naming the setting; `GrownTrainer` runs this check before any work."""
+    from hf_depthgrow import grow_depth
+    from hf_depthgrow.testing import tiny_model
+    from hf_depthgrow.training import TrainConfig
+    from hf_depthgrow.training.deepspeed_support import check_deepspeed_config
+
+    ds = {**_zero2_as_launched(monkeypatch), **change}
+    model = grow_depth(tiny_model("llama"), [2])
+    with pytest.raises(ValueError) as err:
+        check_deepspeed_config(ds, TrainConfig(**train), model=model, num_processes=2)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)

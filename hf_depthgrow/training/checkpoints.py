@@ -2,8 +2,9 @@
 
 A checkpoint is written to `.checkpoint-{step}.tmp` and published with one `os.replace`, so a crash
 mid-save leaves either the old set of checkpoints or the new one, never half a folder. Only the
-trainable set is saved (the frozen weights are the starting model's), except under FSDP, where
-accelerate writes the sharded state.
+trainable set is saved (the frozen weights are the starting model's). Under FSDP and DeepSpeed
+accelerate writes the state (`save_state`: sharded files, or the DeepSpeed engine's checkpoint of
+the trainable set and its partitioned optimizer state) into the same temp folder.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .deepspeed_support import LOAD_KWARGS, SAVE_KWARGS
 from .guards import stored_fingerprint
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -74,6 +76,11 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _engine_kwargs(acc, kwargs: dict) -> dict:
+    """`kwargs` for the DeepSpeed engine's `save_checkpoint`/`load_checkpoint` under DeepSpeed, else none."""
+    return kwargs if acc.distributed_type == "DEEPSPEED" else {}
 
 
 def _write_unsharded(acc, tmp: Path, step: int, named, optimizer, scheduler) -> None:
@@ -135,9 +142,9 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
     if sharded:
-        # FSDP: weights and optimizer state are sharded; accelerate writes them (every process
-        # takes part), together with the RNG states, into the same temp folder.
-        acc.save_state(str(tmp))
+        # FSDP / DeepSpeed: weights and optimizer state are sharded; accelerate writes them (every
+        # process takes part), together with the RNG states, into the same temp folder.
+        acc.save_state(str(tmp), **_engine_kwargs(acc, SAVE_KWARGS))
     else:
         torch.save(rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
     if acc.is_main_process and not sharded:
@@ -213,7 +220,11 @@ def load_checkpoint(path: Path, accelerator, *, global_batch: int, sharded: bool
             f"{global_batch}: resuming would change the data order and the loss scale."
         )
     if sharded:
-        acc.load_state(str(path))  # weights, optimizer, scheduler (registered) and RNG states
+        if acc.distributed_type == "DEEPSPEED" and state["num_processes"] != acc.num_processes:
+            # ZeRO's optimizer state is stored as one partition per process (no elastic / universal checkpoint here).
+            raise ValueError(f"{path} holds DeepSpeed optimizer partitions of {state['num_processes']} processes, this run has "
+                             f"{acc.num_processes}: resume with {state['num_processes']}")  # fmt: skip
+        acc.load_state(str(path), **_engine_kwargs(acc, LOAD_KWARGS))  # weights, optimizer, scheduler (registered), RNG states
         return state
     weights = load_file(str(path / TRAINABLE_WEIGHTS))
     names = {n for n, _ in named}

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..growth.engine import bypass_new_blocks
 from ..growth.prefix import num_original_below
+from .deepspeed_support import gathered
 from .forward import dataset_loss
 from .guards import NonFiniteTrainingLossError
 from .prefix_cache import shares_prefix
@@ -138,8 +139,9 @@ def selected_model(
         return stone
     if selected == "old":
         # Back to the starting weights: new blocks at zero init (and LoRA removed, or in full mode
-        # the original weights), i.e. a grown model that computes exactly f_old.
-        with torch.no_grad():
+        # the original weights), i.e. a grown model that computes exactly f_old. ZeRO-3 partitions
+        # the parameters: they are gathered whole, written, and re-partitioned (every process).
+        with torch.no_grad(), gathered([p for _, p in named], modifier_rank=0):
             for name, param in named:
                 assign(param, initial[name])
         if peft_model is not None:

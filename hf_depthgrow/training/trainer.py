@@ -49,6 +49,7 @@ from .checkpoints import (
 )
 from .config import UNGROWN_MODES, TrainConfig
 from .data_order import DataOrder, fetch, input_count, selection_rows, supervised_count, training_rows
+from .deepspeed_support import check_deepspeed_config, deepspeed_accelerator, engine_backward, grad_norm, numel, weights_partitioned
 from .forward import batch_losses
 from .guards import guard_output_dir, nonfinite_stop, run_fingerprint
 from .prefix_cache import PrefixCache, build_caches, shares_prefix
@@ -164,6 +165,8 @@ class GrownTrainer:
     def _make_accelerator(self):
         if self._accelerator is not None:
             return self._accelerator
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":  # accelerate launch with a DeepSpeed config
+            return deepspeed_accelerator(mixed_precision=self.config.mixed_precision, timeout_s=self.config.ddp_timeout)
         return make_accelerator(self.config.mixed_precision, self.config.ddp_timeout)
 
     def _setup_accelerator(self) -> None:
@@ -171,11 +174,9 @@ class GrownTrainer:
 
         cfg = self.config
         self.accelerator = acc = self._make_accelerator()
-        if acc.distributed_type == DistributedType.DEEPSPEED:
-            raise NotImplementedError(
-                "DeepSpeed owns gradient accumulation and the optimizer step, which this trainer does itself "
-                "(exact token-weighted accumulation); use DDP or FSDP launch configs."
-            )
+        self.deepspeed = acc.distributed_type == DistributedType.DEEPSPEED
+        if self.deepspeed:  # before any work: the engine's config must agree with this config
+            check_deepspeed_config(acc.state.deepspeed_plugin.deepspeed_config, cfg, model=self.model, num_processes=acc.num_processes)
         set_seed(cfg.seed)
         self.causal = is_causal_lm(self.model)
         self.unit = "tokens" if self.causal else "examples"
@@ -185,11 +186,12 @@ class GrownTrainer:
             # Nothing below the lowest trained layer changes: the same frozen prefix as a new block there.
             self.prefix_index = cfg.trainable_layers[0]
         self.model.to(acc.device)
-        self.sharded = acc.distributed_type == DistributedType.FSDP
+        # Checkpoints through accelerate's save_state (sharded files / the engine's checkpoint), a gathered final model.
+        self.sharded = acc.distributed_type == DistributedType.FSDP or self.deepspeed
         if self.sharded and ((self.record and self.record.adapters) or cfg.trainable in ("new+lora", "lora")):
             raise NotImplementedError(
-                "under FSDP this trainer supports native blocks with trainable='new' or 'full' (adapter blocks and "
-                "LoRA are saved and merged from unsharded weights); use a DDP launch config for them."
+                f"under {acc.distributed_type.value} this trainer supports native blocks with trainable='new' or 'full' (adapter "
+                "blocks and LoRA are saved and merged from unsharded weights); use a DDP launch config for them."
             )
 
     def _setup_optimization(self) -> None:
@@ -202,6 +204,7 @@ class GrownTrainer:
         # (new blocks at zero init, LoRA B at zero), which is how the fallback returns f_old.
         self._initial = initial_weights(self.trainable_named) if cfg.fallback else None
         optimizer = make_optimizer(self.trainable_named, cfg)
+        self.num_trainable = sum(numel(p) for _, p in self.trainable_named)  # ZeRO-3 empties the local tensors in prepare
         self.order = DataOrder(len(self.train_dataset), cfg.per_device_train_batch_size, acc.num_processes, cfg.seed)
         accum = cfg.gradient_accumulation_steps
         self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.num_train_epochs * self.order.batches_per_epoch / accum))
@@ -309,18 +312,22 @@ class GrownTrainer:
                                   chunk_size=self.config.loss_chunk)  # fmt: skip
                 total = el.total.sum()
                 # Sum of token losses over the global weight, times the process count because
-                # DDP averages gradients over processes: the gradient of the global mean.
-                acc.backward(total / weight.to(total.dtype) * world)
+                # DDP (and DeepSpeed) average gradients over processes: the gradient of the global mean.
+                loss = total / weight.to(total.dtype) * world
+                if self.deepspeed:
+                    engine_backward(acc, loss, boundary=i == accum - 1)  # steps (and clips) on the last micro-batch
+                else:
+                    acc.backward(loss)
             loss_sum += total.detach().double()
-        grad_norm = None
+        norm = None
         if cfg.max_grad_norm:
-            grad_norm = float(acc.clip_grad_norm_([p for _, p in self.trainable_named], cfg.max_grad_norm))
+            norm = grad_norm(acc) if self.deepspeed else float(acc.clip_grad_norm_([p for _, p in self.trainable_named], cfg.max_grad_norm))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = acc.reduce(loss_sum, reduction="sum") if world > 1 else loss_sum
         self.units_seen += int(counts[1])
-        return {"loss": float(loss_sum / weight), "units": int(counts[1]), "seconds": time.perf_counter() - t_step, "grad_norm": grad_norm}
+        return {"loss": float(loss_sum / weight), "units": int(counts[1]), "seconds": time.perf_counter() - t_step, "grad_norm": norm}
 
     def train(self) -> TrainResult:
         """Run the training; returns a `TrainResult` with the selected model. The output_dir lock is released on any exit."""
@@ -443,6 +450,7 @@ class GrownTrainer:
 
     def _finish(self, total_steps: int) -> TrainResult:
         result = initial_result(self, total_steps)
+        result.num_trainable_parameters = self.num_trainable
         if self.eval_history and self.eval_history[0]["step"] == 0:
             result.eval_loss_before = self.eval_history[0]["eval_loss"]
         if self.eval_dataset is not None:
@@ -478,7 +486,7 @@ class GrownTrainer:
     def _save_outputs(self, result: TrainResult) -> None:
         cfg, acc = self.config, self.accelerator
         full_state = None
-        if self.sharded and cfg.output_dir and cfg.save_final_model and result.model is self.model:
+        if weights_partitioned(acc) and cfg.output_dir and cfg.save_final_model and result.model is self.model:
             full_state = acc.get_state_dict(self.wrapped)  # collective: gathers the shards on the main process
         if cfg.output_dir and acc.is_main_process:
             write_outputs(result, cfg, tokenizer=self.tokenizer, peft_model=self.peft_model, full_state=full_state)

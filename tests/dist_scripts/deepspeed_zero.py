@@ -3,10 +3,11 @@
     DS_ACCELERATOR=cpu python -m torch.distributed.run --standalone --nproc_per_node 2 \
         tests/dist_scripts/deepspeed_zero.py --base BASE --out OUT --stages 2 3
 
-DeepSpeed is driven directly (`deepspeed.initialize`): GrownTrainer refuses DeepSpeed (it does its
-own gradient accumulation and optimizer step). Same model, data, loss and AdamW settings as the
-FSDP2 `direct` job of fsdp2_grown.py; rank 0 writes `<out>/zero{stage}.pt` (losses, full weights)
-for each stage, one after the other in one process group.
+DeepSpeed is driven directly (`deepspeed.initialize`), without GrownTrainer (whose DeepSpeed runs are
+deepspeed_grown.py's `trainer` jobs; the test runs `train_zero` from there, as its `direct` jobs, to
+share one launch). Same model, data, loss and AdamW settings as the FSDP2 `direct` job of
+fsdp2_grown.py; rank 0 writes `<out>/zero{stage}.pt` (losses, full weights) for each stage, one after
+the other in one process group.
 """
 
 from __future__ import annotations
