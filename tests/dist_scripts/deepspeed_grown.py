@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from deepspeed_zero import train_zero  # noqa: E402
-from fsdp2_grown import grown_model, trainer_config, trainer_data  # noqa: E402
+from fsdp2_grown import grown_model, train_or_abandon, trainer_config, trainer_data  # noqa: E402
 
 
 def fresh_accelerate_state(env: dict) -> None:
@@ -67,14 +67,7 @@ def run_trainer(root: Path, base: Path, job: dict) -> None:
                 (root / f"{job['name']}.json").write_text(json.dumps({"error": str(err), "output_dir_created": out.exists()}))
             return
         raise AssertionError(f"job {job['name']} was not refused")
-    if "abandon_after_step" not in job:
-        trainer.train()
-        return
-    # A run given up after this step: no final save, no selection; a resuming job starts from a
-    # fresh model and the checkpoint alone.
-    trainer.begin()
-    trainer.run_steps(job["abandon_after_step"])
-    trainer.close()
+    train_or_abandon(trainer, job)
 
 
 def main() -> None:

@@ -170,11 +170,16 @@ def run_trainer(root: Path, base: Path, job: dict) -> None:
     train_rows, held_out = trainer_data()
     accelerator = fsdp2_accelerator(timeout_s=120) if job["kind"] == "fsdp" else ddp_accelerator()
     trainer = GrownTrainer(grown_model(base), config, train_rows, held_out, accelerator=accelerator)
+    train_or_abandon(trainer, job)
+
+
+def train_or_abandon(trainer, job: dict) -> None:
+    """Train to the end, or (`abandon_after_step`) give the run up after that step: no final save, no
+    selection; what it did after its last checkpoint is lost, and a resuming job starts from a fresh
+    model and the checkpoint alone."""
     if "abandon_after_step" not in job:
         trainer.train()
         return
-    # A run given up after this step: no final save, no selection; what it did after its last
-    # checkpoint is lost, and a resuming job starts from a fresh model and the checkpoint alone.
     trainer.begin()
     trainer.run_steps(job["abandon_after_step"])
     trainer.close()
