@@ -312,3 +312,21 @@ def test_classifier_retention_is_labelled_with_the_originals_decisions(lm_dir):
     with torch.no_grad():
         logits = model(input_ids=ds[:]["input_ids"], attention_mask=ds[:]["attention_mask"]).logits
     assert ds[:]["labels"].tolist() == logits.argmax(-1).tolist()
+
+
+def test_an_arm_that_fell_back_to_the_original_is_not_the_best_growth_arm():
+    from hf_depthgrow.comparison.runner import _statistics
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(3.0, 0.1, 20)
+
+    def arm(name, kind, selected, heldout, gain):
+        return ArmResult(name=name, kind=kind, arm={}, selected=selected, heldout_loss=heldout, test_per_example=base - gain)
+
+    # As on MiniLM: the arm that fell back ties with the original and sits a rounding below the trained one.
+    results = [arm("fell_back", "growth", "old", 0.83327255507, 0.0), arm("trained", "growth", "new", 0.83327255567, 0.01),
+               arm("lora", "lora", "new", 0.9, 0.005)]  # fmt: skip
+    stats = _statistics(results, {"test": (base, None)}, CompareConfig(growth=["top:1"], controls=["lora"]))
+    assert stats["best_growth"] == "trained" and stats["best_control"] == "lora"
+    everything_fell_back = [arm("a", "growth", "old", 0.8, 0.0), arm("b", "growth", "old", 0.7, 0.0)]
+    assert _statistics(everything_fell_back, {"test": (base, None)}, CompareConfig(growth=["top:1"], controls=[]))["best_growth"] == "b"

@@ -279,7 +279,10 @@ def _statistics(results: list[ArmResult], original: dict, cfg: CompareConfig) ->
     if "retention" in original:
         base_ret = original["retention"][0]
         stats["retention"] = _corrected({r.name: base_ret - r.retention_per_example for r in trained}, cfg)
-    stats["best_growth"] = min(growth, key=lambda r: r.heldout_loss).name if growth else None
+    # An arm whose fallback rule kept the original is the original, not growth: it is the best growth arm
+    # only when every growth arm fell back (its held-out loss may still be a rounding below a real one's).
+    kept = [r for r in growth if r.selected != "old"] or growth
+    stats["best_growth"] = min(kept, key=lambda r: r.heldout_loss).name if kept else None
     return stats
 
 
