@@ -127,8 +127,8 @@ def test_gradient_of_another_block_is_refused():
 
 
 def _trace(fn, eta0, refine_steps=2):
-    """Run `_search` on a loss curve `fn(eta)`; returns `(best eta, its loss, evaluations)`."""
-    from hf_depthgrow.probe.stepping_stone import _search
+    """Run `line_search` on a loss curve `fn(eta)`; returns `(best eta, its loss, evaluations)`."""
+    from hf_depthgrow.probe.line_search import line_search
 
     seen = {}
 
@@ -137,7 +137,7 @@ def _trace(fn, eta0, refine_steps=2):
             seen[eta] = fn(eta)
         return seen[eta]
 
-    _search(loss_at, eta0=eta0, expand=4.0, max_expand=12, refine_steps=refine_steps)
+    line_search(loss_at, eta0=eta0, expand=4.0, max_expand=12, refine_steps=refine_steps)
     best = min(seen, key=lambda e: (seen[e], e))
     return best, seen[best], len(seen)
 
