@@ -199,6 +199,19 @@ def test_grown_trainer_under_fsdp2_matches_one_process(fsdp_runs, base):
     assert result["train_losses"]["new"] == pytest.approx(one.train_losses["new"], rel=1e-5)
 
 
+def assert_resumed_equals_straight(resumed_dir, straight_dir) -> None:
+    """A run resumed from checkpoint-2 ended bit-identical to the uninterrupted one: same shards, same order of operations."""
+    resumed = json.loads((resumed_dir / "train_result.json").read_text())
+    straight = json.loads((straight_dir / "train_result.json").read_text())
+    assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["global_step"] == 6
+    a, b = saved_weights(resumed_dir), saved_weights(straight_dir)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in straight["history"]]
+    assert resumed["train_losses"] == straight["train_losses"] and resumed["selected"] == straight["selected"]
+
+
 @pytest.mark.slow
 @needs_processes
 def test_fsdp2_resume_gives_the_same_weights(fsdp_runs):
@@ -207,16 +220,7 @@ def test_fsdp2_resume_gives_the_same_weights(fsdp_runs):
     A hard kill (`stop_after_step`, `os._exit` in both processes) then a resume in a new launch gave the
     same bit-identical result (docs/integrations/distributed.md); one launch keeps this test short.
     """
-    resumed_dir, straight_dir = fsdp_runs / "resumed", fsdp_runs / "straight"
-    resumed = json.loads((resumed_dir / "train_result.json").read_text())
-    straight = json.loads((straight_dir / "train_result.json").read_text())
-    assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["global_step"] == 6
-    a, b = saved_weights(resumed_dir), saved_weights(straight_dir)
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name  # bit-identical: same shards, same order of operations
-    assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in straight["history"]]
-    assert resumed["train_losses"] == straight["train_losses"] and resumed["selected"] == straight["selected"]
+    assert_resumed_equals_straight(fsdp_runs / "resumed", fsdp_runs / "straight")
 
 
 @pytest.mark.slow
@@ -368,16 +372,7 @@ def test_grown_trainer_under_deepspeed_matches_one_process(deepspeed_runs, one_p
 def test_deepspeed_resume_gives_the_same_weights(deepspeed_runs, stage):
     """Abandoned after step 3 with checkpoint-2 (the engine's: trainable set, partitioned optimizer state) on disk,
     resumed on a fresh model: bit-identical to the uninterrupted run."""
-    resumed_dir, straight_dir = deepspeed_runs / f"zero{stage}_resumed", deepspeed_runs / f"zero{stage}_straight"
-    resumed = json.loads((resumed_dir / "train_result.json").read_text())
-    straight = json.loads((straight_dir / "train_result.json").read_text())
-    assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["global_step"] == 6
-    a, b = saved_weights(resumed_dir), saved_weights(straight_dir)
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
-    assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in straight["history"]]
-    assert resumed["train_losses"] == straight["train_losses"] and resumed["selected"] == straight["selected"]
+    assert_resumed_equals_straight(deepspeed_runs / f"zero{stage}_resumed", deepspeed_runs / f"zero{stage}_straight")
 
 
 @pytest.mark.slow
