@@ -42,7 +42,7 @@ class CompareScript:
     output_dir: str = field(default="runs/compare", metadata={"help": "Where compare.json/.md/.png go."})
     overwrite: bool = field(default=False, metadata={"help": "Replace an output_dir this tool wrote."})
     block_size: int = field(default=64, metadata={"help": "Tokens per causal-LM example."})
-    max_examples: int | None = field(default=480, metadata={"help": "Examples in all (split below)."})
+    max_examples: int | None = field(default=320, metadata={"help": "Examples in all (split below)."})
     train_fraction: float = field(default=0.6, metadata={"help": "Share of examples to train on."})
     held_out_fraction: float = field(default=0.15, metadata={"help": "Share that chooses learning rates and the best control."})
     test_fraction: float = field(default=0.25, metadata={"help": "Share every arm is scored on."})

@@ -40,7 +40,7 @@ class CompareConfig:
     successive_halving: bool = field(
         default=True, metadata={"help": "Stop the worse half of an arm's learning rates (on held-out loss) at 1/4 and 1/2 of the steps."}
     )
-    max_steps: int = field(default=40, metadata={"help": "Optimizer steps of every arm."})
+    max_steps: int = field(default=20, metadata={"help": "Optimizer steps of every arm."})
     batch_size: int = field(default=8, metadata={"help": "Examples per optimizer step (and per evaluation batch)."})
     lr_scheduler: str = field(default="cosine", metadata={"help": "cosine, linear or constant.", "choices": list(SCHEDULERS)})
     warmup_ratio: float = field(default=0.1, metadata={"help": "Warm-up share of the steps."})
