@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared RESULTS.md writer next to this script
+from results_file import write_section  # noqa: E402
 REPO = HERE.parent
 SECTION = "## Chunked cross-entropy: head memory in training"
 CONFIGS = ("smollm2-new", "smollm2-all", "llama256k-all")
@@ -217,19 +219,6 @@ def verdict(summary: list[dict]) -> str:
     return "Verdict (target: head share at least halved, speed within 5%): " + "; ".join(parts) + "."
 
 
-def write_results(text: str) -> None:
-    """Replace this benchmark's own section of RESULTS.md, or append it; other sections are left as they are."""
-    path = HERE / "RESULTS.md"
-    old = path.read_text()
-    if SECTION in old:
-        start = old.index(SECTION)
-        nxt = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[nxt + 1 :] if nxt >= 0 else "")
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    path.write_text(new)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", nargs=2, metavar=("CONFIG", "VARIANT"))
@@ -252,7 +241,7 @@ def main() -> None:
     text = markdown(summary, args)
     print(text)
     if args.write_results:
-        write_results(text)
+        write_section(HERE / "RESULTS.md", SECTION, text)
 
 
 if __name__ == "__main__":

@@ -1,40 +1,76 @@
 """`compare_plans` against the naive loop a user would write: one arm and one learning rate at a time.
 
+    python benchmarks/bench_compare.py --write-results                 # a small random Llama, 3 repeats
+    python benchmarks/bench_compare.py --model smollm2 --repeats 1 --max-steps 8 --examples 96 --write-results
+    python benchmarks/bench_compare.py --quick --repeats 1              # CPU smoke run (what CI runs)
+
 Naive loop (public API only): for every arm and every learning rate of the grid, train a fresh copy
 with `hf_depthgrow.training.train` to the full budget, keep the rate with the lowest held-out loss,
 then score the kept model against the original with `compare_models` on the test and retention sets
 (which runs the original again each time). `compare_plans` does the same work with the original's
 losses computed once and successive halving over the grid (the worse half of the rates stops at 1/4
-of the steps). Both see the same arms, data, steps and grid; the script checks that they choose the
-same learning rates and reports the wall time of each, the median of `--repeats` runs, and the ratio.
+of the steps). Both see the same arms, data, steps and grid; the script reports how often they chose
+the same learning rate, the wall time of each per repeat (the two alternate within a repeat, so drift
+of the machine's load hits both), the medians and the ratio naive / compare_plans.
 
-    python benchmarks/bench_compare.py                      # a small random Llama (CI-sized)
-    python benchmarks/bench_compare.py --model smollm2 --repeats 1 --max-steps 8 --examples 96
+`--write-results` replaces the section "## Compare: shared arms against the naive loop" of
+`--results` (default benchmarks/RESULTS.md) with the table, the machine, the command and the date.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
+import platform
+import shlex
 import statistics
+import sys
 import time
+import warnings
+from datetime import date
+from pathlib import Path
 
 import torch
 
-from hf_depthgrow import grow_depth
-from hf_depthgrow.comparison import build_arms, compare_plans
-from hf_depthgrow.evaluation import compare_models
-from hf_depthgrow.testing import tiny_inputs, tiny_model
-from hf_depthgrow.training import TrainConfig, train
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared RESULTS.md writer next to this script
+from results_file import write_section  # noqa: E402
 
+from hf_depthgrow import grow_depth  # noqa: E402
+from hf_depthgrow.comparison import build_arms, compare_plans  # noqa: E402
+from hf_depthgrow.evaluation import compare_models  # noqa: E402
+from hf_depthgrow.testing import tiny_inputs, tiny_model  # noqa: E402
+from hf_depthgrow.training import TrainConfig, train  # noqa: E402
+
+SECTION = "## Compare: shared arms against the naive loop"
 GROWTH = ["top:1", "bottom:1", "interleave:2", "random:1"]
 CONTROLS = ["layers", "lora"]
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-steps", type=int, default=24)
+    p.add_argument("--examples", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--learning-rates", type=float, nargs="+", default=[3e-4, 1e-3, 3e-3])
+    p.add_argument("--quick", action="store_true", help="CI smoke sizes: 4 steps, 32 examples, two rates")
+    p.add_argument("--write-results", action="store_true")
+    p.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.max_steps, args.examples, args.learning_rates = 4, 32, [1e-3, 3e-3]
+    if args.repeats < 1 or args.max_steps < 4 or args.examples < 16:
+        p.error("--repeats >= 1, --max-steps >= 4 and --examples >= 16 are needed")
+    return args
+
+
 def _data(model, args):
     if args.model == "smollm2":
-        from hf_depthgrow.data import load_data, split_dataset
         from hf_depthgrow import load_model
+        from hf_depthgrow.data import load_data, split_dataset
 
         _, tok = load_model("smollm2")
         ds = load_data("shakespeare", model=model, tokenizer=tok, block_size=64, max_examples=args.examples, seed=0)
@@ -54,12 +90,13 @@ def _data(model, args):
 def _config(arm, lr, args) -> TrainConfig:
     extra = {"layers": {"trainable": "layers", "trainable_layers": arm.layers},
              "lora": {"trainable": "lora", "lora_r": arm.lora_r, "lora_alpha": 2 * (arm.lora_r or 1)}}.get(arm.kind, {})  # fmt: skip
-    return TrainConfig(learning_rate=lr, max_steps=args.max_steps, per_device_train_batch_size=8, warmup_ratio=0.1,
+    return TrainConfig(learning_rate=lr, max_steps=args.max_steps, per_device_train_batch_size=args.batch_size, warmup_ratio=0.1,
                        selection_max_examples=32, save_final_model=False, progress_bar=False, logging_steps=args.max_steps,
                        **extra)  # fmt: skip
 
 
 def naive(model, data, args) -> dict:
+    """Every arm x every rate to the full budget, then each kept model scored against the original."""
     train_rows, heldout, test, retention = data
     chosen = {}
     for arm in build_arms(model, GROWTH, CONTROLS, seed=0)[1:]:
@@ -78,45 +115,77 @@ def naive(model, data, args) -> dict:
 def shared(model, data, args) -> dict:
     train_rows, heldout, test, retention = data
     result = compare_plans(model, train_rows, heldout, test, retention_data=retention, growth=GROWTH, controls=CONTROLS,
-                           learning_rates=args.learning_rates, max_steps=args.max_steps, batch_size=8,
+                           learning_rates=args.learning_rates, max_steps=args.max_steps, batch_size=args.batch_size,
                            selection_max_examples=32, progress=False)  # fmt: skip
     return {a.name: a.learning_rate for a in result.arms if a.kind != "original"}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-steps", type=int, default=24)
-    parser.add_argument("--examples", type=int, default=128)
-    parser.add_argument("--learning-rates", type=float, nargs="+", default=[3e-4, 1e-3, 3e-3])
-    args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
+def _load_model(args):
     if args.model == "smollm2":
         from hf_depthgrow import load_model
 
-        model = load_model("smollm2")[0].eval()
-    else:
-        model = tiny_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=512).eval()  # fmt: skip
+        return load_model("smollm2")[0].eval()
+    return tiny_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=512).eval()  # fmt: skip
+
+
+def measure(args) -> dict:
+    """Both ways `--repeats` times, alternating; wall seconds per repeat and the rates each chose."""
+    model = _load_model(args)
     data = _data(model, args)
     times = {"naive": [], "compare_plans": []}
     agree = []
-    for _ in range(args.repeats):
-        for name, fn in (("naive", naive), ("compare_plans", shared)):
+    for r in range(args.repeats):
+        order = (("naive", naive), ("compare_plans", shared))
+        chosen = {}
+        for name, fn in order if r % 2 == 0 else order[::-1]:
             started = time.perf_counter()
-            out = fn(model, data, args)
+            with warnings.catch_warnings():  # the naive loop's data-derived loss bound warns once per call
+                warnings.simplefilter("ignore", UserWarning)
+                chosen[name] = fn(model, data, args)
             times[name].append(time.perf_counter() - started)
-            if name == "naive":
-                naive_lr = out
-            else:
-                agree.append(sum(naive_lr[k] == out[k] for k in out) / len(out))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"model {args.model}: {len(GROWTH)} growth + {len(CONTROLS)} control arms, grid {args.learning_rates}, "
-          f"{args.max_steps} steps, {args.repeats} repeats")  # fmt: skip
-    print(f"naive loop     median {med['naive']:.1f} s  ({', '.join(f'{t:.1f}' for t in times['naive'])})")
-    print(f"compare_plans  median {med['compare_plans']:.1f} s  ({', '.join(f'{t:.1f}' for t in times['compare_plans'])})")
-    print(f"speed-up {med['naive'] / med['compare_plans']:.2f}x; same learning rate chosen for {statistics.mean(agree):.0%} of the arms")
+            print(f"repeat {r + 1}/{args.repeats}: {name} {times[name][-1]:.1f} s", file=sys.stderr)
+        agree.append(sum(chosen["naive"][k] == v for k, v in chosen["compare_plans"].items()) / len(chosen["compare_plans"]))
+    ratios = [a / b for a, b in zip(times["naive"], times["compare_plans"])]
+    return {"times": times, "ratios": ratios, "agree": agree, "arms": len(GROWTH) + len(CONTROLS),
+            "sizes": [len(d) for d in data]}  # fmt: skip
+
+
+def section_text(m: dict, args, command: str, load: tuple) -> str:
+    med = {k: statistics.median(v) for k, v in m["times"].items()}
+    n_train, n_held, n_test, n_ret = m["sizes"]
+    what = ("SmolLM2-135M-Instruct (fp32), Shakespeare blocks of 64 tokens, retention on Python docs" if args.model == "smollm2"
+            else "a random Llama (8 layers, d = 64, vocabulary 512), sequences of 32 random tokens")  # fmt: skip
+    fmt = ", ".join
+    return "\n".join([
+        SECTION, "",
+        f"Command: `{command}`", "",
+        f"{what}; {len(GROWTH)} growth arms ({fmt(GROWTH)}) and {len(CONTROLS)} controls ({fmt(CONTROLS)}), "
+        f"{args.max_steps} steps of {args.batch_size} examples per arm, learning-rate grid {args.learning_rates}; "
+        f"{n_train} training, {n_held} held-out, {n_test} test and {n_ret} retention examples. "
+        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"load average {load[0]:.2f} before, {load[1]:.2f} after; {date.today().isoformat()}.", "",
+        "| | naive loop (s) | `compare_plans` (s) | naive / compare_plans |",
+        "|---|---:|---:|---:|",
+        *[f"| repeat {i + 1} | {a:.1f} | {b:.1f} | {a / b:.2f}x |" for i, (a, b) in enumerate(zip(m["times"]["naive"], m["times"]["compare_plans"]))],
+        f"| **median** | **{med['naive']:.1f}** | **{med['compare_plans']:.1f}** | **{statistics.median(m['ratios']):.2f}x** "
+        f"(ratio of medians {med['naive'] / med['compare_plans']:.2f}x) |", "",
+        f"Both chose the same learning rate for {statistics.mean(m['agree']):.0%} of the arms (successive halving can stop "
+        "a rate that would have won at the full budget; where they differ, the naive loop's choice is the exact one).", "",
+    ])  # fmt: skip
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    load_before = os.getloadavg()[0]
+    m = measure(args)
+    command = "python benchmarks/bench_compare.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    text = section_text(m, args, command.strip(), (load_before, os.getloadavg()[0]))
+    print(text)
+    if args.write_results:
+        write_section(args.results, SECTION, text)
+        print(f"wrote the '{SECTION[3:]}' section of {args.results}", file=sys.stderr)
+    return m
 
 
 if __name__ == "__main__":

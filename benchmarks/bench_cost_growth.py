@@ -53,6 +53,8 @@ from typing import Callable
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared RESULTS.md writer next to this script
+from results_file import write_section  # noqa: E402
 SECTION = "## Cost growth"
 # Defaults per mode; an explicit flag always wins. The quick sizes keep the CI smoke test in seconds.
 DEFAULTS = {
@@ -350,19 +352,6 @@ def section_text(points: list[Point], args, base, device, command: str, load: tu
     ])  # fmt: skip
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace the section (from its heading to the next '## ') or append it; other sections stay as they are."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip("\n") == SECTION), None)
-    if start is None:
-        path.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    rest = "".join(lines[end:])
-    path.write_text("".join(lines[:start]) + section + ("\n" + rest if rest else ""))
-
-
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     if args.threads:
@@ -382,7 +371,7 @@ def main(argv=None) -> list[dict]:
     section = section_text(points, args, base, device, command.strip(), (load_before, load_after))
     print(section)
     if args.write_results:
-        write_section(args.results, section)
+        write_section(args.results, SECTION, section)
         print(f"wrote the '{SECTION[3:]}' section of {args.results}", file=sys.stderr)
     return [
         {"sweep": p.sweep, "work": p.work, "x": p.x, "label": p.label, "wall": p.wall, "cpu": p.cpu,

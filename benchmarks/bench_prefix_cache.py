@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared RESULTS.md writer next to this script
+from results_file import write_section  # noqa: E402
 REPO = HERE.parent
 SECTION = "## Trainer: frozen-prefix caching"
 
@@ -318,16 +320,6 @@ def _markdown(results: list[dict], args, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md, leaving the others alone."""
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(lambda _: text + "\n", old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(new)
-    os.replace(tmp, path)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--positions", type=int, nargs="+", default=[15, 25])
@@ -371,7 +363,7 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     if args.write_results:
-        write_section(HERE / "RESULTS.md", text)
+        write_section(HERE / "RESULTS.md", SECTION, text)
     return 0
 
 

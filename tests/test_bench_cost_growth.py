@@ -75,9 +75,9 @@ def test_cost_growth_measures_every_sweep_and_replaces_its_section(bench, tmp_pa
 def test_cost_growth_appends_its_section_where_there_is_none(bench, tmp_path):
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text("# Benchmark results\n\n## Other\n\nkept\n")
-    bench.write_section(results_md, bench.SECTION + "\n\nnew table\n")
+    bench.write_section(results_md, bench.SECTION, bench.SECTION + "\n\nnew table\n")
     assert results_md.read_text() == "# Benchmark results\n\n## Other\n\nkept\n\n## Cost growth\n\nnew table\n"
-    bench.write_section(results_md, bench.SECTION + "\n\nnewer table\n")
+    bench.write_section(results_md, bench.SECTION, bench.SECTION + "\n\nnewer table\n")
     assert results_md.read_text() == "# Benchmark results\n\n## Other\n\nkept\n\n## Cost growth\n\nnewer table\n"
 
 

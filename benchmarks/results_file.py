@@ -1,0 +1,28 @@
+"""One shared way for the benchmarks to write their section of RESULTS.md (atomically, others left alone)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_section(path: Path, heading: str, text: str) -> None:
+    """Replace the section `heading` (from that line to the next '## ') with `text`, or append it; other sections stay.
+
+    The file is replaced atomically (a temporary file, then `os.replace`), so an interrupted run never
+    leaves RESULTS.md half written.
+    """
+    path = Path(path)
+    old = path.read_text() if path.exists() else "# Benchmark results\n"
+    lines = old.splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if ln.rstrip("\n") == heading), None)
+    body = text if text.endswith("\n") else text + "\n"
+    if start is None:
+        new = old.rstrip("\n") + "\n\n" + body
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        rest = "".join(lines[end:])
+        new = "".join(lines[:start]) + body + ("\n" + rest if rest else "")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
