@@ -13,7 +13,7 @@ of the steps). Both see the same arms, data, steps and grid; the script reports 
 the same learning rate, the wall time of each per repeat (the two alternate within a repeat, so drift
 of the machine's load hits both), the medians and the ratio naive / compare_plans.
 
-`--write-results` replaces the section "## Compare: shared arms against the naive loop" of
+`--write-results` replaces the section "## Compare: shared arms against the naive loop, <model>" of
 `--results` (default benchmarks/RESULTS.md) with the table, the machine, the command and the date.
 """
 
@@ -44,6 +44,11 @@ from hf_depthgrow.testing import tiny_inputs, tiny_model  # noqa: E402
 from hf_depthgrow.training import TrainConfig, train  # noqa: E402
 
 SECTION = "## Compare: shared arms against the naive loop"
+
+
+def section_heading(model: str) -> str:
+    """One section per model, so the tiny and the SmolLM2 runs keep their own tables."""
+    return f"{SECTION}, {'SmolLM2' if model == 'smollm2' else 'tiny random Llama'}"
 GROWTH = ["top:1", "bottom:1", "interleave:2", "random:1"]
 CONTROLS = ["layers", "lora"]
 
@@ -158,7 +163,7 @@ def section_text(m: dict, args, command: str, load: tuple) -> str:
             else "a random Llama (8 layers, d = 64, vocabulary 512), sequences of 32 random tokens")  # fmt: skip
     fmt = ", ".join
     return "\n".join([
-        SECTION, "",
+        section_heading(args.model), "",
         f"Command: `{command}`", "",
         f"{what}; {len(GROWTH)} growth arms ({fmt(GROWTH)}) and {len(CONTROLS)} controls ({fmt(CONTROLS)}), "
         f"{args.max_steps} steps of {args.batch_size} examples per arm, learning-rate grid {args.learning_rates}; "
@@ -183,8 +188,8 @@ def main(argv=None) -> dict:
     text = section_text(m, args, command.strip(), (load_before, os.getloadavg()[0]))
     print(text)
     if args.write_results:
-        write_section(args.results, SECTION, text)
-        print(f"wrote the '{SECTION[3:]}' section of {args.results}", file=sys.stderr)
+        write_section(args.results, section_heading(args.model), text)
+        print(f"wrote the '{section_heading(args.model)[3:]}' section of {args.results}", file=sys.stderr)
     return m
 
 

@@ -22,14 +22,15 @@ def bench():
 
 def test_compare_benchmark_times_both_ways_and_replaces_its_section(bench, tmp_path):
     results_md = tmp_path / "RESULTS.md"
-    results_md.write_text(f"# Benchmark results\n\n## Before\n\nkept\n\n{bench.SECTION}\n\nstale\n\n## After\n\nkept too\n")
+    heading = bench.section_heading("tiny")
+    results_md.write_text(f"# Benchmark results\n\n## Before\n\nkept\n\n{heading}\n\nstale\n\n## After\n\nkept too\n")
     m = bench.main(["--quick", "--repeats", "2", "--write-results", "--results", str(results_md)])
     assert [len(v) for v in m["times"].values()] == [2, 2] and all(t > 0 for v in m["times"].values() for t in v)
     assert len(m["agree"]) == 2 and all(0 <= a <= 1 for a in m["agree"])
     text = results_md.read_text()
-    assert "stale" not in text and text.count(bench.SECTION) == 1
-    assert text.index("## Before") < text.index(bench.SECTION) < text.index("## After") and "kept too" in text
-    body = text.split(bench.SECTION, 1)[1].split("\n## ", 1)[0]
+    assert "stale" not in text and text.count(heading) == 1
+    assert text.index("## Before") < text.index(heading) < text.index("## After") and "kept too" in text
+    body = text.split(heading, 1)[1].split("\n## ", 1)[0]
     assert body.count("| repeat ") == 2 and "**median**" in body and "--quick --repeats 2" in body
 
 

@@ -362,3 +362,55 @@ def test_cli_writes_json_and_plot(tmp_path, capsys):
     assert "recommendation" in capsys.readouterr().out
     assert parse_positions("0,3-5") == [0, 3, 4, 5]
     assert main([str(tmp_path / "missing"), "--data", "x", "--out", str(out)]) == 2  # an input error
+
+
+def _consistent_batches(model, n):
+    base = tiny_inputs(model, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        labels = torch.full_like(base["labels"], 7)
+        noise = torch.randint(0, model.config.vocab_size, labels.shape, generator=gen)
+        out.append({**base, "labels": torch.where(torch.rand(labels.shape, generator=gen) < 0.2, noise, labels)})
+    return out
+
+
+def test_sequential_stopping_ends_once_the_recommendation_is_stable_and_equals_the_shorter_probe():
+    model = tiny_model("llama")
+    batches = _consistent_batches(model, 16)
+    full = probe(model, batches, progress=False)
+    assert full.num_batches == 16 and full.stopping is None
+    stopped = probe(model, batches, progress=False, stop_patience=2)
+    # The recommendation is the same after batches 3, 4 and 5: with patience 2 the probe stops at 5.
+    assert stopped.num_batches == 5
+    assert "stopped after 5 of at most 16 batches" in stopped.stopping and "did not change over the last 2" in stopped.stopping
+    # Close z-scores can still swap later (here k = 2 leads after 5 batches, k = 1 after 16): a stop is a
+    # cheaper, noisier answer, which is why it is opt-in.
+    assert stopped.recommendation["positions"] == [2, 1, 0] and full.recommendation["positions"] == [1, 2, 0]
+    # Patience longer than the swaps: it reads everything.
+    assert probe(model, batches, progress=False, stop_patience=3).num_batches == 16
+    # What it reports is exactly the probe of the batches it read.
+    short = probe(model, batches[: stopped.num_batches], progress=False)
+    assert stopped.z == short.z and stopped.signal == short.signal
+    # Fewer batches: wider standard errors.
+    assert sum(stopped.population_se) > sum(full.population_se)
+    # JSON keeps where it stopped.
+    assert ProbeResult.from_dict(json.loads(json.dumps(stopped.to_dict()))).stopping == stopped.stopping
+
+
+def test_sequential_stopping_reads_everything_while_the_recommendation_moves():
+    model = tiny_model("gpt2")
+    batches = batches_for(model, n=6)
+    gen = torch.Generator().manual_seed(3)
+    for b in batches:
+        b["labels"] = torch.randint(0, model.config.vocab_size, b["labels"].shape, generator=gen)
+    # Patience longer than the data: never stops early, and says nothing.
+    result = probe(model, batches, progress=False, stop_patience=10)
+    assert result.num_batches == 6 and result.stopping is None
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
+def test_stop_patience_must_be_a_positive_int(bad):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="stop_patience"):
+        probe(model, [tiny_inputs(model, seed=0)] * 4, progress=False, stop_patience=bad)

@@ -50,6 +50,8 @@ class ProbeResult:
         near_singular_share: share of tokens with `var(z) <= norm_factor * norm_eps`.
         mean_var, min_var: mean and smallest `var(z)` over tokens (mean square for RMSNorm families).
 
+    `stopping`: where sequential stopping (`probe(..., stop_patience=N)`) ended the probe, else `None`.
+
     `gradients` (only with `keep_gradients=True`) holds `G_S(k)` per parameter name of the block;
     it is not part of `to_dict()`.
     """
@@ -88,6 +90,7 @@ class ProbeResult:
     z_threshold: float
     norm_factor: float
     recommendation: dict
+    stopping: str | None = None
     hf_depthgrow_version: str = field(default_factory=package_version)
     gradients: list[dict[str, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
 
