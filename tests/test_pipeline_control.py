@@ -56,6 +56,11 @@ def test_control_has_the_growth_budget(run):
     ctrl = json.loads((out / "control" / "train_config.json").read_text())
     differ = {k for k in grown if grown[k] != ctrl[k]}
     assert differ <= {"trainable", "trainable_layers", "output_dir"} and ctrl["trainable"] == "layers"
+    # Both start from the original: the control took the growth's step-0 losses instead of recomputing them.
+    grown_result = json.loads((out / "train" / "train_result.json").read_text())
+    ctrl_result = json.loads((out / "control" / "train_result.json").read_text())
+    assert ctrl_result["original_losses"] == grown_result["original_losses"]
+    assert ctrl_result["eval_loss_before"] == grown_result["eval_loss_before"] == grown_result["original_losses"]["held_out"]
 
 
 def test_sentence_matches_an_independent_comparison(run, workdir):

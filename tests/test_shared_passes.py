@@ -96,3 +96,68 @@ def test_reused_losses_of_other_examples_are_refused():
         compare_models(control, grown, _rows(grown, n=12), batch_size=4, reuse={"stone": (collect, "new")})
     with pytest.raises(ValueError, match="lowest new block at 2"):
         paired_losses(grown, _rows(grown), extra={"stone": grow_depth(tiny_model("llama"), [1])})
+
+
+def _f_old_passes(monkeypatch):
+    """Count the trainer's passes over the original (`which="old"` on the training rows, step-0 held-out)."""
+    import hf_depthgrow.training.trainer as trainer_module
+
+    calls, real = [], trainer_module.candidate_loss
+
+    def counting(which, *args, **kwargs):
+        if "f_old" in kwargs.get("desc", ""):
+            calls.append(kwargs["desc"])
+        return real(which, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "candidate_loss", counting)
+    return calls
+
+
+@pytest.mark.parametrize("control", ["lora", "layers"])
+def test_a_control_reuses_the_growths_original_losses_and_trains_identically(monkeypatch, control):
+    import copy
+
+    from hf_depthgrow.training import OriginalLosses, train
+
+    torch.manual_seed(0)
+    original = tiny_model("llama")
+    rows, held = _rows(original, n=16, seed=0), _rows(original, n=8, seed=1)
+    extra = {"lora_r": 2} if control == "lora" else {"trainable_layers": [1]}
+    settings = dict(max_steps=4, learning_rate=1e-2, per_device_train_batch_size=4, selection_max_examples=8, seed=0, progress_bar=False)
+    growth = train(grow_depth(copy.deepcopy(original), [2]), rows, eval_data=held, **settings)
+    taken = growth.original_losses
+    assert isinstance(taken, OriginalLosses) and taken.held_out == growth.eval_loss_before and taken.train == growth.train_losses["old"]
+
+    alone = train(copy.deepcopy(original), rows, eval_data=held, trainable=control, **extra, **settings)
+    calls = _f_old_passes(monkeypatch)
+    reused = train(copy.deepcopy(original), rows, eval_data=held, trainable=control, original_losses=taken, **extra, **settings)
+    assert calls == []  # neither pass over the original ran
+    # The same original function: what was recomputed equals what was reused, and the run is the same.
+    assert alone.eval_loss_before == pytest.approx(taken.held_out, abs=1e-6)
+    assert alone.train_losses["old"] == pytest.approx(taken.train, abs=1e-6)
+    assert reused.selected == alone.selected and reused.train_losses["new"] == alone.train_losses["new"]
+    assert [h["loss"] for h in reused.history] == [h["loss"] for h in alone.history]
+    assert reused.to_dict()["original_losses"]["held_out"] == taken.held_out
+
+
+def test_original_losses_of_other_rows_are_refused_before_any_work(monkeypatch):
+    import copy
+
+    from hf_depthgrow.training import train
+
+    torch.manual_seed(0)
+    original = tiny_model("llama")
+    rows, held = _rows(original, n=16, seed=0), _rows(original, n=8, seed=1)
+    settings = dict(max_steps=2, per_device_train_batch_size=4, selection_max_examples=8, progress_bar=False)
+    taken = train(grow_depth(copy.deepcopy(original), [2]), rows, eval_data=held, **settings).original_losses
+    other_held = _rows(original, n=8, seed=2)
+    with pytest.raises(ValueError, match="other held-out data"):
+        train(copy.deepcopy(original), rows, eval_data=other_held, trainable="lora", original_losses=taken, **settings)
+    with pytest.raises(ValueError, match="other selection rows"):
+        train(copy.deepcopy(original), rows, eval_data=held, trainable="lora", original_losses=taken, **{**settings, "selection_max_examples": 4})
+    with pytest.raises(ValueError, match="must be an OriginalLosses"):
+        train(copy.deepcopy(original), rows, eval_data=held, trainable="lora", original_losses={"held_out": 1.0}, **settings)
+    no_eval = train(grow_depth(copy.deepcopy(original), [2]), rows, **settings).original_losses
+    assert no_eval.held_out is None
+    with pytest.raises(ValueError, match="other held-out data"):
+        train(copy.deepcopy(original), rows, eval_data=held, trainable="lora", original_losses=no_eval, **settings)

@@ -97,12 +97,13 @@ def _fresh_model(base: nn.Module, arm: Arm, grow_kwargs: dict | None) -> nn.Modu
     return copy.deepcopy(base)
 
 
-def _train_arm(base, arm: Arm, cfg: CompareConfig, train_rows, eval_rows, grow_kwargs, bar) -> tuple:
+def _train_arm(base, arm: Arm, cfg: CompareConfig, train_rows, eval_rows, grow_kwargs, bar, shared: dict) -> tuple:
     """Train `arm` at every learning rate of the grid; keep the run with the lowest held-out loss.
 
     With `successive_halving`, every rate trains in step; at each rung (a share of the steps) the worse
     half of the rates still running stops, judged on held-out loss. A stopped run is a prefix of the full
-    run (same schedule), so the survivor is exactly what training it alone would give.
+    run (same schedule), so the survivor is exactly what training it alone would give. `shared` carries
+    the original's losses from the first run of the comparison to every later one.
     """
     from ..training.trainer import GrownTrainer
 
@@ -111,7 +112,10 @@ def _train_arm(base, arm: Arm, cfg: CompareConfig, train_rows, eval_rows, grow_k
                 for lr in cfg.learning_rates}  # fmt: skip
     tried = {lr: {} for lr in trainers}
     for trainer in trainers.values():
+        # Every run starts from the original: its held-out loss and L_S(f_old) are taken once per comparison.
+        trainer.reuse_original_losses(shared.get("original"))
         trainer.begin()
+        shared.setdefault("original", trainer.taken_original_losses())
     alive = list(trainers)
     rungs = [round(f * cfg.max_steps) for f in HALVING_RUNGS] if cfg.successive_halving else []
     for rung in (r for r in rungs if 0 < r < cfg.max_steps):
@@ -234,10 +238,11 @@ def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows
     shared_seconds = time.perf_counter() - t0
     results = [ArmResult.original(arms[0], original)]
     trained = [a for a in arms if a.kind != "original"]
+    shared: dict = {}
     with tqdm(total=len(trained) * len(cfg.learning_rates), desc="compare arms", disable=not cfg.progress, unit="run") as bar:
         for arm in trained:
             bar.set_postfix_str(arm.name)
-            lr, res, tried, seconds, units = _train_arm(model, arm, cfg, train_rows, eval_rows, grow_kwargs, bar)
+            lr, res, tried, seconds, units = _train_arm(model, arm, cfg, train_rows, eval_rows, grow_kwargs, bar, shared)
             t_eval = time.perf_counter()
             scored = {"test": example_losses(res.model, test_rows, cfg.batch_size)}
             if retention_rows is not None:

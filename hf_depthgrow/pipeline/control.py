@@ -89,7 +89,9 @@ def train_control(run) -> None:
     extra = {"trainable_layers": plan["layers"]} if plan["kind"] == "layers" else {"lora_r": plan["lora_r"], "lora_alpha": 2 * plan["lora_r"]}
     config = dataclasses.replace(run.train_config, trainable=plan["kind"], output_dir=str(run.out / "control"), **extra)
     run.log(f"training the equal-budget control ({_describe(plan)}) for {config.max_steps} steps")
-    result = train(run.control_model, run.splits["train"], config=config, eval_data=run.splits["held_out"])
+    # The control starts from the original, as the growth did: the growth's step-0 losses are the control's.
+    result = train(run.control_model, run.splits["train"], config=config, eval_data=run.splits["held_out"],
+                   original_losses=run.train_result.original_losses)  # fmt: skip
     run.control_model, run.control_result = result.model, result
     grown = run.train_result
     expected = grown.num_trainable_parameters if plan["kind"] == "layers" else plan["parameters"]

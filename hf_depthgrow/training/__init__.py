@@ -12,6 +12,7 @@ from .checkpoints import list_checkpoints
 from .config import TrainConfig
 from .hf_integration import FallbackCallback, FallbackDecision, keep_growth_on_save, prepare_grown_model, write_growth_files
 from .guards import CheckpointMismatchError, NonFiniteTrainingLossError, OutputDirLockedError
+from .original_losses import OriginalLosses
 from .prefix_cache import PrefixCache, shares_prefix
 from .result import TrainResult
 from .trainable import lora_target_names
@@ -26,6 +27,7 @@ __all__ = [
     "write_growth_files",
     "NonFiniteTrainingLossError",
     "OutputDirLockedError",
+    "OriginalLosses",
     "GrownTrainer",
     "PrefixCache",
     "TrainConfig",

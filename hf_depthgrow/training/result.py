@@ -34,6 +34,8 @@ class TrainResult:
         prefix_cache: Mode, dtype, index, size and build time of the cache, or `None` if off.
         prefix_cache_choice: Whether the cache was built and why (with `"auto"`: the predicted prefix work
             with and without it, see `hf_depthgrow.training.cache_plan`).
+        original_losses: The original's step-0 held-out loss and `L_S(f_old)` with the rows they were taken on
+            (`OriginalLosses`): pass them to the next run on the same data (`train(..., original_losses=...)`).
         nonfinite: `{"step", "loss"}` where a run with the fallback rule on stopped on a non-finite
             loss (`f_new` is then never selected), else `None`.
 
@@ -70,11 +72,15 @@ class TrainResult:
     resumed_from: str | None = None
     nonfinite: dict | None = None
     model_path: str | None = None
+    original_losses: object = None  # OriginalLosses
 
     def to_dict(self) -> dict:
         """Every field but the model, deep-copied (JSON-ready apart from numbers' types)."""
         # Not `asdict`: it would deep-copy the model.
-        return {key: copy.deepcopy(getattr(self, key)) for key in self.__dataclass_fields__ if key != "model"}
+        data = {key: copy.deepcopy(getattr(self, key)) for key in self.__dataclass_fields__ if key != "model"}
+        if self.original_losses is not None:
+            data["original_losses"] = self.original_losses.to_dict()
+        return data
 
 
 def initial_result(trainer, global_step: int) -> TrainResult:

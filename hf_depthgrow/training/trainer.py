@@ -54,6 +54,7 @@ from .forward import batch_losses
 from .guards import guard_output_dir, nonfinite_stop, run_fingerprint
 from .prefix_cache import PrefixCache, build_caches, shares_prefix
 from .result import FINAL_MODEL, TrainResult, initial_result, write_outputs
+from .original_losses import OriginalLosses, check_reuse, losses_key
 from .selection import candidate_loss, initial_weights, pick, selected_model, stone_cache, unpack_stone
 from .tracking import NO_TRACKING, make_accelerator, trainer_tracking
 from .trainable import layer_parameters, lora_target_names, make_optimizer, set_train_mode, setup_trainable
@@ -80,6 +81,7 @@ class GrownTrainer:
             `(model, SteppingStoneResult)` pair `hf_depthgrow.probe.stepping_stone` returns.
         tokenizer: Saved beside the final model.
         accelerator: An `accelerate.Accelerator` to use; by default one is made from the config.
+        original_losses: An earlier run's `TrainResult.original_losses` on the same rows: reused, not recomputed.
 
     The model is changed in place (LoRA is injected into it, merged or removed at the end);
     `train()` returns a `TrainResult` whose `.model` is the selected model.
@@ -105,6 +107,7 @@ class GrownTrainer:
         stepping_stone=None,
         tokenizer=None,
         accelerator=None,
+        original_losses=None,
     ):
         # Every input is read (and refused if unreadable or empty) before any work.
         self.train_dataset = training_rows(train_dataset, "train_data", model=model)
@@ -129,9 +132,23 @@ class GrownTrainer:
             raise ValueError("a stepping stone is only meaningful for a grown model")
         # Taken before LoRA is injected; identifies the run in its checkpoints (guards.py).
         self.fingerprint = run_fingerprint(model, self.train_dataset, self.config)
+        cfg = self.config
+        rows = selection_rows(len(self.train_dataset), cfg.selection_max_examples, cfg.seed) if cfg.fallback else None
+        self.losses_key = losses_key(self.train_dataset, self.eval_dataset, rows)
+        self.reuse_original_losses(original_losses)
         self._lock, self.nonfinite, self.tracking = None, None, NO_TRACKING
 
     list_checkpoints = staticmethod(list_checkpoints)
+
+    def reuse_original_losses(self, losses) -> None:
+        """Before `setup`: take the original's step-0 held-out loss and `L_S(f_old)` from an earlier run on the same rows."""
+        needs = dict(needs_held_out=self.eval_dataset is not None, needs_train=self.config.fallback)
+        self.original_losses = check_reuse(losses, self.losses_key, **needs)
+
+    def taken_original_losses(self) -> OriginalLosses:
+        """After `setup`: the original's losses this run started from, for the next run on the same rows."""
+        first = self.eval_history[0] if self.eval_history and self.eval_history[0]["step"] == 0 else None
+        return OriginalLosses(first["eval_loss"] if first else None, self.baseline.get("old"), self.losses_key)
 
     # ------------------------------------------------------------------ setup
 
@@ -239,12 +256,16 @@ class GrownTrainer:
             return self._load_checkpoint(self.resume_path)
         # Baselines are taken before the first step (the grown model at init *is* f_old), and
         # kept in checkpoints, so a resumed run compares against the same numbers.
+        # `original_losses` (checked in __init__: the same rows) saves both passes over the original.
+        reuse = self.original_losses
         if self.eval_dataset is not None:
-            loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc="held-out loss (f_old)")
+            loss = reuse.held_out if reuse else self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc="held-out loss (f_old)")
             self.eval_history.append({"step": 0, "eval_loss": loss})
             self.tracking.log_eval(0, loss)
         if cfg.fallback:
-            self.baseline["old"] = self._dataset_loss(self.train_dataset, self.selection_rows, which="old", cache=self.train_cache, desc="train loss (f_old)")
+            self.baseline["old"] = reuse.train if reuse else self._dataset_loss(
+                self.train_dataset, self.selection_rows, which="old", cache=self.train_cache, desc="train loss (f_old)"
+            )  # fmt: skip
             if self.stone is not None:
                 self.stone.to(self.accelerator.device)
                 self.baseline["stepping_stone"] = self._dataset_loss(
@@ -453,6 +474,7 @@ class GrownTrainer:
         result.num_trainable_parameters = self.num_trainable
         if self.eval_history and self.eval_history[0]["step"] == 0:
             result.eval_loss_before = self.eval_history[0]["eval_loss"]
+        result.original_losses = self.taken_original_losses()
         if self.eval_dataset is not None:
             result.eval_loss_after = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc="held-out loss (f_new)")
             self.eval_history.append({"step": total_steps, "eval_loss": result.eval_loss_after})
@@ -502,6 +524,7 @@ def train(
     stepping_stone=None,
     tokenizer=None,
     accelerator=None,
+    original_losses=None,
     **kwargs: Any,
 ) -> TrainResult:
     """Train a grown model and apply the fallback rule; the functional face of `GrownTrainer`.
@@ -518,6 +541,9 @@ def train(
             without it the trained model is compared with the original (`bypass_new_blocks`).
         tokenizer: Saved beside the final model.
         accelerator: An existing `Accelerator` (default: one built from the config).
+        original_losses: An earlier run's `TrainResult.original_losses` on the same data: its step-0 held-out
+            loss and `L_S(f_old)` are reused instead of recomputed (every run starts from the original
+            function). Refused (`ValueError`) if taken on other rows.
 
     Returns:
         `TrainResult`: `.model` (selected), `.selected`, `.train_losses`, `.delta_erm`, histories.
@@ -541,5 +567,6 @@ def train(
     if config is not None and kwargs:
         raise ValueError(f"pass either config= or keyword arguments, not both (got {sorted(kwargs)})")
     config = config or TrainConfig(**kwargs)
-    trainer = GrownTrainer(model, config, train_data, eval_data, stepping_stone=stepping_stone, tokenizer=tokenizer, accelerator=accelerator)
+    trainer = GrownTrainer(model, config, train_data, eval_data, stepping_stone=stepping_stone, tokenizer=tokenizer,
+                           accelerator=accelerator, original_losses=original_losses)  # fmt: skip
     return trainer.train()
