@@ -21,7 +21,6 @@ import argparse
 import math
 import platform
 import shlex
-import statistics
 import sys
 import time
 from datetime import date
@@ -33,8 +32,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from results_file import write_section  # noqa: E402
 
-signal = __import__("hf_depthgrow.probe.signal", fromlist=["probe"])  # the module (`hf_depthgrow.probe` is the function)
+from hf_depthgrow import load_model, probe  # noqa: E402
 
+# The probe's documented rule: stop from this many batches on (tests/test_bench_probe_stop.py checks the two agree).
+MIN_BATCHES = 4
 SECTION = "## Probe: sequential stopping"
 PATIENCES = (2, 3, 4, 6)
 
@@ -62,7 +63,6 @@ def load(quick: bool):
         rows = [{k: v[i] for k, v in batch.items()} for i in range(64)]
         return model, rows, 8, 8, "a tiny random Llama, 64 random sequences of 16 tokens"
     from hf_depthgrow.data import load_data, split_dataset
-    from hf_depthgrow.hub.loading import load_model
 
     model, tok = load_model(cfg.model)
     model.eval()
@@ -74,36 +74,22 @@ def load(quick: bool):
 
 
 def traced_probe(model, rows, batch_size: int, max_batches: int):
-    """A full probe, and after each batch: (batches, (grow, ranked positions), median z standard error)."""
-    trace = []
-    real_done = signal._Stop.done
-
-    def done(stop, plan, total):
-        out = real_done(stop, plan, total)
-        if plan.batches >= 3:
-            ses = [st.population()[1] for st in plan.stats]
-            finite = [s for s in ses if math.isfinite(s)]
-            trace.append((plan.batches, stop.last, statistics.median(finite) if finite else math.nan))
-        return out
-
-    signal._Stop.done = done
-    try:
-        t0 = time.perf_counter()
-        # A patience no probe reaches: the stop is only watched, never taken.
-        result = signal.probe(model, rows, batch_size=batch_size, max_batches=max_batches, progress=False, stop_patience=10**6)
-        seconds = time.perf_counter() - t0
-    finally:
-        signal._Stop.done = real_done
+    """A full probe, and after each batch from the 3rd: (batches, (grow, ranked positions), median z standard error)."""
+    t0 = time.perf_counter()
+    # A patience no probe reaches: the stop only watches (`recommendation_trace`), it never stops.
+    result = probe(model, rows, batch_size=batch_size, max_batches=max_batches, progress=False, stop_patience=10**6)
+    seconds = time.perf_counter() - t0
+    trace = [(t["batches"], (t["grow"], tuple(t["positions"])), t["median_se"]) for t in result.recommendation_trace]
     return result, trace, seconds
 
 
 def stop_batch(trace, patience: int) -> int:
-    """Where `stop_patience=patience` stops, from the trace (what `_Stop.done` decides batch by batch)."""
+    """Where `stop_patience=patience` stops, from the trace (the rule `probe` applies batch by batch)."""
     same, last = 0, None
     for batches, rec, _ in trace:
         same = same + 1 if rec == last else 0
         last = rec
-        if batches >= signal._Stop.MIN_BATCHES and same >= patience:
+        if batches >= MIN_BATCHES and same >= patience:
             return batches
     return trace[-1][0]
 

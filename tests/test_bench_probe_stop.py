@@ -35,7 +35,7 @@ def test_the_benchmarks_stop_is_where_the_probe_stops(bench, patience):
     model, rows = _rows()
     result, trace, _ = bench.traced_probe(model, rows, batch_size=8, max_batches=12)
     assert [b for b, _, _ in trace] == list(range(3, 13))  # every batch from the first with a standard error
-    stopped = bench.signal.probe(model, rows, batch_size=8, max_batches=12, progress=False, stop_patience=patience)
+    stopped = bench.probe(model, rows, batch_size=8, max_batches=12, progress=False, stop_patience=patience)
     expected = bench.stop_batch(trace, patience)
     assert stopped.num_batches == expected
     if expected < 12:

@@ -50,7 +50,9 @@ class ProbeResult:
         near_singular_share: share of tokens with `var(z) <= norm_factor * norm_eps`.
         mean_var, min_var: mean and smallest `var(z)` over tokens (mean square for RMSNorm families).
 
-    `stopping`: where sequential stopping (`probe(..., stop_patience=N)`) ended the probe, else `None`.
+    `stopping`: where sequential stopping (`probe(..., stop_patience=N)`) ended the probe, else `None`;
+    `recommendation_trace` (with `stop_patience` only): after each batch from the 3rd, `{"batches", "grow",
+    "positions", "median_se"}`: the recommendation the stop watched and the median standard error of z.
 
     `gradients` (only with `keep_gradients=True`) holds `G_S(k)` per parameter name of the block;
     it is not part of `to_dict()`.
@@ -91,6 +93,7 @@ class ProbeResult:
     norm_factor: float
     recommendation: dict
     stopping: str | None = None
+    recommendation_trace: list[dict] | None = None
     hf_depthgrow_version: str = field(default_factory=package_version)
     gradients: list[dict[str, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
 

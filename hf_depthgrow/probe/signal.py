@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
@@ -225,15 +225,20 @@ class _Stop:
     last: tuple | None = None
     same: int = 0
     reason: str | None = None
+    trace: list = field(default_factory=list)  # what was watched after each batch (`ProbeResult.recommendation_trace`)
 
     MIN_BATCHES = 4
 
     def done(self, plan: _Plan, total: int | None) -> bool:
         if plan.batches < 3:
             return False
-        zs = [_z_score(*st.population()) for st in plan.stats]
+        pops = [st.population() for st in plan.stats]
+        zs = [_z_score(*pop) for pop in pops]
         rec = recommend(list(plan.positions), zs, [not math.isnan(z) and z > self.z_threshold for z in zs])
         now = (rec["grow"], tuple(rec["positions"]))
+        ses = sorted(se for _, se in pops if math.isfinite(se))
+        self.trace.append({"batches": plan.batches, "grow": now[0], "positions": list(now[1]),
+                           "median_se": ses[len(ses) // 2] if ses else math.nan})  # fmt: skip
         self.same = self.same + 1 if now == self.last else 0
         self.last = now
         if plan.batches < self.MIN_BATCHES or self.same < self.patience or plan.batches == total:
@@ -366,6 +371,7 @@ def probe(
             the positions ranked by z) has stayed the same for this many consecutive batches (from 4
             batches on); `result.stopping` says where it stopped. `None` (default): read every batch.
             A stop saves probe passes at the price of wider intervals (`population_se`) than all batches give.
+            With it, `result.recommendation_trace` holds the recommendation after every batch from the 3rd.
 
     Returns:
         A `ProbeResult`.
@@ -389,5 +395,6 @@ def probe(
     stop = _Stop(stop_patience, z_threshold) if stop_patience is not None else None
     _run(plan, batches, norm_factor, progress, stop)
     result = _assemble(plan, num_splits, z_threshold, norm_factor, keep_gradients)
-    result.stopping = stop.reason if stop is not None else None
+    if stop is not None:
+        result.stopping, result.recommendation_trace = stop.reason, stop.trace
     return result
