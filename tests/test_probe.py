@@ -168,15 +168,20 @@ def test_consistent_gradient_is_improvable():
     assert result.recommendation["best"] == result.positions[max(range(len(result.z)), key=lambda i: result.z[i])]
 
 
+def _label_noise_batches(model, n=6):
+    """Batches whose labels are drawn independently of everything (seeded)."""
+    batches = batches_for(model, n=n)
+    gen = torch.Generator().manual_seed(3)
+    for b in batches:
+        b["labels"] = torch.randint(0, model.config.vocab_size, b["labels"].shape, generator=gen)
+    return batches
+
+
 def test_pure_label_noise_is_not_observable():
     # Labels drawn independently of everything: the per-batch gradients share no direction beyond
     # what the model's miscalibration gives; with few batches nothing is significant.
     model = tiny_model("gpt2")
-    batches = batches_for(model, n=6)
-    gen = torch.Generator().manual_seed(3)
-    for b in batches:
-        b["labels"] = torch.randint(0, model.config.vocab_size, b["labels"].shape, generator=gen)
-    result = probe(model, batches, progress=False)
+    result = probe(model, _label_noise_batches(model), progress=False)
     assert all(abs(z) < 3 for z in result.z)
 
 
@@ -400,13 +405,14 @@ def test_sequential_stopping_ends_once_the_recommendation_is_stable_and_equals_t
 
 def test_sequential_stopping_reads_everything_while_the_recommendation_moves():
     model = tiny_model("gpt2")
-    batches = batches_for(model, n=6)
-    gen = torch.Generator().manual_seed(3)
-    for b in batches:
-        b["labels"] = torch.randint(0, model.config.vocab_size, b["labels"].shape, generator=gen)
+    batches = _label_noise_batches(model)
     # Patience longer than the data: never stops early, and says nothing.
     result = probe(model, batches, progress=False, stop_patience=10)
     assert result.num_batches == 6 and result.stopping is None
+    # The trace holds what the stop watched, from the 3rd batch; its last entry is the result's recommendation.
+    trace = result.recommendation_trace
+    assert [t["batches"] for t in trace] == [3, 4, 5, 6]
+    assert (trace[-1]["grow"], trace[-1]["positions"]) == (result.recommendation["grow"], list(result.recommendation["positions"]))
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
