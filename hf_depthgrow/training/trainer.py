@@ -52,9 +52,9 @@ from .data_order import DataOrder, fetch, input_count, selection_rows, supervise
 from .deepspeed_support import check_deepspeed_config, deepspeed_accelerator, engine_backward, grad_norm, numel, weights_partitioned
 from .forward import batch_losses
 from .guards import guard_output_dir, nonfinite_stop, run_fingerprint
+from .original_losses import OriginalLosses, check_reuse, losses_key
 from .prefix_cache import PrefixCache, build_caches, shares_prefix
 from .result import FINAL_MODEL, TrainResult, initial_result, write_outputs
-from .original_losses import OriginalLosses, check_reuse, losses_key
 from .selection import candidate_loss, initial_weights, pick, selected_model, stone_cache, unpack_stone
 from .tracking import NO_TRACKING, make_accelerator, trainer_tracking
 from .trainable import layer_parameters, lora_target_names, make_optimizer, set_train_mode, setup_trainable
@@ -133,8 +133,8 @@ class GrownTrainer:
         # Taken before LoRA is injected; identifies the run in its checkpoints (guards.py).
         self.fingerprint = run_fingerprint(model, self.train_dataset, self.config)
         cfg = self.config
-        rows = selection_rows(len(self.train_dataset), cfg.selection_max_examples, cfg.seed) if cfg.fallback else None
-        self.losses_key = losses_key(self.train_dataset, self.eval_dataset, rows)
+        self.selection_rows = selection_rows(len(self.train_dataset), cfg.selection_max_examples, cfg.seed)
+        self.losses_key = losses_key(self.train_dataset, self.eval_dataset, self.selection_rows if cfg.fallback else None)
         self.reuse_original_losses(original_losses)
         self._lock, self.nonfinite, self.tracking = None, None, NO_TRACKING
 
@@ -250,7 +250,6 @@ class GrownTrainer:
         cfg = self.config
         self.history, self.eval_history, self.baseline = [], [], {}
         self.units_seen, self._elapsed_before, self._t0 = 0, 0.0, time.perf_counter()
-        self.selection_rows = selection_rows(len(self.train_dataset), cfg.selection_max_examples, cfg.seed)
         self.eval_rows = list(range(len(self.eval_dataset))) if self.eval_dataset is not None else []
         if self.resume_path is not None:
             return self._load_checkpoint(self.resume_path)
