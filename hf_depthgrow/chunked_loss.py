@@ -213,7 +213,20 @@ def chunked_token_losses(hidden: torch.Tensor, targets: torch.Tensor, head: nn.L
         torch.Size([5])
         ```
     """
+    if not torch.is_grad_enabled():
+        # `Function.apply` reports `needs_input_grad` from `requires_grad` whatever the grad mode: under `no_grad`
+        # (every evaluation, line search and selection pass of a model with trainable weights) the forward would
+        # also compute the hidden and weight gradients, two more head-sized matmuls that nobody reads.
+        return _forward_losses(hidden, targets, head.weight, head.bias, transform, int(chunk))
     return _ChunkedHeadCE.apply(hidden, targets, head.weight, head.bias, transform, int(chunk))
+
+
+def _forward_losses(hidden, targets, weight, bias, transform, chunk: int) -> torch.Tensor:
+    """The token losses alone, `chunk` rows at a time (no gradient work)."""
+    losses = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    for s in range(0, hidden.shape[0], chunk):
+        losses[s : s + chunk] = _chunk_losses(F.linear(hidden[s : s + chunk], weight, bias), targets[s : s + chunk], transform)
+    return losses
 
 
 def resolve_chunk_size(chunk_size, tokens: int, vocab: int) -> int | None:

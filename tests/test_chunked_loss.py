@@ -190,6 +190,40 @@ def test_chunked_token_losses_without_grad_and_with_bias():
         assert float((chunked_token_losses(hidden, targets, head, chunk=4) - ref).abs().max()) <= 1e-6
 
 
+def _matmuls(fn) -> int:
+    """How many matrix products `fn()` runs (every mm / addmm / linear kernel, in place or not)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._overloadpacket.__name__.rstrip("_") in ("mm", "addmm", "bmm", "matmul", "linear"):
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_no_gradient_work_under_no_grad_even_for_trainable_weights():
+    # Regression: autograd.Function sees `requires_grad`, not the grad mode, so every evaluation of a model with
+    # trainable weights (under no_grad) also computed d_hidden and the head's weight gradient: 3 matmuls a chunk.
+    g = torch.Generator().manual_seed(0)
+    head = nn.Linear(6, 50)  # its weight requires grad, as a model's does outside a frozen phase
+    hidden = torch.randn(8, 6, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (8,), generator=g)
+    with torch.no_grad():
+        assert _matmuls(lambda: chunked_token_losses(hidden, targets, head, chunk=2)) == 4  # one head product a chunk
+        got = chunked_token_losses(hidden, targets, head, chunk=2)
+    assert not got.requires_grad
+    ref = nn.functional.cross_entropy(head(hidden), targets, reduction="none")
+    assert float((got - ref).detach().abs().max()) <= 1e-6
+    # With grad on, the gradients are precomputed in the same chunk loop (3 products a chunk), as before.
+    assert _matmuls(lambda: chunked_token_losses(hidden, targets, head, chunk=2)) == 12
+
+
 # ----------------------------------------------------------------------------- wired into trainer, probe, evaluator
 
 
