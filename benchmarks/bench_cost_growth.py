@@ -15,8 +15,9 @@ Three sweeps, each point timed as the median of `--repeats` runs:
 (c) test-set size (`--test-sizes` examples of `--eval-seq` tokens, batched by `--batch`) for `evaluate_delta`.
 
 Every repeat runs every point of every sweep once, in a fresh random order, so that drift of the
-machine's load hits all points alike (as `bench_probe.py` does). Untimed first: one run of each point
-under torch's `FlopCounterMode` (the FLOP prediction, also a warm-up) and `--warmup` more rounds.
+machine's load hits all points alike (as `bench_probe.py` does). Untimed first: one run of each point (one-time
+work such as the chunked loss's self-check), one under torch's `FlopCounterMode` (the FLOP prediction) and
+`--warmup` more rounds.
 
 Prediction: the FLOPs torch counts for one run of the point (multiply-add = 2): matmuls and the
 attention kernels. torch has no formula for the CPU flash-attention kernel, so this script maps it
@@ -258,8 +259,14 @@ def timed(point: Point, device: torch.device) -> tuple[float, float]:
 
 
 def measure(points: list[Point], args, device: torch.device) -> None:
-    """FLOP count, warm-up rounds, then `--repeats` rounds over every point in a fresh order each."""
+    """One untimed run, the FLOP count, warm-up rounds, then `--repeats` rounds over every point in a fresh order each.
+
+    The count follows a first run so that it holds a call's steady work only: a model's first chunked-loss batch also
+    runs the chunked path's self-check (one more forward of the body, `hf_depthgrow.chunked_loss`), once per model,
+    which the first count of the first chunked point took as its own (T=256 counted 2.6-3.1x T=128's FLOPs).
+    """
     for i, point in enumerate(points):
+        point.run()
         count_flops(point)
         print(f"[count {i + 1}/{len(points)}] ({point.sweep}) {point.work} {point.label}: {point.flops / 1e9:.3f} GFLOP",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -335,7 +342,7 @@ def section_text(points: list[Point], args, base, device, command: str, load: tu
         f"k = {cfg.num_hidden_layers // 2} (new block only, prefix cache off: a forward from the bottom), `evaluate_delta` on one batch; "
         f"(b) positions probed (spread evenly over 0..L) at {args.probe_seq} tokens; (c) `evaluate_delta` on n test examples of "
         f"{args.eval_seq} tokens ({args.n_bootstrap} bootstrap resamples, task metrics off). Median of {args.repeats} runs per point "
-        f"({clock}), every repeat running all points in a fresh random order, after a FLOP-counting run and {args.warmup} warm-up round(s).",
+        f"({clock}), every repeat running all points in a fresh random order, after one untimed run, a FLOP-counting run and {args.warmup} warm-up round(s).",
         "",
         "Prediction: FLOPs torch's `FlopCounterMode` counts on one run of each point (matmuls and attention, attention dense; the CPU "
         "flash-attention kernel given torch's SDPA formulas). Not counted: element-wise work (norms, RoPE, SiLU, softmax, the loss), "

@@ -86,3 +86,24 @@ def test_cost_growth_rejects_bad_sizes_before_loading(bench):
         with pytest.raises(SystemExit) as err:
             bench.main(["--model", "tiny", *bad])
         assert err.value.code == 2
+
+
+def test_flop_count_leaves_out_one_time_work(bench):
+    # Regression: the count was a point's first run, so one-time work (the chunked loss's self-check on a model's
+    # first chunked batch) counted as per-call cost; T=256 showed 2.6-3.1x T=128's FLOPs for 2x the tokens.
+    import argparse
+
+    import torch
+
+    a = torch.ones(8, 8)
+    calls = []
+
+    def run():  # its first call does 5 matmuls, every later call one
+        calls.append(1)
+        for _ in range(5 if len(calls) == 1 else 1):
+            a @ a
+
+    point = bench.Point("a", "probe", 1, "x", run)
+    bench.measure([point], argparse.Namespace(warmup=0, repeats=1, seed=0), torch.device("cpu"))
+    assert point.flops == 2 * 8 * 8 * 8  # one call's steady work
+    assert len(point.wall) == 1
