@@ -123,6 +123,33 @@ def _detach_input(module, args, kwargs):
     return None
 
 
+class _ZeroLinear(torch.autograd.Function):
+    """`F.linear(x, weight, bias)` where weight and bias are all zero: zeros out, the weight's gradient back,
+    without the forward matmul (a third of a block's matmul work, and its output is known to be 0).
+
+    No gradient goes to `x`: it is `grad @ weight = 0` (the input is detached anyway, `_detach_input`)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x)
+        ctx.has_bias = bias is not None
+        return x.new_zeros(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        rows = grad.reshape(-1, grad.shape[-1])
+        grad_w = rows.t().mm(x.reshape(-1, x.shape[-1]).to(rows.dtype))
+        return None, grad_w, rows.sum(0) if ctx.has_bias else None
+
+
+def _skip_zero_matmul(module: nn.Module) -> None:
+    """Where a zeroed output projection is a plain `nn.Linear`, its forward returns zeros without the matmul."""
+    if type(module) is not nn.Linear or any(bool(p.detach().any()) for p in module.parameters(recurse=False)):
+        return  # another layer type (an expert bank, a quantized linear) or not zero: the module's own forward
+    module.forward = lambda x: _ZeroLinear.apply(x, module.weight, module.bias)
+
+
 class CandidateBlock:
     """The block `grow_depth(model, [k], ...)` would insert, prepared for the VJP at `z`."""
 
@@ -149,6 +176,8 @@ class CandidateBlock:
         self.shapes = [p.shape for p in self.params]
         self.numel = sum(p.numel() for p in self.params)
         self.handles = [m.register_forward_pre_hook(_detach_input, with_kwargs=True) for m in outputs]
+        for m in outputs:  # the block is the probe's own copy: its modules can be changed
+            _skip_zero_matmul(m)
 
     def gradient(self, z: torch.Tensor, g: torch.Tensor, call: tuple[tuple, dict] | None) -> list[torch.Tensor]:
         """Gradient of `<g, block(z)>` per output parameter: the VJP with upstream `g`."""
