@@ -2,6 +2,11 @@
 
     python benchmarks/gpu.py --write-results                       # SmolLM2-135M, bf16 on a GPU
     python benchmarks/gpu.py --model tiny --steps 3 --warmup 1     # CPU smoke run (what CI runs)
+    python benchmarks/gpu.py --model smollm2-random --write-results  # SmolLM2-135M's architecture, random weights
+
+`smollm2-random` is for a machine the SmolLM2 weights cannot reach (its 98 MB GGUF is over what travels to a
+lent GPU machine): SmolLM2-135M's exact config with random weights and random token ids. Step time, FLOPs and
+memory depend on the shapes, not on the values, so its rows measure the same work (its losses mean nothing).
 
 Four ways to train SmolLM2 for the same steps, the first three leaving the base frozen:
 
@@ -64,12 +69,27 @@ def peak_tflops(name: str, override: float | None) -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
+# SmolLM2-135M-Instruct's config (what `load_model("smollm2").config` holds; tests/test_bench_gpu.py checks it).
+SMOLLM2_135M = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, head_dim=64, hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=9.999999747378752e-06,
+    tie_word_embeddings=True, rope_parameters={"rope_theta": 100000.0, "rope_type": "default"}, attention_bias=False,
+    mlp_bias=False, pad_token_id=2, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+
+
 def load_base(args):
     """The model to benchmark (fp32 weights; bf16 comes from autocast) and its training rows."""
-    if args.model == "tiny":
-        from hf_depthgrow.testing import tiny_model
+    if args.model in ("tiny", "smollm2-random"):
+        if args.model == "tiny":
+            from hf_depthgrow.testing import tiny_model
 
-        model = tiny_model("llama", num_hidden_layers=6, hidden_size=64, intermediate_size=128, vocab_size=512)
+            model = tiny_model("llama", num_hidden_layers=6, hidden_size=64, intermediate_size=128, vocab_size=512)
+        else:
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).eval()
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(2, model.config.vocab_size, (args.examples, args.seq), generator=g)
         rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
@@ -241,7 +261,7 @@ def write_results(path: Path, lines: list[str], device_tag: str, model: str, com
 
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
+    p.add_argument("--model", choices=["smollm2", "smollm2-random", "tiny"], default="smollm2")
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--examples", type=int, default=64)

@@ -53,3 +53,15 @@ def test_gpu_benchmark_rejects_bad_sizes_before_loading(gpu_bench):
     with pytest.raises(SystemExit) as err:
         gpu_bench.main(["--model", "tiny", "--steps", "0"])
     assert err.value.code == 2
+
+
+@pytest.mark.real_model
+def test_smollm2_random_has_the_real_models_config(gpu_bench):
+    # `--model smollm2-random` stands in for SmolLM2 where its weights cannot go: the same shapes, so the same work.
+    from hf_depthgrow import load_model
+
+    real = load_model("smollm2")[0].config
+    for key, value in gpu_bench.SMOLLM2_135M.items():
+        assert getattr(real, key) == value, key
+    stand_in = gpu_bench.load_base(gpu_bench.argparse.Namespace(model="smollm2-random", examples=2, seq=8))[0]
+    assert sum(p.numel() for p in stand_in.parameters()) == sum(p.numel() for p in load_model("smollm2")[0].parameters())
