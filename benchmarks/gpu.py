@@ -17,8 +17,9 @@ Four ways to train SmolLM2 for the same steps, the first three leaving the base 
 
 Each variant gets a fresh model and a `GrownTrainer`; after `--warmup` steps, `--steps` steps are
 timed one by one (CUDA synchronised) and the median step time gives tokens/s. FLOPs per step come
-from torch's `FlopCounterMode` on one extra step (matmuls and, on CUDA, the attention kernels; on
-CPU torch has no formula for the flash-attention kernel, so the count there leaves attention out).
+from torch's `FlopCounterMode` on one extra step (matmuls and the attention kernels, forward and backward; torch's SDPA
+formulas are given grouped-query attention's keys and values at the query's head count, and the CPU flash kernel,
+which torch has no formula for, the same formulas).
 MFU = counted FLOPs per second / the device's dense peak (`--peak-tflops`, or the table below).
 Peak memory: `torch.cuda.max_memory_allocated` over the timed steps on CUDA; on CPU the kernel's
 peak RSS over the timed steps (`VmHWM` after `clear_refs`), which also counts the model itself.
@@ -132,6 +133,37 @@ def _peak_mb(device: torch.device) -> float | None:
     return _status_mb("VmHWM")
 
 
+def _heads_matched(query, key, value) -> tuple:
+    """Key and value shapes with as many heads as the query: grouped-query attention counted as torch counts MHA
+    (torch's SDPA formulas assert equal heads, and every query head reads its group's keys and values)."""
+    heads = query[-3]
+    return tuple(key[:-3]) + (heads,) + tuple(key[-2:]), tuple(value[:-3]) + (heads,) + tuple(value[-2:])
+
+
+def _sdpa(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query, *_heads_matched(query, key, value))
+
+
+def _sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out, query, *_heads_matched(query, key, value))
+
+
+def flop_counter():
+    """`FlopCounterMode` that also counts the attention kernels torch has no GQA-aware (or, on CPU, no) formula for."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mapping = {}
+    for name in ("flash_attention", "efficient_attention", "cudnn_attention", "flash_attention_for_cpu"):
+        for op, fn in ((f"_scaled_dot_product_{name}", _sdpa), (f"_scaled_dot_product_{name}_backward", _sdpa_backward)):
+            if hasattr(torch.ops.aten, op):
+                mapping[getattr(torch.ops.aten, op)] = fn
+    return FlopCounterMode(display=False, custom_mapping=mapping)
+
+
 def make_trainer(base, rows, variant: str, args, precision: str):
     """A set-up `GrownTrainer` for `variant` on a fresh copy of `base`."""
     from hf_depthgrow import grow_depth
@@ -152,8 +184,6 @@ def make_trainer(base, rows, variant: str, args, precision: str):
 
 
 def measure_training(base, rows, variant: str, args, precision: str, device: torch.device) -> dict:
-    from torch.utils.flop_counter import FlopCounterMode
-
     trainer = make_trainer(base, rows, variant, args, precision)
     step = 0
     for _ in range(args.warmup):
@@ -173,7 +203,7 @@ def measure_training(base, rows, variant: str, args, precision: str, device: tor
         if not torch.isfinite(torch.tensor(out["loss"])):
             raise RuntimeError(f"{variant}: non-finite loss {out['loss']} at step {step}")
     peak = _peak_mb(device)
-    with FlopCounterMode(display=False) as counter:
+    with flop_counter() as counter:
         step += 1
         trainer.training_step(step)
     tokens = args.batch * args.seq
@@ -242,21 +272,34 @@ def rows_markdown(results: list[dict], args, device_tag: str, dtype: str, peak: 
     return lines
 
 
-def write_results(path: Path, lines: list[str], device_tag: str, model: str, command: str) -> None:
-    """Put `lines` in the section's table, replacing earlier rows of the same device and model."""
+def write_results(path: Path, lines: list[str], device_tag: str, model: str, shape: str, command: str) -> None:
+    """Put `lines` in the section's table, replacing earlier rows (and the run line) of the same device, model and
+    `seq x batch` shape; rows of other shapes stay."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     if SECTION not in text:
         text = text.rstrip() + f"\n\n{SECTION}\n\nCommand: see each row's run below. Written by `benchmarks/gpu.py`.\n\n{HEADER}\n"
     head, rest = text.split(SECTION, 1)
     nxt = rest.find("\n## ")
     body, tail = (rest, "") if nxt < 0 else (rest[:nxt], rest[nxt:])
-    keep = [ln for ln in body.splitlines() if not (ln.startswith(f"| {device_tag} | {model} |"))]
-    runs = [ln for ln in keep if ln.startswith("- run: ") and f"`{device_tag}`" in ln]
-    keep = [ln for ln in keep if ln not in runs]
+    row_key, run_key = f"| {device_tag} | {model} | ", f"- run: `{device_tag}`, {model}, {shape}, "
+    keep = [ln for ln in body.splitlines() if not (ln.startswith(row_key) and f" | {shape} | " in ln) and not ln.startswith(run_key)]
     table_end = max(i for i, ln in enumerate(keep) if ln.startswith("|")) + 1
     keep[table_end:table_end] = lines
-    keep.append(f"- run: `{device_tag}`, {model}, {date.today().isoformat()}: `{command}`")
+    keep.append(f"{run_key}{date.today().isoformat()}: `{command}`")
     path.write_text(head + SECTION + "\n".join(keep).rstrip() + "\n" + tail)
+
+
+def public_command(argv: list[str]) -> str:
+    """The command line as a reader would rerun it: without `--results PATH` (a local path; the default file)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--results":
+            skip = True
+        elif not arg.startswith("--results="):
+            out.append(arg)
+    return " ".join(["python benchmarks/gpu.py", *out])
 
 
 def main(argv=None) -> list[dict]:
@@ -289,7 +332,8 @@ def main(argv=None) -> list[dict]:
     lines = rows_markdown(results, args, tag, "bf16" if precision == "bf16" else "fp32", peak_tflops(tag, args.peak_tflops))
     print("\n".join([HEADER, *lines]))
     if args.write_results:
-        write_results(args.results, lines, tag, args.model, "python benchmarks/gpu.py " + " ".join(sys.argv[1:] if argv is None else argv))
+        shape = f"{args.seq} x {args.batch}"
+        write_results(args.results, lines, tag, args.model, shape, public_command(sys.argv[1:] if argv is None else argv))
     return results
 
 

@@ -47,6 +47,14 @@ def test_gpu_benchmark_measures_every_variant_and_writes_tagged_rows(gpu_bench, 
     section = results_md.read_text().split(gpu_bench.SECTION, 1)[1]
     assert len([ln for ln in section.splitlines() if ln.startswith("| CPU")]) == 3
     assert len([ln for ln in section.splitlines() if ln.startswith("- run: ")]) == 1
+    assert str(tmp_path) not in section  # the run line names no local path
+
+    # Another shape on the same device and model adds its rows beside the first shape's (a regression: it replaced them).
+    gpu_bench.main([*ARGS, "--variants", "full", "--seq", "8", "--write-results", "--results", str(results_md)])
+    section = results_md.read_text().split(gpu_bench.SECTION, 1)[1]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| CPU")]
+    assert len([ln for ln in rows if "| 16 x 2 |" in ln]) == 3 and len([ln for ln in rows if "| 8 x 2 |" in ln]) == 3
+    assert len([ln for ln in section.splitlines() if ln.startswith("- run: ")]) == 2
 
 
 def test_gpu_benchmark_rejects_bad_sizes_before_loading(gpu_bench):

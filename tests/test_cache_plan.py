@@ -62,3 +62,16 @@ def test_trainer_reports_the_auto_choice():
     # Nothing frozen below: off, whatever the epochs.
     full = train(grow_depth(tiny_model("llama"), [2]), data, config=cfg(max_steps=12, trainable="full"))
     assert full.prefix_cache is None and "nothing frozen" in full.prefix_cache_choice
+
+
+def test_an_in_memory_cache_lives_on_the_gpu_while_it_fits(monkeypatch):
+    # On an H200 a CPU-resident cache made SmolLM2's cached steps 0.45x as fast as uncached ones (a host gather
+    # and copy per step): the cache goes to the GPU when it takes at most DEVICE_CACHE_SHARE of the free memory.
+    from hf_depthgrow.training import prefix_cache as pc
+
+    free = 4 * 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 8 * 2**30))
+    gpu = torch.device("cuda", 0)
+    assert pc.memory_device(gpu, 2**30) == gpu  # a quarter of the free memory
+    assert pc.memory_device(gpu, 2**30 + 1) == torch.device("cpu")
+    assert pc.memory_device("cpu", 1) == torch.device("cpu")  # a CPU model's cache stays in CPU memory

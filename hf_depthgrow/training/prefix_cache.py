@@ -30,18 +30,45 @@ STORAGE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16
 _CACHE_COUNTER = iter(range(1_000_000))
 
 
-class MemoryRows:
-    """Cache rows in one CPU tensor."""
+# A GPU holds the cache itself while it takes at most this share of the device's free memory at build time.
+DEVICE_CACHE_SHARE = 0.25
 
-    def __init__(self, shape, dtype):
-        self.tensor = torch.empty(shape, dtype=dtype)
+
+def memory_device(device, nbytes: int) -> torch.device:
+    """Where an in-memory cache of `nbytes` lives for a model on `device`: on that accelerator while it fits in
+    `DEVICE_CACHE_SHARE` of its free memory, else in CPU memory.
+
+    A CPU-resident cache costs a GPU step a gather and a host-to-device copy of the batch's `z` (and fresh host
+    pages for each): on an H200, SmolLM2 at 1024 x 32 tokens ran 0.45x as fast *with* such a cache as without
+    one (benchmarks/RESULTS.md, GPU benchmark). On the device the read is a gather in device memory.
+
+    Example:
+        ```python
+        >>> memory_device(torch.device("cpu"), 10**9)
+        device(type='cpu')
+        ```
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if nbytes <= DEVICE_CACHE_SHARE * free:
+            return device
+    return torch.device("cpu")
+
+
+class MemoryRows:
+    """Cache rows in one tensor, on `device` (see `memory_device`)."""
+
+    def __init__(self, shape, dtype, device="cpu"):
+        self.tensor = torch.empty(shape, dtype=dtype, device=device)
         self.dtype, self.path = dtype, None
 
     def write(self, ids: torch.Tensor, values: torch.Tensor) -> None:
-        self.tensor.index_copy_(0, ids, values.to(self.dtype))
+        device = self.tensor.device
+        self.tensor.index_copy_(0, ids.to(device), values.to(device=device, dtype=self.dtype))
 
     def read(self, ids: Sequence[int]) -> torch.Tensor:
-        return self.tensor.index_select(0, torch.as_tensor(list(ids), dtype=torch.long))
+        return self.tensor.index_select(0, torch.as_tensor(list(ids), dtype=torch.long, device=self.tensor.device))
 
     @property
     def nbytes(self) -> int:
@@ -200,7 +227,8 @@ class PrefixCache:
                     compute_dtype = z.dtype
                     layout = ((n, *z.shape[1:]), compute_dtype if dtype == "auto" else STORAGE_DTYPES[dtype])
                     if storage == "memory":
-                        store = MemoryRows(*layout)
+                        nbytes = math.prod(layout[0]) * torch.empty((), dtype=layout[1]).element_size()
+                        store = MemoryRows(*layout, device=memory_device(accelerator.device, nbytes))
                     elif writer:
                         store = FileRows(path, *layout, create=True)
                 if tuple(z.shape[1:]) != tuple(layout[0][1:]):
