@@ -88,7 +88,8 @@ class TrainConfig:
 
     prefix_cache (`str`, defaults to `"auto"`): `"memory"`, `"disk"` or `"off"`. When nothing below the
         lowest inserted block trains, `z = f_bot(x)` is computed once per example and training runs
-        only the layers from there on. `"auto"`: `"memory"` where valid, else `"off"`.
+        only the layers from there on. `"auto"`: `"memory"` where valid, else `"off"`. A `"memory"` cache lives
+        on the GPU while it takes at most a quarter of its free memory, else in CPU memory.
     prefix_cache_dtype (`str`): storage dtype of the cache; `"auto"` keeps the dtype the prefix produces
         (exact); `"bfloat16"`/`"float16"` halve the memory at a rounding of z.
     prefix_cache_dir (`str` or `None`): where `"disk"` spills (default: `<output_dir>/prefix_cache`, or a temp dir).

@@ -16,7 +16,7 @@ seeded permutation per epoch indexed by a micro-batch counter (`data_order.py`),
 (`checkpoints.py`) picks up at the same example without replaying a loader and ends at
 bit-identical weights. Which weights train, and which modules run in train mode, is `trainable.py`.
 
-At ~520 lines this module is over the package's ~400: `GrownTrainer` is one state machine (set-up,
+At ~570 lines this module is over the package's ~400: `GrownTrainer` is one state machine (set-up,
 steps, evaluation, the fallback rule, the end), and `train()` split into `begin` / `run_steps` /
 `finish` / `close` (for successive halving) must see all of it; the pieces without trainer state
 already live in the sibling modules.
