@@ -4,20 +4,17 @@ Only its plumbing is checked (both ways run every repeat, the rates they chose a
 results section is replaced in place); timings are not asserted: speed is measured in benchmarks.
 """
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from bench_loader import load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_compare.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_compare", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(BENCH)
 
 
 def test_compare_benchmark_times_both_ways_and_replaces_its_section(bench, tmp_path):

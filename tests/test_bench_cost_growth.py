@@ -5,11 +5,11 @@ counts that grow with the sweep variable, the results section replaced on a reru
 are not asserted: speed is measured in benchmarks, never in tests.
 """
 
-import importlib.util
 import itertools
 from pathlib import Path
 
 import pytest
+from bench_loader import load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cost_growth.py"
 QUICK = ["--model", "tiny", "--quick", "--repeats", "1"]
@@ -17,10 +17,7 @@ QUICK = ["--model", "tiny", "--quick", "--repeats", "1"]
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_cost_growth", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(BENCH)
 
 
 def _table_rows(text: str, section: str) -> list[list[str]]:

@@ -1,19 +1,16 @@
 """benchmarks/bench_eval_head.py runs on CPU with a tiny model, so the benchmark cannot rot (timings not asserted)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from bench_loader import load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_eval_head.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_eval_head", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(BENCH)
 
 
 def test_eval_head_times_every_variant_and_writes_its_section(bench, tmp_path):

@@ -1,20 +1,17 @@
 """benchmarks/gpu.py runs on CPU with a tiny model, so the GPU benchmark cannot rot between GPU sessions."""
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+from bench_loader import load_benchmark
 
 GPU_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
 
 
 @pytest.fixture(scope="module")
 def gpu_bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", GPU_BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(GPU_BENCH)
 
 
 ARGS = ["--model", "tiny", "--steps", "2", "--warmup", "0", "--seq", "16", "--batch", "2", "--examples", "4", "--probe-batches", "1"]

@@ -4,10 +4,10 @@ The stop batch the benchmark derives from one traced probe must be where `probe(
 really stops, else its table would describe another rule.
 """
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from bench_loader import load_benchmark
 import torch
 
 from hf_depthgrow.testing import tiny_inputs, tiny_model
@@ -17,10 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_probe_stop.p
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_probe_stop", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(BENCH)
 
 
 def _rows(n=96, seq=12):
