@@ -132,15 +132,15 @@ class _ZeroLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x)
-        ctx.has_bias = bias is not None
+        ctx.has_bias, ctx.dtype = bias is not None, weight.dtype
         return x.new_zeros(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         rows = grad.reshape(-1, grad.shape[-1])
-        grad_w = rows.t().mm(x.reshape(-1, x.shape[-1]).to(rows.dtype))
-        return None, grad_w, rows.sum(0) if ctx.has_bias else None
+        grad_w = rows.t().mm(x.reshape(-1, x.shape[-1]).to(rows.dtype)).to(ctx.dtype)
+        return None, grad_w, rows.sum(0).to(ctx.dtype) if ctx.has_bias else None
 
 
 def _skip_zero_matmul(module: nn.Module) -> None:
