@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from results_file import write_section  # noqa: E402
+sys.path.insert(0, str(HERE))  # the shared RESULTS.md helpers next to this script
+from results_file import rerun_command, write_section  # noqa: E402
 
 SECTION = "## Evaluation head: the chunked loss without gradients"
 VARIANTS = ("plain", "chunked", "chunked, weight gradient")
@@ -163,8 +163,7 @@ def main(argv=None) -> dict:
         p.error("--batches, --batch and --repeats must be at least 1, --seq at least 2")
     result = measure(args)
     argv = sys.argv[1:] if argv is None else argv
-    shown = [a for i, a in enumerate(argv) if not a.startswith("--results") and (i == 0 or argv[i - 1] != "--results")]
-    command = " ".join(["python benchmarks/bench_eval_head.py", *shown])  # no local path of --results
+    command = rerun_command("bench_eval_head.py", argv)
     text = markdown(result, args, command)
     print(text)
     if args.write_results:

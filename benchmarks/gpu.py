@@ -46,6 +46,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared RESULTS.md helpers next to this script
+from results_file import rerun_command  # noqa: E402
 SECTION = "## GPU benchmark: training, probe and evaluation throughput"
 HEADER = (
     "| device | model | dtype | seq x batch | variant | trainable params | tokens/s | vs full | MFU | peak memory MB | FLOPs counted per token |\n"
@@ -289,19 +291,6 @@ def write_results(path: Path, lines: list[str], device_tag: str, model: str, sha
     path.write_text(head + SECTION + "\n".join(keep).rstrip() + "\n" + tail)
 
 
-def public_command(argv: list[str]) -> str:
-    """The command line as a reader would rerun it: without `--results PATH` (a local path; the default file)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--results":
-            skip = True
-        elif not arg.startswith("--results="):
-            out.append(arg)
-    return " ".join(["python benchmarks/gpu.py", *out])
-
-
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=["smollm2", "smollm2-random", "tiny"], default="smollm2")
@@ -333,7 +322,7 @@ def main(argv=None) -> list[dict]:
     print("\n".join([HEADER, *lines]))
     if args.write_results:
         shape = f"{args.seq} x {args.batch}"
-        write_results(args.results, lines, tag, args.model, shape, public_command(sys.argv[1:] if argv is None else argv))
+        write_results(args.results, lines, tag, args.model, shape, rerun_command("gpu.py", sys.argv[1:] if argv is None else argv))
     return results
 
 

@@ -26,3 +26,17 @@ def write_section(path: Path, heading: str, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(new)
     os.replace(tmp, path)
+
+
+def rerun_command(script: str, argv: list[str]) -> str:
+    """The command line to record, as a reader would rerun it: `python benchmarks/<script> ...` without
+    `--results PATH` (a local path; the default file is the repository's RESULTS.md)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--results":
+            skip = True
+        elif not arg.startswith("--results="):
+            out.append(arg)
+    return " ".join([f"python benchmarks/{script}", *out])
