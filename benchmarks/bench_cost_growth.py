@@ -55,6 +55,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md writer next to this script
+from flops import flop_counter  # noqa: E402
 from results_file import write_section  # noqa: E402
 SECTION = "## Cost growth"
 # Defaults per mode; an explicit flag always wins. The quick sizes keep the CI smoke test in seconds.
@@ -201,18 +202,6 @@ def build_points(args, base, grown) -> list[Point]:
     return points
 
 
-def _cpu_flash(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query, key, value)
-
-
-def _cpu_flash_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
 class _GlobalOnly:
     """Stands in for `FlopCounterMode`'s module tracker, which attributes counts to modules through
     autograd hooks on their inputs; `torch.autograd.grad` (the probe's backward) refuses those hooks
@@ -228,15 +217,8 @@ class _GlobalOnly:
 
 
 def count_flops(point: Point) -> None:
-    """One untimed run under `FlopCounterMode`, with the CPU flash-attention kernel given torch's SDPA formulas."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    aten = torch.ops.aten
-    mapping = {
-        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
-    }
-    counter = FlopCounterMode(display=False, custom_mapping=mapping)
+    """One untimed run under `FlopCounterMode`, with the attention kernels given torch's SDPA formulas (`flops.py`)."""
+    counter = flop_counter()
     counter.mod_tracker = _GlobalOnly()
     with counter:
         point.run()

@@ -47,6 +47,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md helpers next to this script
+from flops import flop_counter  # noqa: E402
 from results_file import rerun_command  # noqa: E402
 SECTION = "## GPU benchmark: training, probe and evaluation throughput"
 HEADER = (
@@ -133,37 +134,6 @@ def _peak_mb(device: torch.device) -> float | None:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return _status_mb("VmHWM")
-
-
-def _heads_matched(query, key, value) -> tuple:
-    """Key and value shapes with as many heads as the query: grouped-query attention counted as torch counts MHA
-    (torch's SDPA formulas assert equal heads, and every query head reads its group's keys and values)."""
-    heads = query[-3]
-    return tuple(key[:-3]) + (heads,) + tuple(key[-2:]), tuple(value[:-3]) + (heads,) + tuple(value[-2:])
-
-
-def _sdpa(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query, *_heads_matched(query, key, value))
-
-
-def _sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(grad_out, query, *_heads_matched(query, key, value))
-
-
-def flop_counter():
-    """`FlopCounterMode` that also counts the attention kernels torch has no GQA-aware (or, on CPU, no) formula for."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    mapping = {}
-    for name in ("flash_attention", "efficient_attention", "cudnn_attention", "flash_attention_for_cpu"):
-        for op, fn in ((f"_scaled_dot_product_{name}", _sdpa), (f"_scaled_dot_product_{name}_backward", _sdpa_backward)):
-            if hasattr(torch.ops.aten, op):
-                mapping[getattr(torch.ops.aten, op)] = fn
-    return FlopCounterMode(display=False, custom_mapping=mapping)
 
 
 def make_trainer(base, rows, variant: str, args, precision: str):
