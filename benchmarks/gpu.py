@@ -48,7 +48,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md helpers next to this script
 from flops import flop_counter  # noqa: E402
-from results_file import rerun_command  # noqa: E402
+from results_file import rerun_command, write_atomic  # noqa: E402
 SECTION = "## GPU benchmark: training, probe and evaluation throughput"
 HEADER = (
     "| device | model | dtype | seq x batch | variant | trainable params | tokens/s | vs full | MFU | peak memory MB | FLOPs counted per token |\n"
@@ -258,7 +258,7 @@ def write_results(path: Path, lines: list[str], device_tag: str, model: str, sha
     table_end = max(i for i, ln in enumerate(keep) if ln.startswith("|")) + 1
     keep[table_end:table_end] = lines
     keep.append(f"{run_key}{date.today().isoformat()}: `{command}`")
-    path.write_text(head + SECTION + "\n".join(keep).rstrip() + "\n" + tail)
+    write_atomic(path, head + SECTION + "\n".join(keep).rstrip() + "\n" + tail)
 
 
 def main(argv=None) -> list[dict]:

@@ -23,8 +23,14 @@ def write_section(path: Path, heading: str, text: str) -> None:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
         rest = "".join(lines[end:])
         new = "".join(lines[:start]) + body + ("\n" + rest if rest else "")
+    write_atomic(path, new)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` through a temporary file and `os.replace`: never half written."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(new)
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
