@@ -152,9 +152,6 @@ class _ChunkedHeadCE(torch.autograd.Function):
         for s in range(0, n, chunk):
             h, y = hidden[s : s + chunk], targets[s : s + chunk]
             raw = F.linear(h, weight, bias)
-            if not (need_h or need_w or need_b):
-                losses[s : s + chunk] = _chunk_losses(raw, y, transform)
-                continue
             losses[s : s + chunk], d = _chunk_grad(raw, y, transform)
             del raw
             if need_h:
@@ -213,10 +210,11 @@ def chunked_token_losses(hidden: torch.Tensor, targets: torch.Tensor, head: nn.L
         torch.Size([5])
         ```
     """
-    if not torch.is_grad_enabled():
-        # `Function.apply` reports `needs_input_grad` from `requires_grad` whatever the grad mode: under `no_grad`
-        # (every evaluation, line search and selection pass of a model with trainable weights) the forward would
-        # also compute the hidden and weight gradients, two more head-sized matmuls that nobody reads.
+    params = [hidden, head.weight] + ([head.bias] if head.bias is not None else [])
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in params)):
+        # No gradient wanted: the losses alone. The grad mode is checked here because `Function.apply` reports
+        # `needs_input_grad` from `requires_grad` whatever the mode: under `no_grad` (every evaluation, line search
+        # and selection pass of a model with trainable weights) its forward would also compute gradients nobody reads.
         return _forward_losses(hidden, targets, head.weight, head.bias, transform, int(chunk))
     return _ChunkedHeadCE.apply(hidden, targets, head.weight, head.bias, transform, int(chunk))
 
