@@ -38,6 +38,26 @@ def check_data_source(source: str, what: str = "data") -> None:
         raise FileNotFoundError(f"no such {what} file or folder: {source}")
 
 
+def check_evidence_cache(setting: str | None, output_dir: str) -> None:
+    """A cache folder must be a folder (or not exist yet) and lie outside the output folder, which `overwrite` replaces.
+
+    Example:
+        ```python
+        >>> check_evidence_cache("runs/x/cache", "runs/x")
+        Traceback (most recent call last):
+        ValueError: evidence_cache runs/x/cache lies inside output_dir runs/x, which an overwrite replaces: put it elsewhere
+        ```
+    """
+    if setting is None or setting == "auto":
+        return
+    folder = Path(setting).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"evidence_cache {setting} is a file, not a folder")
+    out = Path(output_dir).expanduser().resolve()
+    if folder.resolve() == out or out in folder.resolve().parents:
+        raise ValueError(f"evidence_cache {setting} lies inside output_dir {output_dir}, which an overwrite replaces: put it elsewhere")
+
+
 def _offline() -> bool:
     from huggingface_hub import constants
 
@@ -74,5 +94,6 @@ def check_run(cfg) -> None:
         check_data_source(cfg.retention_data, "retention data")
         inputs["retention data"] = cfg.retention_data
     check_output_dir(cfg.output_dir, overwrite=cfg.overwrite, inputs=inputs)
+    check_evidence_cache(cfg.evidence_cache, cfg.output_dir)
     if cfg.push_to_hub is not None:
         check_push(cfg.push_to_hub, cfg.hub_endpoint)

@@ -71,6 +71,11 @@ class RunConfig:
     control: str | None = field(default="auto", metadata={"help": "Equal-budget control trained beside the growth: layers (the existing layers the new blocks copy, same parameter count), lora (matched rank), auto (layers where the counts match, i.e. native blocks; else lora), or none."})
     retention_data: str | None = field(default=None, metadata={"help": "General-domain set for forgetting, e.g. python_docs; none: skip."})
     retention_max_examples: int = field(default=128, metadata={"help": "Use at most this many retention examples."})
+    evidence_cache: str | None = field(
+        default="auto",
+        metadata={"help": "Where the probe, the stepping stones and the original's losses are kept for a later run on the same model, "
+                          "data and settings to reuse: auto ($HF_DEPTHGROW_CACHE, else ~/.cache/hf_depthgrow/evidence), a folder, or none."},
+    )
     delta: float = field(default=0.05, metadata={"help": "Failure probability of each interval (confidence 1 - delta)."})
     loss_bound: float | None = field(default=None, metadata={"help": "A-priori bound B of a per-example loss (None: from the data, with a warning)."})
     seed: int = field(default=0, metadata={"help": "Seeds splits, blocks, training and the bootstrap."})
@@ -95,7 +100,7 @@ class RunConfig:
                 raise ValueError(f"give positions or placement, not both (got {self.positions!r} and {self.placement!r})")
             self.positions, self.placement = None, self.positions
         # From Python, "none" means what the flag's `none` means: switched off.
-        for name in ("control", "retention_data"):
+        for name in ("control", "retention_data", "evidence_cache"):
             if isinstance(getattr(self, name), str) and getattr(self, name).strip().lower() in ("none", "null"):
                 setattr(self, name, None)
         self.report_to = check_report_to(self.report_to)  # one name or "none" from Python, as the flag takes it
@@ -160,6 +165,8 @@ class RunConfig:
             raise ValueError("control 'layers' trains whole existing layers, which adapter blocks do not match in size; use control: lora or none")
         if self.retention_data is not None and not self.retention_data.strip():
             raise ValueError("retention_data needs a data source such as 'python_docs' (or none)")
+        if self.evidence_cache is not None and not self.evidence_cache.strip():
+            raise ValueError("evidence_cache needs auto, a folder or none")
         if self.retention_max_examples < 1:
             raise ValueError(f"retention_max_examples must be >= 1, got {self.retention_max_examples}")
 

@@ -21,7 +21,7 @@ from ..growth.engine import grow_depth
 from ..hub.loading import EMBEDDED_HUB_IDS, public_name
 from ..plots import plot_training
 from ..training import tracking
-from . import control
+from . import control, reuse
 from .checks import check_run
 from .config import RunConfig
 from .output import staged_output
@@ -74,6 +74,9 @@ class _Run:
     control: dict | None = None  # summary.json's "control"
     retention: dict | None = None  # summary.json's "retention"
     tracking: object = tracking.NO_TRACKING  # the "grown" tracker run (report_to), shared with the trainer
+    cache: object = None  # the evidence cache (`reuse.open_cache`)
+    fingerprints: dict = field(default_factory=dict)  # the original's and the splits' hashes, the cache's keys
+    reused: dict = field(default_factory=dict)  # kind -> key of what an identical earlier run computed (summary.json)
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
@@ -135,12 +138,18 @@ def _probe(run: _Run) -> None:
     from ..probe.signal import probe
 
     cfg, train_ds = run.cfg, run.splits["train"]
-    run.log(f"probing all {run.model.config.num_hidden_layers + 1} positions on {len(train_ds)} training examples")
-    # keep_gradients: the stepping stones reuse G_S instead of a second pass over the training data.
-    run.probe_result = probe(
-        run.model, train_ds, batch_size=cfg.batch_size, max_batches=cfg.probe_max_batches, progress=cfg.progress,
-        keep_gradients=True, **run.grow_kwargs,
-    )  # fmt: skip
+    reuse.open_cache(run)
+    run.probe_result = reuse.load_probe(run)
+    if run.probe_result is not None:
+        run.log(f"probe: reused from an identical earlier run (evidence cache entry {run.reused['probe']})")
+    else:
+        run.log(f"probing all {run.model.config.num_hidden_layers + 1} positions on {len(train_ds)} training examples")
+        # keep_gradients: the stepping stones reuse G_S instead of a second pass over the training data.
+        run.probe_result = probe(
+            run.model, train_ds, batch_size=cfg.batch_size, max_batches=cfg.probe_max_batches, progress=cfg.progress,
+            keep_gradients=True, **run.grow_kwargs,
+        )  # fmt: skip
+        reuse.store_probe(run)
     probe_dir = run.out / "probe"
     probe_dir.mkdir()
     run.probe_result.to_json(probe_dir / "probe.json")
@@ -178,12 +187,19 @@ def _stepping_stones(run: _Run) -> None:
     # A block with its own copy source or init is not the one the probe and stepping stone reason about.
     if len(run.positions) == 1 and all(e.is_default for e in run.placement):
         k = run.positions[0]
-        run.log(f"stepping stones at k = {k}")
-        g_train = result.gradients[result.positions.index(k)]
-        common = dict(batch_size=cfg.batch_size, max_batches=cfg.stone_max_batches, gradient=g_train,
-                      refine_steps=cfg.stone_refine_steps, progress=cfg.progress, **run.grow_kwargs)  # fmt: skip
-        run.stone_model, stone_s = stepping_stone(run.model, k, run.splits["train"], **common)
-        run.pop_model, stone_pop = stepping_stone(run.model, k, run.splits["train"], direction_data=run.splits["held_out"], **common)
+        stored = reuse.load_stones(run, k)
+        if stored is not None:
+            run.log(f"stepping stones at k = {k}: reused from an identical earlier run (evidence cache entry {run.reused['stepping_stones']})")
+            (run.stone_model, stone_s), (run.pop_model, stone_pop) = stored
+        else:
+            run.log(f"stepping stones at k = {k}")
+            if result.gradients is None:  # a probe from the cache keeps no G_S: the same probe again, with it
+                run.probe_result = result = reuse.probe_again(run)
+            common = dict(batch_size=cfg.batch_size, max_batches=cfg.stone_max_batches, gradient=result.gradients[result.positions.index(k)],
+                          refine_steps=cfg.stone_refine_steps, progress=cfg.progress, **run.grow_kwargs)  # fmt: skip
+            run.stone_model, stone_s = stepping_stone(run.model, k, run.splits["train"], **common)
+            run.pop_model, stone_pop = stepping_stone(run.model, k, run.splits["train"], direction_data=run.splits["held_out"], **common)
+            reuse.store_stones(run, k, stone_s, stone_pop)
         run.stones = {"train": stone_s.to_dict(), "held_out": stone_pop.to_dict()}
         (run.out / "stepping_stones.json").write_text(json.dumps(run.stones, indent=2))
     result.gradients = None  # free them before training
@@ -210,8 +226,9 @@ def _grow_and_train(run: _Run) -> None:
     run.tracking = tracking.tracking_run(run_name="grown", config=cfg.to_dict(), **run.trackers)
     run.train_result = train(
         run.model, run.splits["train"], config=run.train_config, eval_data=run.splits["held_out"], stepping_stone=run.stone_model,
-        accelerator=run.tracking.accelerator,
-    )
+        accelerator=run.tracking.accelerator, original_losses=reuse.load_original_losses(run, run.train_config),
+    )  # fmt: skip
+    reuse.store_original_losses(run, run.train_config, run.train_result.original_losses)
     run.model = run.train_result.model
     (run.out / "train").mkdir(exist_ok=True)
     (run.out / "train" / "train_result.json").write_text(json.dumps(run.train_result.to_dict(), indent=2, default=str))
@@ -283,6 +300,7 @@ def _grown_summary(run: _Run) -> dict:
         },
         **({"control": run.control} if run.control else {}),
         **({"retention": run.retention} if run.retention else {}),
+        **({"reused": run.reused} if run.reused else {}),
         "timings_s": run.timings,
     }
 
@@ -295,8 +313,9 @@ def _save(run: _Run, summary: dict) -> None:
     cfg = run.cfg
     # The card is public: inputs by Hub id or folder name, never a path on this machine.
     config = {**cfg.to_dict(), "model": run.base_name, "data": public_name(cfg.data), "output_dir": Path(cfg.output_dir).resolve().name}
-    if cfg.retention_data is not None:
-        config["retention_data"] = public_name(cfg.retention_data)
+    for name in ("retention_data", "evidence_cache"):
+        if getattr(cfg, name) is not None:
+            config[name] = public_name(getattr(cfg, name))
     # The card's evaluation section prints the control's and retention's sentences (hub.card_sections).
     evaluation = run.eval_result
     if run.control or run.retention:
@@ -375,6 +394,7 @@ def _stages(run: _Run) -> dict:
             "decision": "do not grow",
             "reason": run.probe_result.recommendation.get("reason"),
             "probe": probe_summary(run.probe_result),
+            **({"reused": run.reused} if run.reused else {}),
             "timings_s": run.timings,
         }
     _stepping_stones(run)

@@ -121,6 +121,8 @@ def summary_markdown(summary: dict) -> str:
     rows += [(f"artifact: {k}", f"`{v}`") for k, v in summary.get("artifacts", {}).items()]
     if summary.get("pushed"):
         rows.append(("pushed", summary["pushed"]))
+    if summary.get("reused"):
+        rows.append(("reused from an identical earlier run", ", ".join(f"{k} ({v})" for k, v in summary["reused"].items())))
     rows.append(("time (s)", ", ".join(f"{k} {v}" for k, v in summary["timings_s"].items())))
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
 

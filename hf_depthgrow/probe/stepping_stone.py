@@ -42,7 +42,7 @@ from ..utils import json_safe, package_version
 from .line_search import line_search
 from .signal import NO_SUPERVISION, probe, supervised_units
 
-__all__ = ["SteppingStoneResult", "stepping_stone"]
+__all__ = ["SteppingStoneResult", "rebuild_stepping_stone", "stepping_stone"]
 
 # The line search starts where the first-order gain is this share of the loss. Stepping stones on
 # SmolLM2 and the ViT land at 5-15% gains: starting at 1% (not 0.1%) saves two or three bracketing
@@ -81,16 +81,27 @@ class SteppingStoneResult:
     num_batches: int
     config: dict
     hf_depthgrow_version: str = field(default_factory=package_version)
+    gradient: dict[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     @property
     def loss_drop(self) -> float:
         return self.loss_old - self.loss_stone
 
     def to_dict(self) -> dict:
+        """Plain JSON-able dict (non-finite numbers become `None`); `gradient` is left out."""
         data = asdict(self)
+        data.pop("gradient")
         data["loss_drop"] = self.loss_drop
         data["line_search"] = [list(p) for p in self.line_search]
         return json_safe(data, nonfinite="null")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SteppingStoneResult":
+        """The result `to_dict` wrote (without `gradient`)."""
+        known = {f for f in cls.__dataclass_fields__ if f != "gradient"}
+        values = {k: v for k, v in data.items() if k in known}
+        values["line_search"] = [tuple(p) for p in values.get("line_search", [])]
+        return cls(**values)
 
     def to_json(self, path) -> None:
         with open(path, "w", encoding="utf-8") as handle:
@@ -304,7 +315,8 @@ def stepping_stone(
         progress: Progress bars of the probe passes and the line search.
 
     Returns:
-        `(grown_model, SteppingStoneResult)`.
+        `(grown_model, SteppingStoneResult)`; the result's `gradient` is `G` of the direction's data, from
+        which `rebuild_stepping_stone` makes the same model again without a pass over any data.
 
     Example:
         ```python
@@ -334,5 +346,26 @@ def stepping_stone(
         position=position, block=resolve_block_kind(cfg, resolve_family(model)[0], model.config), direction=source,
         eta=best, grad_norm=step.grad_norm, slope=step.slope, loss_old=loss_old, loss_stone=losses.cache[best],
         predicted_first_order=loss_old + best * step.slope, line_search=losses.trace, num_batches=len(batches),
-        config=asdict(cfg),
+        config=asdict(cfg), gradient=grad_dir,
     )  # fmt: skip
+
+
+def rebuild_stepping_stone(model: nn.Module, result: SteppingStoneResult, gradient: dict[str, torch.Tensor]) -> nn.Module:
+    """The stepping stone `result` describes, from the original `model` and the direction's gradient `G`: no data read.
+
+    It is grown and stepped as `stepping_stone` grew and stepped it (`result.config`, `result.position`,
+    `theta = result.eta * -G / ||G||`), so with the same `model` and `G` its weights are the same, bit for bit.
+
+    Example:
+        ```python
+        >>> stone, info = stepping_stone(model, 3, rows)
+        >>> again = rebuild_stepping_stone(model, info, info.gradient)
+        ```
+    """
+    _check_gradient(gradient)
+    grown, params = _grow_copy(model, result.position, GrowthConfig(**result.config), gradient, gradient)
+    step = _Step(params, gradient, gradient)
+    if abs(step.grad_norm - result.grad_norm) > 1e-9 * max(1.0, result.grad_norm):
+        raise ValueError(f"gradient has norm {step.grad_norm:.6g}, the stepping stone's direction had {result.grad_norm:.6g}: not its gradient")
+    step.set(result.eta)
+    return grown

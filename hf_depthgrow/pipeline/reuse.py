@@ -1,0 +1,118 @@
+"""Which of a run's evidence an identical earlier run already computed (`evidence_cache`), stage by stage.
+
+Three kinds, each keyed by exactly what it depends on:
+
+- `probe`: the probe's result on the training split (model, training rows, batch size, batches, block settings);
+- `stepping_stones`: `f~_S` and `f~_pop` at one position, as the line search's results and the two directions'
+  gradients (the probe's key, the held-out rows, the position and the line-search settings); the stones are
+  rebuilt from them (`rebuild_stepping_stone`), weights identical to the bit;
+- `original_losses`: the original's step-0 held-out loss and `L_S(f_old)` on the fallback rule's rows, which
+  the growth's trainer takes instead of its two passes (`OriginalLosses`; model, both splits, the trainer's
+  batch size, selection and numeric settings).
+
+A probe read from the cache holds no gradients; where the stepping stones then miss (another position), the
+probe runs again, so the stones are always those a fresh run makes. `run.reused` names what was reused, in
+`summary.json` and on the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from .evidence_cache import EvidenceCache, rows_fingerprint, weights_fingerprint
+
+
+def open_cache(run) -> None:
+    """The run's cache and the fingerprints of the original and the splits the evidence reads (nothing when off)."""
+    run.cache = EvidenceCache.from_setting(run.cfg.evidence_cache)
+    if run.cache.enabled:
+        run.fingerprints = {"model": weights_fingerprint(run.model), "device": str(next(run.model.parameters()).device.type)}
+        run.fingerprints.update({name: rows_fingerprint(run.splits[name]) for name in ("train", "held_out")})
+
+
+def _probe_parts(run) -> dict:
+    cfg = run.cfg
+    return {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "train": run.fingerprints["train"],
+            "batch_size": cfg.batch_size, "max_batches": cfg.probe_max_batches, **run.grow_kwargs}  # fmt: skip
+
+
+def load_probe(run):
+    """The probe's result from the cache (without gradients), or `None`."""
+    from ..probe.result import ProbeResult
+
+    entry = run.cache.load("probe", _probe_parts(run)) if run.cache.enabled else None
+    if entry is None:
+        return None
+    run.reused["probe"] = entry.key[:12]
+    return ProbeResult.from_dict(entry.meta)
+
+
+def store_probe(run) -> None:
+    if run.cache.enabled:
+        run.cache.store("probe", _probe_parts(run), run.probe_result.to_dict())
+
+
+def probe_again(run):
+    """The probe as a fresh run runs it, with `G_S` kept (for stepping stones that missed while the probe hit)."""
+    from ..probe.signal import probe
+
+    run.reused.pop("probe", None)
+    cfg = run.cfg
+    return probe(run.model, run.splits["train"], batch_size=cfg.batch_size, max_batches=cfg.probe_max_batches, progress=cfg.progress,
+                 keep_gradients=True, **run.grow_kwargs)  # fmt: skip
+
+
+def _stone_parts(run, k: int) -> dict:
+    cfg = run.cfg
+    return {"probe": _probe_parts(run), "held_out": run.fingerprints["held_out"], "position": k,
+            "stone_max_batches": cfg.stone_max_batches, "refine_steps": cfg.stone_refine_steps}  # fmt: skip
+
+
+def load_stones(run, k: int) -> tuple | None:
+    """`((f~_S, result), (f~_pop, result))` rebuilt from the cache, or `None`."""
+    from ..probe.stepping_stone import SteppingStoneResult, rebuild_stepping_stone
+
+    entry = run.cache.load("stepping_stones", _stone_parts(run, k)) if run.cache.enabled else None
+    if entry is None:
+        return None
+    stones = []
+    for side in ("train", "held_out"):
+        result = SteppingStoneResult.from_dict(entry.meta[side])
+        gradient = {name[len(side) + 1 :]: t for name, t in entry.tensors.items() if name.startswith(side + "/")}
+        stones.append((rebuild_stepping_stone(run.model, result, gradient), result))
+    run.reused["stepping_stones"] = entry.key[:12]
+    return tuple(stones)
+
+
+def store_stones(run, k: int, stone_s, stone_pop) -> None:
+    if not run.cache.enabled:
+        return
+    meta = {"train": stone_s.to_dict(), "held_out": stone_pop.to_dict()}
+    tensors = {f"{side}/{name}": t for side, r in (("train", stone_s), ("held_out", stone_pop)) for name, t in r.gradient.items()}
+    run.cache.store("stepping_stones", _stone_parts(run, k), meta, tensors)
+
+
+def _losses_parts(run, train_config) -> dict:
+    # What the two passes' numbers depend on besides the rows: batch size, which rows, numerics.
+    keep = ("per_device_train_batch_size", "per_device_eval_batch_size", "selection_max_examples", "seed", "fallback",
+            "mixed_precision", "loss_chunk", "prefix_cache_dtype")  # fmt: skip
+    settings = {k: v for k, v in asdict(train_config).items() if k in keep}
+    return {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "train": run.fingerprints["train"],
+            "held_out": run.fingerprints["held_out"], "trainer": settings}  # fmt: skip
+
+
+def load_original_losses(run, train_config):
+    """The original's `OriginalLosses` on this run's rows from the cache, or `None`."""
+    from ..training.original_losses import OriginalLosses
+
+    entry = run.cache.load("original_losses", _losses_parts(run, train_config)) if run.cache.enabled else None
+    if entry is None:
+        return None
+    run.reused["original_losses"] = entry.key[:12]
+    run.log(f"the original's step-0 held-out loss and L_S(f_old): reused from an identical earlier run (evidence cache entry {entry.key[:12]})")
+    return OriginalLosses(**entry.meta)
+
+
+def store_original_losses(run, train_config, losses) -> None:
+    if run.cache.enabled and losses is not None and losses.held_out is not None and losses.train is not None:
+        run.cache.store("original_losses", _losses_parts(run, train_config), losses.to_dict())

@@ -1,0 +1,181 @@
+"""The evidence cache: entries stored and read back bit for bit, keyed by everything they depend on, and a
+second identical run that reuses the probe, the stepping stones and the original's losses with the same results."""
+
+import copy
+import importlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_depthgrow.pipeline import RunConfig, run_pipeline
+from hf_depthgrow.pipeline.checks import check_evidence_cache
+from hf_depthgrow.pipeline.evidence_cache import EvidenceCache, default_root, rows_fingerprint, weights_fingerprint
+from hf_depthgrow.probe.stepping_stone import rebuild_stepping_stone, stepping_stone
+from hf_depthgrow.testing import tiny_inputs, tiny_model
+
+from tiny_lm import make_tiny_lm
+
+# `hf_depthgrow.probe` is also the name of the probe function: the modules by their full names.
+signal_module = importlib.import_module("hf_depthgrow.probe.signal")
+stone_module = importlib.import_module("hf_depthgrow.probe.stepping_stone")
+
+PARTS = {"model": "m", "train": "t", "batch_size": 8}
+
+
+def test_entry_round_trip_is_bit_identical(tmp_path):
+    cache = EvidenceCache(tmp_path)
+    tensors = {"a/w": torch.randn(3, 5), "b": torch.randn(2, dtype=torch.float64)}
+    key = cache.store("probe", PARTS, {"signal": [0.1, 1 / 3]}, tensors)
+    entry = cache.load("probe", PARTS)
+    assert entry.key == key and entry.meta == {"signal": [0.1, 1 / 3]}
+    assert all(torch.equal(entry.tensors[n], t) and entry.tensors[n].dtype == t.dtype for n, t in tensors.items())
+    # Another kind, other parts: other keys, misses.
+    assert cache.load("stepping_stones", PARTS) is None
+    assert cache.load("probe", {**PARTS, "batch_size": 4}) is None
+    assert [p.name for p in (tmp_path / "probe").iterdir()] == [key]  # no temporary folder left behind
+
+
+def test_switched_off_reads_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DEPTHGROW_CACHE", "none")
+    assert default_root() is None and not EvidenceCache.from_setting("auto").enabled
+    cache = EvidenceCache.from_setting(None)
+    assert cache.store("probe", PARTS, {"x": 1}) is None and cache.load("probe", PARTS) is None
+    monkeypatch.setenv("HF_DEPTHGROW_CACHE", str(tmp_path / "c"))
+    assert EvidenceCache.from_setting("auto").root == tmp_path / "c"
+    monkeypatch.delenv("HF_DEPTHGROW_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_root() == tmp_path / "xdg" / "hf_depthgrow" / "evidence"
+
+
+def test_unreadable_entries_are_skipped_with_a_warning(tmp_path):
+    cache = EvidenceCache(tmp_path)
+    key = cache.store("probe", PARTS, {"x": 1}, {"w": torch.ones(2)})
+    folder = tmp_path / "probe" / key
+    (folder / "tensors.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.warns(UserWarning, match="ignoring the unreadable probe entry"):
+        assert cache.load("probe", PARTS) is None
+    (folder / "entry.json").write_text("{broken")
+    with pytest.warns(UserWarning, match="ignoring the unreadable"):
+        assert cache.load("probe", PARTS) is None
+    # A header that names another key (a renamed folder) is not trusted either.
+    other = cache.store("probe", {"other": 1}, {"x": 2})
+    os.replace(tmp_path / "probe" / other / "entry.json", folder / "entry.json")
+    with pytest.warns(UserWarning, match="does not match the key"):
+        assert cache.load("probe", PARTS) is None
+
+
+def test_store_keeps_what_is_there_and_never_fails_the_run(tmp_path):
+    cache = EvidenceCache(tmp_path)
+    foreign = tmp_path / "probe" / "notes.txt"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("mine")
+    key = cache.store("probe", PARTS, {"x": 1})
+    assert cache.store("probe", PARTS, {"x": 2}) == key and cache.load("probe", PARTS).meta == {"x": 1}
+    assert foreign.read_text() == "mine"
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with pytest.warns(UserWarning, match="could not write"):
+        assert EvidenceCache(blocked).store("probe", PARTS, {"x": 1}) is None
+    assert blocked.read_text() == "not a folder"
+
+
+def test_fingerprints_see_every_value():
+    model = tiny_model("llama")
+    twin = copy.deepcopy(model)
+    assert weights_fingerprint(model) == weights_fingerprint(twin)
+    with torch.no_grad():
+        next(twin.parameters()).view(-1)[7] += 1e-6
+    assert weights_fingerprint(model) != weights_fingerprint(twin)
+    rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]} for _ in range(40)]
+    changed = copy.deepcopy(rows)
+    changed[23]["input_ids"][1] = 9  # a row a 16-row sample would skip
+    assert rows_fingerprint(rows) == rows_fingerprint(copy.deepcopy(rows)) != rows_fingerprint(changed)
+    from datasets import Dataset
+
+    ds = Dataset.from_list(rows)
+    assert rows_fingerprint(ds) == rows_fingerprint(Dataset.from_list(rows)) != rows_fingerprint(Dataset.from_list(changed))
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_rebuilt_stepping_stone_has_the_same_weights(family):
+    model = tiny_model(family)
+    rows = [tiny_inputs(model, seed=s) for s in range(3)]
+    stone, info = stepping_stone(model, 1, rows)
+    assert info.eta > 0 and info.gradient is not None
+    again = rebuild_stepping_stone(model, type(info).from_dict(json.loads(json.dumps(info.to_dict()))), info.gradient)
+    a, b = stone.state_dict(), again.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    with pytest.raises(ValueError, match="not its gradient"):
+        rebuild_stepping_stone(model, info, {n: 2 * t for n, t in info.gradient.items()})
+
+
+def test_cache_folder_is_checked_before_the_run(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        check_evidence_cache(str(tmp_path / "file"), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="inside output_dir"):
+        check_evidence_cache(str(tmp_path / "out" / "cache"), str(tmp_path / "out"))
+    check_evidence_cache(str(tmp_path / "cache"), str(tmp_path / "out"))
+    assert RunConfig(evidence_cache="none").evidence_cache is None
+    with pytest.raises(ValueError, match="evidence_cache needs"):
+        RunConfig(evidence_cache=" ")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return make_tiny_lm(tmp_path_factory.mktemp("evidence"))
+
+
+def _config(workdir, out, cache, **overrides):
+    settings = dict(model=str(workdir / "tiny"), data=str(workdir / "sample.txt"), output_dir=str(out), block_size=32,
+                    max_examples=96, batch_size=8, train_steps=4, eval_steps=2, stone_max_batches=2, learning_rate=3e-3,
+                    progress=False, loss_bound=10.0, control="none", evidence_cache=str(cache), force=True)  # fmt: skip
+    settings.update(overrides)
+    return RunConfig(**settings)
+
+
+def _without_timings(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in ("timings_s", "reused")}
+
+
+def test_second_identical_run_reuses_the_evidence_with_the_same_results(workdir, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    first = run_pipeline(_config(workdir, tmp_path / "a", cache))
+    assert "reused" not in first.summary and sorted(p.name for p in cache.iterdir()) == ["original_losses", "probe", "stepping_stones"]
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("an identical run computed the evidence again")
+
+    # The stages import these at call time: a second run that probes or searches a step fails here.
+    monkeypatch.setattr(signal_module, "probe", must_not_run)
+    monkeypatch.setattr(stone_module, "stepping_stone", must_not_run)
+    # Another training (more steps, another learning rate) reads the same evidence.
+    second = run_pipeline(_config(workdir, tmp_path / "b", cache, train_steps=6, learning_rate=1e-3))
+    assert sorted(second.summary["reused"]) == ["original_losses", "probe", "stepping_stones"]
+    assert "reused from an identical earlier run | probe (" in (tmp_path / "b" / "summary.md").read_text()
+    for key in ("probe", "stepping_stones", "positions"):
+        assert second.summary[key] == first.summary[key]
+    assert second.summary["held_out_loss"]["before"] == first.summary["held_out_loss"]["before"]
+    assert second.summary["train_losses"]["old"] == first.summary["train_losses"]["old"]
+    # The stone rebuilt from the cache is the one the line search made: the same training loss, to the bit.
+    assert second.summary["train_losses"]["stepping_stone"] == first.summary["train_losses"]["stepping_stone"]
+    monkeypatch.undo()
+    # The same training again: everything equal but the timings.
+    third = run_pipeline(_config(workdir, tmp_path / "c", cache))
+    assert _without_timings(third.summary) == _without_timings(first.summary)
+    assert not any(Path(cache).rglob(".tmp-*"))
+
+
+def test_other_data_or_position_computes_afresh(workdir, tmp_path):
+    cache = tmp_path / "cache"
+    first = run_pipeline(_config(workdir, tmp_path / "a", cache))
+    other_seed = run_pipeline(_config(workdir, tmp_path / "b", cache, seed=1))
+    assert "reused" not in other_seed.summary
+    # Another position: the probe is read, but the stones it needs G_S for are not there, so the probe runs again.
+    k = next(p for p in range(len(first.summary["probe"]["recommendation"]["positions"]) + 2) if [p] != first.summary["positions"])
+    moved = run_pipeline(_config(workdir, tmp_path / "c", cache, positions=[k]))
+    assert "stepping_stones" not in moved.summary.get("reused", {}) and "probe" not in moved.summary.get("reused", {})
+    assert moved.summary["probe"] == first.summary["probe"]
