@@ -39,15 +39,17 @@ def test_entry_round_trip_is_bit_identical(tmp_path):
 
 
 def test_switched_off_reads_and_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_DEPTHGROW_CACHE", "none")
+    monkeypatch.setenv("HF_DEPTHGROW_EVIDENCE_CACHE", "none")
     assert default_root() is None and not EvidenceCache.from_setting("auto").enabled
     cache = EvidenceCache.from_setting(None)
     assert cache.store("probe", PARTS, {"x": 1}) is None and cache.load("probe", PARTS) is None
-    monkeypatch.setenv("HF_DEPTHGROW_CACHE", str(tmp_path / "c"))
+    monkeypatch.setenv("HF_DEPTHGROW_EVIDENCE_CACHE", str(tmp_path / "c"))
     assert EvidenceCache.from_setting("auto").root == tmp_path / "c"
-    monkeypatch.delenv("HF_DEPTHGROW_CACHE")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_root() == tmp_path / "xdg" / "hf_depthgrow" / "evidence"
+    # Unset: evidence/ beside the SmolLM2 copy, under the package's one cache root.
+    monkeypatch.delenv("HF_DEPTHGROW_EVIDENCE_CACHE")
+    monkeypatch.setenv("HF_DEPTHGROW_CACHE", str(tmp_path / "root"))
+    assert default_root() == tmp_path / "root" / "evidence"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unreadable_entries_are_skipped_with_a_warning(tmp_path):

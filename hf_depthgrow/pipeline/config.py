@@ -74,7 +74,8 @@ class RunConfig:
     evidence_cache: str | None = field(
         default="auto",
         metadata={"help": "Where the probe, the stepping stones and the original's losses are kept for a later run on the same model, "
-                          "data and settings to reuse: auto ($HF_DEPTHGROW_CACHE, else ~/.cache/hf_depthgrow/evidence), a folder, or none."},
+                          "data and settings to reuse: auto ($HF_DEPTHGROW_EVIDENCE_CACHE, else evidence/ in $HF_DEPTHGROW_CACHE or "
+                          "~/.cache/hf_depthgrow), a folder, or none."},
     )
     delta: float = field(default=0.05, metadata={"help": "Failure probability of each interval (confidence 1 - delta)."})
     loss_bound: float | None = field(default=None, metadata={"help": "A-priori bound B of a per-example loss (None: from the data, with a warning)."})

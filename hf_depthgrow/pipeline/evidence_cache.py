@@ -12,8 +12,9 @@ An entry is a folder `<root>/<kind>/<key>/` with `entry.json` (what it depends o
 for tensors, `tensors.safetensors` (never pickle). It is written in a temporary folder beside it and
 renamed into place, so a reader sees a whole entry or none. Nothing here deletes an entry or anything
 else: clear the cache by removing its folder. The folder: `RunConfig.evidence_cache`, whose `"auto"` is
-`$HF_DEPTHGROW_CACHE`, else `$XDG_CACHE_HOME/hf_depthgrow/evidence` (`~/.cache/hf_depthgrow/evidence`);
-`"none"` (or `HF_DEPTHGROW_CACHE=none`) switches it off.
+`$HF_DEPTHGROW_EVIDENCE_CACHE` where set (a folder, or `none`: off), else `evidence/` under the package's
+cache root (`$HF_DEPTHGROW_CACHE`, else `~/.cache/hf_depthgrow`, where the SmolLM2 copy lives too);
+`"none"` switches it off.
 
 Example:
     ```python
@@ -41,21 +42,22 @@ import torch
 
 from ..utils import package_version
 
-__all__ = ["CACHE_ENV", "EvidenceCache", "Entry", "default_root", "rows_fingerprint", "weights_fingerprint"]
+__all__ = ["EVIDENCE_ENV", "EvidenceCache", "Entry", "default_root", "rows_fingerprint", "weights_fingerprint"]
 
-CACHE_ENV = "HF_DEPTHGROW_CACHE"
+EVIDENCE_ENV = "HF_DEPTHGROW_EVIDENCE_CACHE"
 FORMAT = 1
 _ENTRY, _TENSORS = "entry.json", "tensors.safetensors"
 _OFF = ("none", "off", "null", "0", "false")
 
 
 def default_root() -> Path | None:
-    """`$HF_DEPTHGROW_CACHE` (`none`: off), else `$XDG_CACHE_HOME/hf_depthgrow/evidence`, else `~/.cache/hf_depthgrow/evidence`."""
-    env = os.environ.get(CACHE_ENV)
+    """`$HF_DEPTHGROW_EVIDENCE_CACHE` (`none`: off), else `evidence/` under `hf_depthgrow.data.models.default_cache_root()`."""
+    from ..data.models import default_cache_root
+
+    env = os.environ.get(EVIDENCE_ENV)
     if env is not None and env.strip():
         return None if env.strip().lower() in _OFF else Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "hf_depthgrow" / "evidence"
+    return default_cache_root() / "evidence"
 
 
 def _sha(data) -> str:

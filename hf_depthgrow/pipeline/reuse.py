@@ -93,9 +93,10 @@ def store_stones(run, k: int, stone_s, stone_pop) -> None:
 
 
 def _losses_parts(run, train_config) -> dict:
-    # What the two passes' numbers depend on besides the rows: batch size, which rows, numerics.
+    # What the two passes' numbers depend on besides the rows: batch size, which rows, numerics. Not the
+    # steps: where they switch the prefix cache on or off, the two paths compute the same losses (to the last bits).
     keep = ("per_device_train_batch_size", "per_device_eval_batch_size", "selection_max_examples", "seed", "fallback",
-            "mixed_precision", "loss_chunk", "prefix_cache_dtype")  # fmt: skip
+            "mixed_precision", "chunked_loss", "loss_chunk_size", "prefix_cache_dtype")  # fmt: skip
     settings = {k: v for k, v in asdict(train_config).items() if k in keep}
     return {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "train": run.fingerprints["train"],
             "held_out": run.fingerprints["held_out"], "trainer": settings}  # fmt: skip
