@@ -134,7 +134,8 @@ def workdir(tmp_path_factory):
 def _config(workdir, out, cache, **overrides):
     settings = dict(model=str(workdir / "tiny"), data=str(workdir / "sample.txt"), output_dir=str(out), block_size=32,
                     max_examples=96, batch_size=8, train_steps=4, eval_steps=2, stone_max_batches=2, learning_rate=3e-3,
-                    progress=False, loss_bound=10.0, control="none", evidence_cache=str(cache), force=True)  # fmt: skip
+                    progress=False, loss_bound=10.0, control="none", evidence_cache=str(cache), force=True,
+                    retention_data=str(workdir / "sample.txt"), retention_max_examples=16)  # fmt: skip
     settings.update(overrides)
     return RunConfig(**settings)
 
@@ -146,7 +147,8 @@ def _without_timings(summary: dict) -> dict:
 def test_second_identical_run_reuses_the_evidence_with_the_same_results(workdir, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     first = run_pipeline(_config(workdir, tmp_path / "a", cache))
-    assert "reused" not in first.summary and sorted(p.name for p in cache.iterdir()) == ["original_losses", "probe", "stepping_stones"]
+    assert "reused" not in first.summary
+    assert sorted(p.name for p in cache.iterdir()) == ["original_losses", "paired_losses", "probe", "stepping_stones", "stone_margin"]
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("an identical run computed the evidence again")
@@ -156,7 +158,16 @@ def test_second_identical_run_reuses_the_evidence_with_the_same_results(workdir,
     monkeypatch.setattr(stone_module, "stepping_stone", must_not_run)
     # Another training (more steps, another learning rate) reads the same evidence.
     second = run_pipeline(_config(workdir, tmp_path / "b", cache, train_steps=6, learning_rate=1e-3))
-    assert sorted(second.summary["reused"]) == ["original_losses", "probe", "stepping_stones"]
+    assert sorted(second.summary["reused"]) == [
+        "original_losses", "probe", "retention_losses", "stepping_stones", "stone_margin", "test_losses"
+    ]  # fmt: skip
+    # The original's test and retention losses and the margins are the first run's.
+    assert second.summary["test"]["loss_old"] == first.summary["test"]["loss_old"]
+    assert second.summary["retention"]["growth"]["loss_old"] == first.summary["retention"]["growth"]["loss_old"]
+    terms = [json.loads((tmp_path / side / "eval" / "report.json").read_text())["routes"] for side in "ab"]
+    for name in ("delta_r", "delta_r_test"):
+        assert terms[1]["terms"][name] == terms[0]["terms"][name]
+    assert "by an identical earlier run" in terms[1]["terms"]["sources"]["delta_r"]
     assert "reused from an identical earlier run | probe (" in (tmp_path / "b" / "summary.md").read_text()
     for key in ("probe", "stepping_stones", "positions"):
         assert second.summary[key] == first.summary[key]
@@ -181,3 +192,28 @@ def test_other_data_or_position_computes_afresh(workdir, tmp_path):
     moved = run_pipeline(_config(workdir, tmp_path / "c", cache, positions=[k]))
     assert "stepping_stones" not in moved.summary.get("reused", {}) and "probe" not in moved.summary.get("reused", {})
     assert moved.summary["probe"] == first.summary["probe"]
+
+
+def test_paired_losses_take_known_sides_without_running_them(monkeypatch):
+    from hf_depthgrow import grow_depth
+    from hf_depthgrow.evaluation.collector import Collector
+    from hf_depthgrow.evaluation.paired import evaluate_delta, paired_losses
+
+    model = tiny_model("llama")
+    rows = [tiny_inputs(model, seed=s) for s in range(3)]
+    stone, _ = stepping_stone(model, 2, rows)
+    grown = grow_depth(copy.deepcopy(model), [2])
+    with torch.no_grad():
+        for p in grown.parameters():
+            p.add_(1e-3)  # a "trained" model: other losses than the original's
+    fresh, _ = paired_losses(grown, rows, extra={"stone": stone})
+    stored = Collector.from_tensors(fresh.task, fresh.to_tensors(["old", "stone"]))
+
+    ran = []
+    real_run = Collector.run
+    monkeypatch.setattr(Collector, "run", lambda self, which, *a, **k: (ran.append(which), real_run(self, which, *a, **k)))
+    again, _ = paired_losses(grown, rows, extra={"stone": stone}, known=stored)
+    assert ran == ["new"] * len(ran) and ran  # only the model not in `known` ran
+    for side in ("old", "new", "stone"):
+        assert torch.equal(again.cat(side).total, fresh.cat(side).total)
+    assert evaluate_delta(grown, rows, losses=again, loss_bound=20.0).delta == evaluate_delta(grown, rows, losses=fresh, loss_bound=20.0).delta

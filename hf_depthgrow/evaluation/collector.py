@@ -55,6 +55,31 @@ class Collector:
         else:
             self.add(which, model(**inputs).logits, labels)
 
+    def to_tensors(self, sides) -> dict[str, torch.Tensor]:
+        """`sides` as flat tensors (`<side>/total`, `<side>/weight`, a classifier's `<side>/preds` and `refs`), for `from_tensors`."""
+        out = {}
+        for side in sides:
+            out[f"{side}/total"], out[f"{side}/weight"] = torch.cat(self.total[side]), torch.cat(self.weight[side])
+            if self.preds.get(side):
+                out[f"{side}/preds"] = torch.cat(self.preds[side])
+        if self.refs:
+            out["refs"] = torch.cat(self.refs)
+        return out
+
+    @classmethod
+    def from_tensors(cls, task: str, tensors: dict[str, torch.Tensor]) -> "Collector":
+        """The sides `to_tensors` wrote, each as one batch."""
+        collect = cls(task)
+        for name, t in tensors.items():
+            side, _, part = name.rpartition("/")
+            if name == "refs":
+                collect.refs = [t]
+            elif side and part in ("total", "weight", "preds"):
+                getattr(collect, part)[side] = [t]
+            else:
+                raise ValueError(f"unknown losses tensor {name!r}")
+        return collect
+
     def cat(self, which: str) -> ExampleLosses:
         return ExampleLosses(torch.cat(self.total[which]), torch.cat(self.weight[which]))
 

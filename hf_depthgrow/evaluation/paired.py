@@ -69,9 +69,13 @@ def _task(model: nn.Module) -> str:
     return "causal_lm" if is_causal_lm(model) else "classification"
 
 
-def _run_paired(model: nn.Module, batches, index: int, progress: bool, chunk_size="auto", extra: Mapping | None = None) -> Collector:
+def _run_paired(
+    model: nn.Module, batches, index: int, progress: bool, chunk_size="auto", extra: Mapping | None = None, known: Collector | None = None
+) -> Collector:
     collect = Collector(_task(model))
     device = device_of(model)
+    given = [side for side in ("old", *(extra or {})) if known is not None and known.has(side)]
+    extra = {name: other for name, other in (extra or {}).items() if name not in given}
     with torch.no_grad(), progress_bar(batches, progress, "paired eval") as bar:
         for batch in batches:
             batch = to_device(split_batch(batch)[0], device)
@@ -79,14 +83,17 @@ def _run_paired(model: nn.Module, batches, index: int, progress: bool, chunk_siz
             z = prefix_hidden(model, batch, index)
             with start_at(model, index, z):
                 collect.run("new", model, inputs, labels, chunk_size)
-            for name, other in (extra or {}).items():  # grown from the same original with the same lowest new block
+            for name, other in extra.items():  # grown from the same original with the same lowest new block
                 with start_at(other, index, z):
                     collect.run(name, other, inputs, labels, chunk_size)
-            with bypass_new_blocks(model):
-                # A native block above the last original layer leaves no original layer at `index`.
-                with start_at(model, index, z) if index < len(resolve_family(model)[1]) else contextlib.nullcontext():
-                    collect.run("old", model, inputs, labels, chunk_size)
+            if "old" not in given:
+                with bypass_new_blocks(model):
+                    # A native block above the last original layer leaves no original layer at `index`.
+                    with start_at(model, index, z) if index < len(resolve_family(model)[1]) else contextlib.nullcontext():
+                        collect.run("old", model, inputs, labels, chunk_size)
             bar.update(1)
+    for side in given:
+        collect.take(side, known, side)
     return collect
 
 
@@ -101,15 +108,24 @@ def _prefix_index(model: nn.Module) -> int:
 
 
 def paired_losses(
-    model: nn.Module, data, *, batch_size: int = 8, progress: bool = False, chunk_size="auto", extra: Mapping[str, nn.Module] | None = None
+    model: nn.Module,
+    data,
+    *,
+    batch_size: int = 8,
+    progress: bool = False,
+    chunk_size="auto",
+    extra: Mapping[str, nn.Module] | None = None,
+    known: Collector | None = None,
 ) -> tuple[Collector, int]:
     """Per-example losses of the original (bypassed) and the grown model, prefix computed once per batch.
 
     `data` is any form of the data contract (`hf_depthgrow.data.batches`). `extra` names further
     models grown from the same original whose lowest new block is the grown model's (a stepping
     stone at the same position): they start from the same prefix, one more pass of the top layers
-    each, and their losses are kept under their names. Returns the `Collector` and the stack index
-    where the shared prefix ends.
+    each, and their losses are kept under their names. `known` holds sides ("old", an extra's name)
+    already computed on these examples (an identical earlier run's): they are taken, not run
+    (`evaluate_delta` still checks that old and new cover the same examples and tokens). Returns the
+    `Collector` and the stack index where the shared prefix ends.
 
     Example:
         ```python
@@ -123,7 +139,7 @@ def paired_losses(
         if name in ("old", "new") or lowest_new_index(other) != index:
             raise ValueError(f"extra model {name!r} must be named other than old/new and have its lowest new block at {index}")
     with eval_mode(model, *(extra or {}).values()):
-        return _run_paired(model, as_batches(data, batch_size=batch_size), index, progress, chunk_size, extra), index
+        return _run_paired(model, as_batches(data, batch_size=batch_size), index, progress, chunk_size, extra, known), index
 
 
 def _run_separate(model_a: nn.Module, model_b: nn.Module, batches, progress: bool, chunk_size="auto", reuse: Mapping | None = None) -> Collector:

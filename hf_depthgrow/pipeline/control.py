@@ -21,6 +21,7 @@ import json
 from ..growth.engine import new_block_parameters
 from ..hub.loading import public_name
 from ..utils import json_safe
+from . import reuse
 from .summary import control_sentence, retention_sentence
 
 
@@ -163,7 +164,6 @@ def control_summary(run, result) -> dict:
 
 def measure_retention(run) -> None:
     """Forgetting on `retention_data` of the grown model, and of the control, against the original."""
-    from ..evaluation.paired import paired_losses
     from ..evaluation.retention import evaluate_retention
     from ..growth.bypass import bypass_new_blocks
 
@@ -172,7 +172,7 @@ def measure_retention(run) -> None:
         return
     run.log(f"retention: forgetting on {len(run.retention_data)} examples of {public_name(cfg.retention_data)}")
     kwargs = dict(delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size)
-    losses, _ = paired_losses(run.model, run.retention_data, batch_size=cfg.batch_size, progress=cfg.progress)
+    losses = reuse.paired_losses(run, "retention", run.retention_data)
     _, grown = evaluate_retention(run.model, run.retention_data, losses=losses, **kwargs)
     control = None
     if run.control_result is not None:

@@ -8,7 +8,10 @@ Three kinds, each keyed by exactly what it depends on:
   rebuilt from them (`rebuild_stepping_stone`), weights identical to the bit;
 - `original_losses`: the original's step-0 held-out loss and `L_S(f_old)` on the fallback rule's rows, which
   the growth's trainer takes instead of its two passes (`OriginalLosses`; model, both splits, the trainer's
-  batch size, selection and numeric settings).
+  batch size, selection and numeric settings);
+- `paired_losses`: the per-example losses of the original (and of `f~_S`) on the test split, and of the
+  original on the retention set: the paired passes then run only the trained model (`paired_losses(known=)`);
+- `stone_margin`: `Delta_R`, `f~_pop`'s margin over the original on the held-out split (the stones' key).
 
 A probe read from the cache holds no gradients; where the stepping stones then miss (another position), the
 probe runs again, so the stones are always those a fresh run makes. `run.reused` names what was reused, in
@@ -117,3 +120,46 @@ def load_original_losses(run, train_config):
 def store_original_losses(run, train_config, losses) -> None:
     if run.cache.enabled and losses is not None and losses.held_out is not None and losses.train is not None:
         run.cache.store("original_losses", _losses_parts(run, train_config), losses.to_dict())
+
+
+def paired_losses(run, split: str, data, extra: dict | None = None):
+    """`paired_losses(run.model, data, extra=extra)`, the original's and the extras' sides from the cache where stored.
+
+    The extras (a stepping stone) are keyed by the stones' entry: they are what the stones of this run are.
+    """
+    from ..evaluation.paired import paired_losses as run_paired
+    from ..evaluation.collector import Collector
+    from ..growth.prefix import lowest_new_index
+
+    cfg, sides = run.cfg, ["old", *(extra or {})]
+    parts = None
+    if run.cache.enabled:
+        parts = {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "rows": rows_fingerprint(data),
+                 "batch_size": cfg.batch_size, "index": lowest_new_index(run.model), "sides": sides,
+                 "stones": _stone_parts(run, run.positions[0]) if extra else None}  # fmt: skip
+    entry = run.cache.load("paired_losses", parts) if parts else None
+    known = None
+    if entry is not None:
+        known = Collector.from_tensors(entry.meta["task"], entry.tensors)
+        run.reused[f"{split}_losses"] = entry.key[:12]
+        run.log(f"{split} losses of {', '.join(sides)}: reused from an identical earlier run (evidence cache entry {entry.key[:12]})")
+    collect, _ = run_paired(run.model, data, batch_size=cfg.batch_size, progress=cfg.progress, extra=extra, known=known)
+    if parts and entry is None:
+        run.cache.store("paired_losses", parts, {"task": collect.task}, collect.to_tensors(sides))
+    return collect
+
+
+def load_margin(run) -> tuple[float, str] | None:
+    """`Delta_R` and how it was measured, from the cache, or `None`."""
+    entry = run.cache.load("stone_margin", {**_stone_parts(run, run.positions[0]), "batch_size": run.cfg.batch_size}) if run.cache.enabled else None
+    if entry is None:
+        return None
+    run.reused["stone_margin"] = entry.key[:12]
+    how = entry.meta["how"].removeprefix("measured here: ")
+    return entry.meta["delta_r"], f"{how}, measured by an identical earlier run (evidence cache entry {entry.key[:12]})"
+
+
+def store_margin(run, delta_r: float | None, how: str | None) -> None:
+    if run.cache.enabled and delta_r is not None and how:
+        run.cache.store("stone_margin", {**_stone_parts(run, run.positions[0]), "batch_size": run.cfg.batch_size}, {"delta_r": delta_r, "how": how})
+

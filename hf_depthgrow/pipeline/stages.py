@@ -25,7 +25,7 @@ from . import control, reuse
 from .checks import check_run
 from .config import RunConfig
 from .output import staged_output
-from .summary import probe_summary, write_summary
+from .summary import grown_summary, probe_summary, write_summary
 
 
 class PushFailed(RuntimeError):
@@ -238,7 +238,7 @@ def _grow_and_train(run: _Run) -> None:
 
 def _evaluate(run: _Run) -> None:
     """Paired evaluation on the test split, with the Route A/B terms; writes `eval/`."""
-    from ..evaluation.paired import evaluate_delta, paired_losses, route_inputs
+    from ..evaluation.paired import evaluate_delta, route_inputs
     from ..evaluation.report import write_report
 
     cfg, train_ds, held_ds, test_ds = run.cfg, run.splits["train"], run.splits["held_out"], run.splits["test"]
@@ -246,17 +246,22 @@ def _evaluate(run: _Run) -> None:
     # One pass over the test split: the prefix once per batch, then the original, the grown model and the
     # stepping stone f~_S (same position) from it; the control's comparison later reuses the grown losses.
     stone = {"stone": run.stone_model} if run.stone_model is not None else None
-    run.test_losses, _ = paired_losses(run.model, test_ds, batch_size=cfg.batch_size, progress=cfg.progress, extra=stone)
+    run.test_losses = reuse.paired_losses(run, "test", test_ds, extra=stone)
     block_data = train_ds if cfg.route_max_examples is None else train_ds.select(range(min(len(train_ds), cfg.route_max_examples)))
+    margin = reuse.load_margin(run) if run.stones else None  # Delta_R: f~_pop and the original on the held-out split
     routes = route_inputs(
-        run.model, n_train=len(train_ds), train_result=run.train_result, stone_pop=run.pop_model,
+        run.model, n_train=len(train_ds), train_result=run.train_result, stone_pop=margin[0] if margin else run.pop_model,
         held_out=held_ds if run.stones else None, stone=_stone_margin(run.test_losses) if stone else None,
         block_data=block_data, batch_size=cfg.batch_size,
     )  # fmt: skip
+    if margin:
+        routes.sources["delta_r"] = margin[1]
+    elif run.stones:
+        reuse.store_margin(run, routes.delta_r, routes.sources.get("delta_r"))
     if stone:
-        routes.sources["delta_r_test"] = (
-            f"measured here: mean per-example delta of the stepping stone vs the original on {len(test_ds)} test examples "
-            "(in the evaluation's pass)"
+        reused = run.reused.get("test_losses")
+        routes.sources["delta_r_test"] = f"mean per-example delta of the stepping stone vs the original on {len(test_ds)} test examples " + (
+            f"(their losses by an identical earlier run: evidence cache entry {reused})" if reused else "(measured here, in the evaluation's pass)"
         )
     run.eval_result = evaluate_delta(
         run.model, test_ds, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size, routes=routes,
@@ -273,36 +278,6 @@ def _evaluate(run: _Run) -> None:
 def _stone_margin(losses) -> float:
     """`Delta^R_test`: mean over test examples of the original's loss minus the stepping stone's."""
     return float((losses.cat("old").per_example - losses.cat("stone").per_example).mean())
-
-
-def _grown_summary(run: _Run) -> dict:
-    train_result, eval_result = run.train_result, run.eval_result
-    stones = {k: {key: v[key] for key in ("eta", "grad_norm", "loss_old", "loss_stone") if key in v} for k, v in run.stones.items()}
-    return {
-        "decision": "grew",
-        "base_model": run.base_name,
-        "data": public_name(run.cfg.data),
-        "positions": run.positions,
-        "why": run.why,
-        "probe": probe_summary(run.probe_result),
-        "stepping_stones": stones,
-        "selected": train_result.selected,
-        "train_losses": train_result.train_losses,
-        "delta_erm": train_result.delta_erm,
-        "held_out_loss": {"before": train_result.eval_loss_before, "after": train_result.eval_loss_after},
-        "test": {
-            "loss_old": eval_result.loss_old,
-            "loss_new": eval_result.loss_new,
-            "delta": eval_result.delta,
-            "intervals": {k: list(v) for k, v in eval_result.intervals.items()},
-            "certified": getattr(eval_result, "certified", None),
-            "verdict": getattr(eval_result, "verdict", None),
-        },
-        **({"control": run.control} if run.control else {}),
-        **({"retention": run.retention} if run.retention else {}),
-        **({"reused": run.reused} if run.reused else {}),
-        "timings_s": run.timings,
-    }
 
 
 def _save(run: _Run, summary: dict) -> None:
@@ -401,7 +376,7 @@ def _stages(run: _Run) -> dict:
     _grow_and_train(run)
     _evaluate(run)
     control.run_control(run)  # the equal-budget control and retention (nothing when both are off)
-    summary = _grown_summary(run)
+    summary = grown_summary(run)
     _save(run, summary)
     summary["timings_s"] = run.timings
     return summary

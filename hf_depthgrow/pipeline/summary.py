@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..hub.loading import public_name
+
 
 def probe_summary(result) -> dict:
     """The probe's recommendation and best position, as `summary.json` holds them."""
@@ -17,6 +19,37 @@ def probe_summary(result) -> dict:
         "best_z": result.z[i] if i is not None else None,
         "num_improvable": int(sum(result.improvable)),
         "num_positions": len(result.positions),
+    }
+
+
+def grown_summary(run) -> dict:
+    """`summary.json` of a run that grew: what was decided, trained, measured and reused, and the timings."""
+    train_result, eval_result = run.train_result, run.eval_result
+    stones = {k: {key: v[key] for key in ("eta", "grad_norm", "loss_old", "loss_stone") if key in v} for k, v in run.stones.items()}
+    return {
+        "decision": "grew",
+        "base_model": run.base_name,
+        "data": public_name(run.cfg.data),
+        "positions": run.positions,
+        "why": run.why,
+        "probe": probe_summary(run.probe_result),
+        "stepping_stones": stones,
+        "selected": train_result.selected,
+        "train_losses": train_result.train_losses,
+        "delta_erm": train_result.delta_erm,
+        "held_out_loss": {"before": train_result.eval_loss_before, "after": train_result.eval_loss_after},
+        "test": {
+            "loss_old": eval_result.loss_old,
+            "loss_new": eval_result.loss_new,
+            "delta": eval_result.delta,
+            "intervals": {k: list(v) for k, v in eval_result.intervals.items()},
+            "certified": getattr(eval_result, "certified", None),
+            "verdict": getattr(eval_result, "verdict", None),
+        },
+        **({"control": run.control} if run.control else {}),
+        **({"retention": run.retention} if run.retention else {}),
+        **({"reused": run.reused} if run.reused else {}),
+        "timings_s": run.timings,
     }
 
 
