@@ -126,6 +126,18 @@ def test_cache_folder_is_checked_before_the_run(tmp_path):
         RunConfig(evidence_cache=" ")
 
 
+def test_cli_refuses_a_bad_cache_folder_with_one_line(tmp_path, capsys):
+    from hf_depthgrow.cli.run import main as run_main
+
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "out"
+    for cache, message in ((tmp_path / "file", "is a file, not a folder"), (out / "cache", "lies inside output_dir"), (" ", "needs auto")):
+        assert run_main(["--evidence-cache", str(cache), "--output-dir", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     return make_tiny_lm(tmp_path_factory.mktemp("evidence"))
