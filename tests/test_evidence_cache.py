@@ -229,3 +229,18 @@ def test_paired_losses_take_known_sides_without_running_them(monkeypatch):
     for side in ("old", "new", "stone"):
         assert torch.equal(again.cat(side).total, fresh.cat(side).total)
     assert evaluate_delta(grown, rows, losses=again, loss_bound=20.0).delta == evaluate_delta(grown, rows, losses=fresh, loss_bound=20.0).delta
+
+
+def test_an_entry_that_cannot_be_rebuilt_is_computed_afresh(workdir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    cache = tmp_path / "cache"
+    first = run_pipeline(_config(workdir, tmp_path / "a", cache))
+    (entry,) = (cache / "stepping_stones").iterdir()
+    tensors = load_file(str(entry / "tensors.safetensors"))
+    # A readable file whose gradients are not the ones the stones were made with.
+    save_file({n: 2 * t for n, t in tensors.items()}, str(entry / "tensors.safetensors"))
+    with pytest.warns(UserWarning, match="ignoring the stepping_stones entry"):
+        again = run_pipeline(_config(workdir, tmp_path / "b", cache))
+    assert "stepping_stones" not in again.summary["reused"] and "probe" not in again.summary["reused"]
+    assert _without_timings(again.summary) == _without_timings(first.summary)

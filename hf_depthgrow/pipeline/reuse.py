@@ -1,6 +1,6 @@
 """Which of a run's evidence an identical earlier run already computed (`evidence_cache`), stage by stage.
 
-Three kinds, each keyed by exactly what it depends on:
+Five kinds, each keyed by exactly what it depends on:
 
 - `probe`: the probe's result on the training split (model, training rows, batch size, batches, block settings);
 - `stepping_stones`: `f~_S` and `f~_pop` at one position, as the line search's results and the two directions'
@@ -13,13 +13,15 @@ Three kinds, each keyed by exactly what it depends on:
   original on the retention set: the paired passes then run only the trained model (`paired_losses(known=)`);
 - `stone_margin`: `Delta_R`, `f~_pop`'s margin over the original on the held-out split (the stones' key).
 
-A probe read from the cache holds no gradients; where the stepping stones then miss (another position), the
+An entry that is stored but cannot be turned back into what it held is skipped with a warning, like an
+unreadable one: the cache can make a run faster, never fail it. A probe read from the cache holds no gradients; where the stepping stones then miss (another position), the
 probe runs again, so the stones are always those a fresh run makes. `run.reused` names what was reused, in
 `summary.json` and on the log.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict
 
 from .evidence_cache import EvidenceCache, rows_fingerprint, weights_fingerprint
@@ -33,6 +35,26 @@ def open_cache(run) -> None:
         run.fingerprints.update({name: rows_fingerprint(run.splits[name]) for name in ("train", "held_out")})
 
 
+def _reuse(run, kind: str, parts: dict, read, name: str | None = None):
+    """`read(entry)` of the stored entry, recorded in `run.reused[name or kind]` and logged; `None` when off, missing or unusable."""
+    entry = run.cache.load(kind, parts) if run.cache.enabled else None
+    if entry is None:
+        return None
+    try:
+        value = read(entry)
+    except Exception as err:  # stored by other code or damaged in a way the file checks cannot see
+        warnings.warn(f"evidence cache: ignoring the {kind} entry {entry.key[:12]} ({err}); computing it afresh", stacklevel=2)
+        return None
+    run.reused[name or kind] = entry.key[:12]
+    run.log(f"{name or kind}: reused from an identical earlier run (evidence cache entry {entry.key[:12]})")
+    return value
+
+
+def _store(run, kind: str, parts: dict, meta: dict, tensors: dict | None = None) -> None:
+    if run.cache.enabled:
+        run.cache.store(kind, parts, meta, tensors)
+
+
 def _probe_parts(run) -> dict:
     cfg = run.cfg
     return {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "train": run.fingerprints["train"],
@@ -43,16 +65,11 @@ def load_probe(run):
     """The probe's result from the cache (without gradients), or `None`."""
     from ..probe.result import ProbeResult
 
-    entry = run.cache.load("probe", _probe_parts(run)) if run.cache.enabled else None
-    if entry is None:
-        return None
-    run.reused["probe"] = entry.key[:12]
-    return ProbeResult.from_dict(entry.meta)
+    return _reuse(run, "probe", _probe_parts(run), lambda entry: ProbeResult.from_dict(entry.meta))
 
 
 def store_probe(run) -> None:
-    if run.cache.enabled:
-        run.cache.store("probe", _probe_parts(run), run.probe_result.to_dict())
+    _store(run, "probe", _probe_parts(run), run.probe_result.to_dict())
 
 
 def probe_again(run):
@@ -75,24 +92,21 @@ def load_stones(run, k: int) -> tuple | None:
     """`((f~_S, result), (f~_pop, result))` rebuilt from the cache, or `None`."""
     from ..probe.stepping_stone import SteppingStoneResult, rebuild_stepping_stone
 
-    entry = run.cache.load("stepping_stones", _stone_parts(run, k)) if run.cache.enabled else None
-    if entry is None:
-        return None
-    stones = []
-    for side in ("train", "held_out"):
-        result = SteppingStoneResult.from_dict(entry.meta[side])
-        gradient = {name[len(side) + 1 :]: t for name, t in entry.tensors.items() if name.startswith(side + "/")}
-        stones.append((rebuild_stepping_stone(run.model, result, gradient), result))
-    run.reused["stepping_stones"] = entry.key[:12]
-    return tuple(stones)
+    def read(entry):
+        stones = []
+        for side in ("train", "held_out"):
+            result = SteppingStoneResult.from_dict(entry.meta[side])
+            gradient = {name[len(side) + 1 :]: t for name, t in entry.tensors.items() if name.startswith(side + "/")}
+            stones.append((rebuild_stepping_stone(run.model, result, gradient), result))
+        return tuple(stones)
+
+    return _reuse(run, "stepping_stones", _stone_parts(run, k), read)
 
 
 def store_stones(run, k: int, stone_s, stone_pop) -> None:
-    if not run.cache.enabled:
-        return
     meta = {"train": stone_s.to_dict(), "held_out": stone_pop.to_dict()}
     tensors = {f"{side}/{name}": t for side, r in (("train", stone_s), ("held_out", stone_pop)) for name, t in r.gradient.items()}
-    run.cache.store("stepping_stones", _stone_parts(run, k), meta, tensors)
+    _store(run, "stepping_stones", _stone_parts(run, k), meta, tensors)
 
 
 def _losses_parts(run, train_config) -> dict:
@@ -106,20 +120,15 @@ def _losses_parts(run, train_config) -> dict:
 
 
 def load_original_losses(run, train_config):
-    """The original's `OriginalLosses` on this run's rows from the cache, or `None`."""
+    """The original's `OriginalLosses` (step-0 held-out loss, `L_S(f_old)`) on this run's rows from the cache, or `None`."""
     from ..training.original_losses import OriginalLosses
 
-    entry = run.cache.load("original_losses", _losses_parts(run, train_config)) if run.cache.enabled else None
-    if entry is None:
-        return None
-    run.reused["original_losses"] = entry.key[:12]
-    run.log(f"the original's step-0 held-out loss and L_S(f_old): reused from an identical earlier run (evidence cache entry {entry.key[:12]})")
-    return OriginalLosses(**entry.meta)
+    return _reuse(run, "original_losses", _losses_parts(run, train_config), lambda entry: OriginalLosses(**entry.meta))
 
 
 def store_original_losses(run, train_config, losses) -> None:
-    if run.cache.enabled and losses is not None and losses.held_out is not None and losses.train is not None:
-        run.cache.store("original_losses", _losses_parts(run, train_config), losses.to_dict())
+    if losses is not None and losses.held_out is not None and losses.train is not None:
+        _store(run, "original_losses", _losses_parts(run, train_config), losses.to_dict())
 
 
 def paired_losses(run, split: str, data, extra: dict | None = None):
@@ -127,39 +136,38 @@ def paired_losses(run, split: str, data, extra: dict | None = None):
 
     The extras (a stepping stone) are keyed by the stones' entry: they are what the stones of this run are.
     """
-    from ..evaluation.paired import paired_losses as run_paired
     from ..evaluation.collector import Collector
+    from ..evaluation.paired import paired_losses as run_paired
     from ..growth.prefix import lowest_new_index
 
     cfg, sides = run.cfg, ["old", *(extra or {})]
-    parts = None
+    known = parts = None
     if run.cache.enabled:
         parts = {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "rows": rows_fingerprint(data),
                  "batch_size": cfg.batch_size, "index": lowest_new_index(run.model), "sides": sides,
                  "stones": _stone_parts(run, run.positions[0]) if extra else None}  # fmt: skip
-    entry = run.cache.load("paired_losses", parts) if parts else None
-    known = None
-    if entry is not None:
-        known = Collector.from_tensors(entry.meta["task"], entry.tensors)
-        run.reused[f"{split}_losses"] = entry.key[:12]
-        run.log(f"{split} losses of {', '.join(sides)}: reused from an identical earlier run (evidence cache entry {entry.key[:12]})")
+        known = _reuse(run, "paired_losses", parts, lambda entry: Collector.from_tensors(entry.meta["task"], entry.tensors), f"{split}_losses")
     collect, _ = run_paired(run.model, data, batch_size=cfg.batch_size, progress=cfg.progress, extra=extra, known=known)
-    if parts and entry is None:
-        run.cache.store("paired_losses", parts, {"task": collect.task}, collect.to_tensors(sides))
+    if parts and known is None:
+        _store(run, "paired_losses", parts, {"task": collect.task}, collect.to_tensors(sides))
     return collect
+
+
+def _margin_parts(run) -> dict:
+    return {**_stone_parts(run, run.positions[0]), "batch_size": run.cfg.batch_size}
 
 
 def load_margin(run) -> tuple[float, str] | None:
     """`Delta_R` and how it was measured, from the cache, or `None`."""
-    entry = run.cache.load("stone_margin", {**_stone_parts(run, run.positions[0]), "batch_size": run.cfg.batch_size}) if run.cache.enabled else None
-    if entry is None:
-        return None
-    run.reused["stone_margin"] = entry.key[:12]
-    how = entry.meta["how"].removeprefix("measured here: ")
-    return entry.meta["delta_r"], f"{how}, measured by an identical earlier run (evidence cache entry {entry.key[:12]})"
+
+    def read(entry):
+        how = entry.meta["how"].removeprefix("measured here: ")
+        return float(entry.meta["delta_r"]), f"{how}, measured by an identical earlier run (evidence cache entry {entry.key[:12]})"
+
+    return _reuse(run, "stone_margin", _margin_parts(run), read)
 
 
 def store_margin(run, delta_r: float | None, how: str | None) -> None:
-    if run.cache.enabled and delta_r is not None and how:
-        run.cache.store("stone_margin", {**_stone_parts(run, run.positions[0]), "batch_size": run.cfg.batch_size}, {"delta_r": delta_r, "how": how})
+    if delta_r is not None and how:
+        _store(run, "stone_margin", _margin_parts(run), {"delta_r": delta_r, "how": how})
 

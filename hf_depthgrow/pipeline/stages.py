@@ -140,9 +140,7 @@ def _probe(run: _Run) -> None:
     cfg, train_ds = run.cfg, run.splits["train"]
     reuse.open_cache(run)
     run.probe_result = reuse.load_probe(run)
-    if run.probe_result is not None:
-        run.log(f"probe: reused from an identical earlier run (evidence cache entry {run.reused['probe']})")
-    else:
+    if run.probe_result is None:
         run.log(f"probing all {run.model.config.num_hidden_layers + 1} positions on {len(train_ds)} training examples")
         # keep_gradients: the stepping stones reuse G_S instead of a second pass over the training data.
         run.probe_result = probe(
@@ -189,7 +187,6 @@ def _stepping_stones(run: _Run) -> None:
         k = run.positions[0]
         stored = reuse.load_stones(run, k)
         if stored is not None:
-            run.log(f"stepping stones at k = {k}: reused from an identical earlier run (evidence cache entry {run.reused['stepping_stones']})")
             (run.stone_model, stone_s), (run.pop_model, stone_pop) = stored
         else:
             run.log(f"stepping stones at k = {k}")
