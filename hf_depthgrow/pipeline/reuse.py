@@ -36,8 +36,11 @@ def open_cache(run) -> None:
 
 
 def _reuse(run, kind: str, parts: dict, read, name: str | None = None):
-    """`read(entry)` of the stored entry, recorded in `run.reused[name or kind]` and logged; `None` when off, missing or unusable."""
-    entry = run.cache.load(kind, parts) if run.cache.enabled else None
+    """`read(entry)` of the stored entry, recorded in `run.reused[name or kind]` and logged; `None` when missing or unusable.
+
+    Every caller checks `run.cache.enabled` first: with the cache off there are no fingerprints to build `parts` from.
+    """
+    entry = run.cache.load(kind, parts)
     if entry is None:
         return None
     try:
@@ -50,11 +53,6 @@ def _reuse(run, kind: str, parts: dict, read, name: str | None = None):
     return value
 
 
-def _store(run, kind: str, parts: dict, meta: dict, tensors: dict | None = None) -> None:
-    if run.cache.enabled:
-        run.cache.store(kind, parts, meta, tensors)
-
-
 def _probe_parts(run) -> dict:
     cfg = run.cfg
     return {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "train": run.fingerprints["train"],
@@ -65,11 +63,14 @@ def load_probe(run):
     """The probe's result from the cache (without gradients), or `None`."""
     from ..probe.result import ProbeResult
 
+    if not run.cache.enabled:
+        return None
     return _reuse(run, "probe", _probe_parts(run), lambda entry: ProbeResult.from_dict(entry.meta))
 
 
 def store_probe(run) -> None:
-    _store(run, "probe", _probe_parts(run), run.probe_result.to_dict())
+    if run.cache.enabled:
+        run.cache.store("probe", _probe_parts(run), run.probe_result.to_dict())
 
 
 def probe_again(run):
@@ -100,13 +101,14 @@ def load_stones(run, k: int) -> tuple | None:
             stones.append((rebuild_stepping_stone(run.model, result, gradient), result))
         return tuple(stones)
 
-    return _reuse(run, "stepping_stones", _stone_parts(run, k), read)
+    return _reuse(run, "stepping_stones", _stone_parts(run, k), read) if run.cache.enabled else None
 
 
 def store_stones(run, k: int, stone_s, stone_pop) -> None:
-    meta = {"train": stone_s.to_dict(), "held_out": stone_pop.to_dict()}
-    tensors = {f"{side}/{name}": t for side, r in (("train", stone_s), ("held_out", stone_pop)) for name, t in r.gradient.items()}
-    _store(run, "stepping_stones", _stone_parts(run, k), meta, tensors)
+    if run.cache.enabled:
+        sides = (("train", stone_s), ("held_out", stone_pop))
+        tensors = {f"{side}/{name}": t for side, r in sides for name, t in r.gradient.items()}
+        run.cache.store("stepping_stones", _stone_parts(run, k), {side: r.to_dict() for side, r in sides}, tensors)
 
 
 def _losses_parts(run, train_config) -> dict:
@@ -123,12 +125,14 @@ def load_original_losses(run, train_config):
     """The original's `OriginalLosses` (step-0 held-out loss, `L_S(f_old)`) on this run's rows from the cache, or `None`."""
     from ..training.original_losses import OriginalLosses
 
+    if not run.cache.enabled:
+        return None
     return _reuse(run, "original_losses", _losses_parts(run, train_config), lambda entry: OriginalLosses(**entry.meta))
 
 
 def store_original_losses(run, train_config, losses) -> None:
-    if losses is not None and losses.held_out is not None and losses.train is not None:
-        _store(run, "original_losses", _losses_parts(run, train_config), losses.to_dict())
+    if run.cache.enabled and losses is not None and losses.held_out is not None and losses.train is not None:
+        run.cache.store("original_losses", _losses_parts(run, train_config), losses.to_dict())
 
 
 def paired_losses(run, split: str, data, extra: dict | None = None):
@@ -148,8 +152,8 @@ def paired_losses(run, split: str, data, extra: dict | None = None):
                  "stones": _stone_parts(run, run.positions[0]) if extra else None}  # fmt: skip
         known = _reuse(run, "paired_losses", parts, lambda entry: Collector.from_tensors(entry.meta["task"], entry.tensors), f"{split}_losses")
     collect, _ = run_paired(run.model, data, batch_size=cfg.batch_size, progress=cfg.progress, extra=extra, known=known)
-    if parts and known is None:
-        _store(run, "paired_losses", parts, {"task": collect.task}, collect.to_tensors(sides))
+    if parts is not None and known is None:
+        run.cache.store("paired_losses", parts, {"task": collect.task}, collect.to_tensors(sides))
     return collect
 
 
@@ -164,10 +168,9 @@ def load_margin(run) -> tuple[float, str] | None:
         how = entry.meta["how"].removeprefix("measured here: ")
         return float(entry.meta["delta_r"]), f"{how}, measured by an identical earlier run (evidence cache entry {entry.key[:12]})"
 
-    return _reuse(run, "stone_margin", _margin_parts(run), read)
+    return _reuse(run, "stone_margin", _margin_parts(run), read) if run.cache.enabled else None
 
 
 def store_margin(run, delta_r: float | None, how: str | None) -> None:
-    if delta_r is not None and how:
-        _store(run, "stone_margin", _margin_parts(run), {"delta_r": delta_r, "how": how})
-
+    if run.cache.enabled and delta_r is not None and how:
+        run.cache.store("stone_margin", _margin_parts(run), {"delta_r": delta_r, "how": how})
