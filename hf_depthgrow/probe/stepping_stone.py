@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Sequence
 
 import torch
@@ -89,8 +89,8 @@ class SteppingStoneResult:
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict (non-finite numbers become `None`); `gradient` is left out."""
-        data = asdict(self)
-        data.pop("gradient")
+        # Not `asdict(self)`: it would deep-copy the gradient only to drop it.
+        data = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "gradient"}
         data["loss_drop"] = self.loss_drop
         data["line_search"] = [list(p) for p in self.line_search]
         return json_safe(data, nonfinite="null")
