@@ -1,6 +1,7 @@
 """Stepping-stone models (THEORY §3): a first-order step of the new block that lowers the training loss."""
 
 import copy
+import importlib
 import json
 import math
 
@@ -10,7 +11,7 @@ import torch
 from hf_depthgrow.growth.engine import grow_depth, growth_record
 from hf_depthgrow.losses import batch_example_losses
 from hf_depthgrow.probe.signal import probe
-from hf_depthgrow.probe.stepping_stone import stepping_stone
+from hf_depthgrow.probe.stepping_stone import stepping_stone, stepping_stones
 from hf_depthgrow.testing import model_output, tiny_inputs, tiny_model
 
 
@@ -77,6 +78,71 @@ def test_held_out_direction_gives_population_stone():
     assert info.grad_norm == pytest.approx(probe(model, held_out, positions=[3], progress=False).signal[0], rel=1e-6)
     data = json.loads(json.dumps(info.to_dict()))
     assert data["direction"] == "held-out" and len(data["line_search"]) == 4  # eta = 0 and the three given
+
+
+@pytest.mark.parametrize("model_type, position", [("llama", 3), ("bert", 1)])
+@pytest.mark.parametrize("given_gradient", [False, True])
+def test_both_stones_from_one_set_up_equal_two_calls_bit_for_bit(model_type, position, given_gradient):
+    model = tiny_model(model_type)
+    train, held_out = batches_for(model), batches_for(model, n=3, seed=10)
+    gradient = None
+    if given_gradient:
+        kept = probe(model, train, positions=[position], keep_gradients=True, progress=False)
+        gradient = kept.gradients[0]
+    alone_s = stepping_stone(model, position, train, gradient=gradient)
+    alone_pop = stepping_stone(model, position, train, direction_data=held_out, gradient=gradient)
+    both = stepping_stones(model, position, train, held_out, gradient=gradient)
+    inputs = tiny_inputs(model, seed=7)
+    for (stone, info), (alone, alone_info) in ((both["train"], alone_s), (both["held_out"], alone_pop)):
+        assert info.to_dict() == alone_info.to_dict()  # eta, losses, the whole line search
+        assert all(torch.equal(a, b) for a, b in zip(stone.state_dict().values(), alone.state_dict().values()))
+        assert torch.equal(model_output(stone, inputs), model_output(alone, inputs))
+    assert both["train"][1].direction == "train" and both["held_out"][1].direction == "held-out"
+
+
+def test_both_stones_compute_the_prefix_and_the_original_loss_once(monkeypatch):
+    # Two separate calls run the layers below the block twice per line-search batch and score the
+    # original twice; one set-up runs them once (and G_S once).
+    # `hf_depthgrow.probe` is bound to the function: the modules come by their full names.
+    line_search = importlib.import_module("hf_depthgrow.probe.line_search")
+    module = importlib.import_module("hf_depthgrow.probe.stepping_stone")
+
+    model = tiny_model("llama")
+    train, held_out = batches_for(model), batches_for(model, n=3, seed=10)
+    counts = {"prefix": 0, "eta0": 0, "probe": 0}
+    real_prefix, real_mean, real_probe = line_search.prefix_hidden, line_search._mean_loss, module.probe
+
+    def prefix(*args, **kwargs):
+        counts["prefix"] += 1
+        return real_prefix(*args, **kwargs)
+
+    def mean(model, batches, prefixes, index):
+        if all(not p.detach().abs().sum() for n, p in model.named_parameters() if n.endswith("o_proj.weight") and ".3." in n):
+            counts["eta0"] += 1
+        return real_mean(model, batches, prefixes, index)
+
+    def counted_probe(*args, **kwargs):
+        counts["probe"] += 1
+        return real_probe(*args, **kwargs)
+
+    monkeypatch.setattr(line_search, "prefix_hidden", prefix)
+    monkeypatch.setattr(line_search, "_mean_loss", mean)
+    monkeypatch.setattr(module, "probe", counted_probe)
+    stepping_stones(model, 3, train, held_out)
+    assert counts == {"prefix": len(train), "eta0": 1, "probe": 2}  # G_S once, G_pop once
+    counts.update(prefix=0, eta0=0, probe=0)
+    stepping_stone(model, 3, train)
+    stepping_stone(model, 3, train, direction_data=held_out)
+    assert counts == {"prefix": 2 * len(train), "eta0": 2, "probe": 3}
+
+
+def test_both_stones_refuse_unknown_arguments():
+    model = tiny_model("llama")
+    train = batches_for(model, n=2)
+    with pytest.raises(TypeError, match="held_out, not direction_data"):
+        stepping_stones(model, 1, train, train, direction_data=train)
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        stepping_stones(model, 1, train, train, learning_rate=1.0)
 
 
 def test_stepping_stone_saves_and_reloads(tmp_path):

@@ -179,7 +179,7 @@ def _choose_positions(run: _Run) -> bool:
 
 def _stepping_stones(run: _Run) -> None:
     """f~_S (train direction) and f~_pop (held-out direction) at the one chosen position."""
-    from ..probe.stepping_stone import stepping_stone
+    from ..probe.stepping_stone import stepping_stones
 
     cfg, result = run.cfg, run.probe_result
     # A block with its own copy source or init is not the one the probe and stepping stone reason about.
@@ -194,8 +194,9 @@ def _stepping_stones(run: _Run) -> None:
                 run.probe_result = result = reuse.probe_again(run)
             common = dict(batch_size=cfg.batch_size, max_batches=cfg.stone_max_batches, gradient=result.gradients[result.positions.index(k)],
                           refine_steps=cfg.stone_refine_steps, progress=cfg.progress, **run.grow_kwargs)  # fmt: skip
-            run.stone_model, stone_s = stepping_stone(run.model, k, run.splits["train"], **common)
-            run.pop_model, stone_pop = stepping_stone(run.model, k, run.splits["train"], direction_data=run.splits["held_out"], **common)
+            # One line-search set-up for both: the prefix below k and L_S(f_old) are computed once.
+            stones = stepping_stones(run.model, k, run.splits["train"], run.splits["held_out"], **common)
+            (run.stone_model, stone_s), (run.pop_model, stone_pop) = stones["train"], stones["held_out"]
             reuse.store_stones(run, k, stone_s, stone_pop)
         run.stones = {"train": stone_s.to_dict(), "held_out": stone_pop.to_dict()}
         (run.out / "stepping_stones.json").write_text(json.dumps(run.stones, indent=2))

@@ -2,7 +2,7 @@
 
 Modules: `signal` (`probe`), `result` (`ProbeResult`, verdicts), `capture` (taps on the original model
 and the candidate blocks), `statistics` (streamed U-statistic, jackknife, covariance, norm regime),
-`stepping_stone` (one first-order step of a new block), `baselines` (cheap predictors to hold the probe
+`stepping_stone` (one first-order step of a new block; `stepping_stones`: `f~_S` and `f~_pop` from one set-up), `baselines` (cheap predictors to hold the probe
 against: layer gradient norms, block influence, depth; `predictor_scores` runs any set of them with its
 cost), `lookahead` (a few training steps of the new block at each position; the one-step first-order check).
 
@@ -15,7 +15,7 @@ from .baselines import PREDICTORS, block_influence, layer_gradient_norms, predic
 from .lookahead import lookahead_scores, one_step_check
 from .result import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult
 from .signal import probe
-from .stepping_stone import SteppingStoneResult, stepping_stone
+from .stepping_stone import SteppingStoneResult, stepping_stone, stepping_stones
 
 __all__ = [
     "PREDICTORS",
@@ -31,4 +31,5 @@ __all__ = [
     "predictor_scores",
     "probe",
     "stepping_stone",
+    "stepping_stones",
 ]

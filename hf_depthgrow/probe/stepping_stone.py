@@ -10,8 +10,9 @@ model (`grow_depth`), so it saves with `save_pretrained` like any other.
 Cost: the line search evaluates the training loss at ~10 step sizes, but nothing below the new
 block changes with `eta`, so the residual stream entering it is computed once per batch
 (`prefix.prefix_hidden`) and every evaluation runs only the layers from the block up
-(`prefix.start_at`). A probe run with `keep_gradients=True` can hand over `G_S` (`gradient=`),
-which saves the probe pass over the training data.
+(`prefix.start_at`; `line_search.TrainingLoss`). A probe run with `keep_gradients=True` can hand over
+`G_S` (`gradient=`), which saves the probe pass over the training data, and `stepping_stones` makes
+`f~_S` and `f~_pop` from one set-up: one prefix, one `L_S(f_old)`, one `G_S` for both.
 
 Example:
     ```python
@@ -24,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -32,23 +34,16 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ..data.batches import as_batches, to_device
+from ..data.batches import as_batches
 from ..data.checks import check_batch
 from ..growth.engine import GrowthConfig, grow_depth, resolve_block_kind
 from ..growth.families import resolve_family
-from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
-from ..losses import batch_example_losses, is_causal_lm, labels_of
+from ..losses import is_causal_lm, labels_of
 from ..utils import json_safe, package_version
-from .line_search import line_search
+from .line_search import choose_eta
 from .signal import NO_SUPERVISION, probe, supervised_units
 
-__all__ = ["SteppingStoneResult", "rebuild_stepping_stone", "stepping_stone"]
-
-# The line search starts where the first-order gain is this share of the loss. Stepping stones on
-# SmolLM2 and the ViT land at 5-15% gains: starting at 1% (not 0.1%) saves two or three bracketing
-# passes, and strong curvature still shrinks from there.
-FIRST_GAIN = 1e-2
-
+__all__ = ["SteppingStoneResult", "rebuild_stepping_stone", "stepping_stone", "stepping_stones"]
 
 @dataclass
 class SteppingStoneResult:
@@ -198,79 +193,6 @@ class _Step:
                     p.copy_((eta * self.direction[name]).to(dtype=p.dtype, device=p.device))
 
 
-@torch.no_grad()
-def _mean_loss(model: nn.Module, batches: Sequence[dict], prefixes: Sequence[torch.Tensor], index: int) -> float:
-    """Training loss of the grown model, each batch started at stack layer `index` from its cached prefix."""
-    total, weight = 0.0, 0.0
-    for batch, z in zip(batches, prefixes):
-        with start_at(model, index, z):
-            losses = batch_example_losses(model, batch)
-        total += float(losses.total.sum())
-        weight += float(losses.weight.sum())
-    return total / weight
-
-
-class _TrainingLoss:
-    """The training loss at step `eta`, memoised, every evaluation recorded in `trace` (and on a progress bar).
-
-    The prefix below the new block holds only original layers, the same for every eta: it is computed
-    once per batch and every evaluation runs the layers from the block up.
-    """
-
-    def __init__(self, grown: nn.Module, batches: list[dict], step: _Step, bar):
-        device = next(grown.parameters()).device
-        self.grown, self.step, self.bar = grown, step, bar
-        self.batches = [to_device(b, device) for b in batches]
-        self.index = lowest_new_index(grown)
-        self.cache: dict[float, float] = {}
-        self.trace: list[tuple[float, float]] = []
-        with torch.no_grad():
-            self.prefixes = [prefix_hidden(grown, b, self.index) for b in self.batches]
-
-    def __call__(self, eta: float) -> float:
-        if eta not in self.cache:
-            self.step.set(eta)
-            loss = _mean_loss(self.grown, self.batches, self.prefixes, self.index)
-            if not math.isfinite(loss):
-                if eta == 0:  # the original model's loss: nothing to compare a step with
-                    raise ValueError(f"the training loss is {loss}: the model or data produce non-finite values")
-                loss = math.inf  # a step that overflows is never the best one (NaN would compare false)
-            self.cache[eta] = loss
-            self.trace.append((eta, self.cache[eta]))
-            if self.bar is not None:
-                self.bar.update(1)
-                self.bar.set_postfix(eta=f"{eta:.3g}", loss=f"{self.cache[eta]:.4f}")
-        return self.cache[eta]
-
-
-def _choose_eta(grown, batches, step: _Step, etas, search: dict, desc: str | None) -> tuple[_TrainingLoss, float]:
-    """Search the step on the training loss and set the best (0 when no step helps); `(losses, best eta)`."""
-    bar = None
-    if desc is not None:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(desc=desc, unit="step size")
-    was_training = grown.training
-    grown.eval()
-    try:
-        loss_at = _TrainingLoss(grown, batches, step, bar)
-        loss_old = loss_at(0.0)
-        best = 0.0
-        if step.direction is not None:
-            if etas is not None:
-                for eta in etas:
-                    loss_at(float(eta))
-            else:
-                line_search(loss_at, eta0=FIRST_GAIN * max(abs(loss_old), 1e-8) / step.grad_norm, **search)
-            best = min(loss_at.cache, key=lambda e: (loss_at.cache[e], e))
-        step.set(best)
-    finally:
-        grown.train(was_training)
-        if bar is not None:
-            bar.close()
-    return loss_at, best
-
-
 def stepping_stone(
     model: nn.Module,
     position: int,
@@ -327,6 +249,56 @@ def stepping_stone(
         True
         ```
     """
+    settings = dict(block=block, init=init, seed=seed, eps=eps, adapter_dim=adapter_dim, adapter_act=adapter_act, etas=etas,
+                    expand=expand, max_expand=max_expand, refine_steps=refine_steps, max_batches=max_batches,
+                    collate_fn=collate_fn, batch_size=batch_size, gradient=gradient, progress=progress)  # fmt: skip
+    return _stones(model, position, train_data, [direction_data], **settings)[0]
+
+
+def stepping_stones(model: nn.Module, position: int, train_data, held_out, **kwargs) -> dict[str, tuple[nn.Module, SteppingStoneResult]]:
+    """Both stepping stones of THEORY §3 at one position: `f~_S` (train direction) and `f~_pop` (held-out direction).
+
+    The same as `stepping_stone(model, position, train_data, **kwargs)` and `stepping_stone(...,
+    direction_data=held_out, **kwargs)`, bit for bit, for less: the two line searches run on the same
+    training batches from the same original layers below the block, so the prefix there and
+    `L_S(f_old)` are computed once for both, and `G_S` (the probe's, or one pass) serves both.
+
+    Args:
+        model, position, train_data: As for `stepping_stone`.
+        held_out: Data for `f~_pop`'s direction (any form `probe` reads).
+        kwargs: Every other argument of `stepping_stone` (not `direction_data`).
+
+    Returns:
+        `{"train": (f~_S, result), "held_out": (f~_pop, result)}`.
+
+    Example:
+        ```python
+        >>> from hf_depthgrow.testing import tiny_model, tiny_inputs
+        >>> model = tiny_model("llama")
+        >>> stones = stepping_stones(model, 2, [tiny_inputs(model, seed=s) for s in range(4)], [tiny_inputs(model, seed=9)])
+        >>> sorted(stones), stones["held_out"][1].direction
+        (['held_out', 'train'], 'held-out')
+        ```
+    """
+    if "direction_data" in kwargs:
+        raise TypeError("stepping_stones takes held_out, not direction_data")
+    unknown = sorted(set(kwargs) - set(_STONE_SETTINGS))
+    if unknown:
+        raise TypeError(f"stepping_stones got unexpected arguments {unknown}")
+    train, pop = _stones(model, position, train_data, [None, held_out], **{**_STONE_SETTINGS, **kwargs})
+    return {"train": train, "held_out": pop}
+
+
+# `stepping_stones`' defaults: `stepping_stone`'s keyword arguments, from one place.
+_STONE_SETTINGS = {
+    name: param.default for name, param in inspect.signature(stepping_stone).parameters.items()
+    if param.kind is param.KEYWORD_ONLY and name != "direction_data"
+}  # fmt: skip
+
+
+def _stones(model, position, train_data, directions: list, *, block, init, seed, eps, adapter_dim, adapter_act, etas,
+            expand, max_expand, refine_steps, max_batches, collate_fn, batch_size, gradient, progress) -> list:
+    """One stepping stone per direction data (`None`: the training data's), all on one set of line-search batches."""
     cfg = GrowthConfig(block=block, init=init, eps=eps, seed=seed, adapter_dim=adapter_dim, adapter_act=adapter_act)
     _check_search(etas, expand)
     options = dict(block=block, init=init, seed=seed, eps=eps, adapter_dim=adapter_dim, adapter_act=adapter_act,
@@ -335,19 +307,23 @@ def stepping_stone(
     _check_train_batches(model, batches)
     if gradient is not None:
         _check_gradient(gradient)
-    grad_train, grad_dir, source = _gradients(model, position, batches, direction_data, gradient, max_batches, options)
-    grown, params = _grow_copy(model, position, cfg, grad_train, grad_dir)
-    step = _Step(params, grad_train, grad_dir)
     search = dict(expand=expand, max_expand=max_expand, refine_steps=refine_steps)
-    desc = f"stepping stone k={position} ({source})" if progress else None
-    losses, best = _choose_eta(grown, batches, step, etas, search, desc)
-    loss_old = losses.cache[0.0]
-    return grown, SteppingStoneResult(
-        position=position, block=resolve_block_kind(cfg, resolve_family(model)[0], model.config), direction=source,
-        eta=best, grad_norm=step.grad_norm, slope=step.slope, loss_old=loss_old, loss_stone=losses.cache[best],
-        predicted_first_order=loss_old + best * step.slope, line_search=losses.trace, num_batches=len(batches),
-        config=asdict(cfg), gradient=grad_dir,
-    )  # fmt: skip
+    block_kind = resolve_block_kind(cfg, resolve_family(model)[0], model.config)
+    stones, shared = [], None
+    for direction_data in directions:
+        grad_train, grad_dir, source = _gradients(model, position, batches, direction_data, gradient, max_batches, options)
+        gradient = grad_train  # the next direction reuses G_S
+        grown, params = _grow_copy(model, position, cfg, grad_train, grad_dir)
+        step = _Step(params, grad_train, grad_dir)
+        desc = f"stepping stone k={position} ({source})" if progress else None
+        shared, best = choose_eta(grown, batches, step, etas, search, desc, shared)
+        loss_old = shared.cache[0.0]
+        stones.append((grown, SteppingStoneResult(
+            position=position, block=block_kind, direction=source, eta=best, grad_norm=step.grad_norm, slope=step.slope,
+            loss_old=loss_old, loss_stone=shared.cache[best], predicted_first_order=loss_old + best * step.slope,
+            line_search=shared.trace, num_batches=len(batches), config=asdict(cfg), gradient=grad_dir,
+        )))  # fmt: skip
+    return stones
 
 
 def rebuild_stepping_stone(model: nn.Module, result: SteppingStoneResult, gradient: dict[str, torch.Tensor]) -> nn.Module:
