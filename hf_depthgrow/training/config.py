@@ -29,6 +29,19 @@ RESUME_MAY_CHANGE = (
 BOOL_FIELDS = ("merge_lora", "progress_bar", "fallback", "save_final_model")
 
 
+def _require(cond, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:  # finite: inf/NaN would train on silently to a non-finite model
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 @dataclass
 class TrainConfig:
     r"""Settings of `hf_depthgrow.train` / `GrownTrainer` and of `hf-depthgrow train`.
@@ -205,16 +218,15 @@ class TrainConfig:
     stop_after_step: int | None = field(default=None, metadata={"help": "Debug: os._exit right after this step."})
 
     def __post_init__(self):
-        def check(cond, msg):
-            if not cond:
-                raise ValueError(msg)
+        # Every check raises one ValueError naming its field; the first bad field (in this order) is reported.
+        self._check_choices()
+        self._check_targets()
+        self._check_counts()
+        self._check_rates()
+        self._check_outputs()
 
-        def is_int(v):
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        def is_num(v):  # finite: inf/NaN would train on silently to a non-finite model
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
+    def _check_choices(self) -> None:
+        check = _require
         for name in BOOL_FIELDS:  # a string such as "false" would be truthy
             check(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
         check(self.trainable in TRAINABLE, f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
@@ -234,6 +246,9 @@ class TrainConfig:
             not (self.trainable == "lora" and self.prefix_cache in ("memory", "disk")),
             "prefix_cache needs a frozen prefix, but trainable='lora' adapts every layer; use prefix_cache='auto' or 'off'.",
         )
+
+    def _check_targets(self) -> None:
+        check, is_int = _require, _is_int
         if self.trainable == "layers":
             layers = self.trainable_layers
             check(
@@ -243,6 +258,16 @@ class TrainConfig:
             self.trainable_layers = sorted(layers)
         else:
             check(self.trainable_layers is None, f"trainable_layers is only used with trainable='layers' (trainable={self.trainable!r})")
+        check(
+            self.lora_target_modules is None
+            or (isinstance(self.lora_target_modules, (list, tuple)) and self.lora_target_modules and all(isinstance(m, str) and m for m in self.lora_target_modules)),
+            f"lora_target_modules must be None or a non-empty list of names, got {self.lora_target_modules!r}",
+        )
+        if self.lora_target_modules is not None:
+            self.lora_target_modules = list(self.lora_target_modules)
+
+    def _check_counts(self) -> None:
+        check, is_int = _require, _is_int
         for name in ("lora_r", "lora_alpha", "per_device_train_batch_size", "gradient_accumulation_steps", "ddp_timeout"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 1, f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         for name in ("warmup_steps", "eval_steps", "save_steps", "seed"):
@@ -252,6 +277,9 @@ class TrainConfig:
             value = getattr(self, name)
             check(value is None or (is_int(value) and value >= 1), f"{name} must be None or an int >= 1, got {value!r}")
         check(is_int(self.max_steps) and (self.max_steps == -1 or self.max_steps >= 1), f"max_steps must be -1 or >= 1, got {self.max_steps!r}")
+
+    def _check_rates(self) -> None:
+        check, is_num = _require, _is_num
         check(is_num(self.num_train_epochs) and self.num_train_epochs > 0, f"num_train_epochs must be a finite number > 0, got {self.num_train_epochs!r}")
         check(is_num(self.learning_rate) and self.learning_rate > 0, f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
         check(is_num(self.weight_decay) and self.weight_decay >= 0, f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
@@ -265,13 +293,9 @@ class TrainConfig:
             self.max_grad_norm is None or (is_num(self.max_grad_norm) and self.max_grad_norm >= 0),
             f"max_grad_norm must be None or a finite number >= 0, got {self.max_grad_norm!r}",
         )
-        check(
-            self.lora_target_modules is None
-            or (isinstance(self.lora_target_modules, (list, tuple)) and self.lora_target_modules and all(isinstance(m, str) and m for m in self.lora_target_modules)),
-            f"lora_target_modules must be None or a non-empty list of names, got {self.lora_target_modules!r}",
-        )
-        if self.lora_target_modules is not None:
-            self.lora_target_modules = list(self.lora_target_modules)
+
+    def _check_outputs(self) -> None:
+        check = _require
         check(
             not (self.save_steps and not self.output_dir),
             "save_steps > 0 needs output_dir (checkpoints are written there)",
