@@ -129,12 +129,14 @@ def markdown(result: dict, args, command: str) -> str:
         f"- Floor, probe + the cheapest evaluation over training: **{floor:.2f}** "
         f"({', '.join(f'{v:.2f}' for v in result['floor'])}), against the target {TARGET:.2f}.",
     ]  # fmt: skip
-    if floor > TARGET:
-        lines.append(
-            f"- The floor alone is over the target: with the probe's batches and the test set kept, no saving in the stepping "
-            f"stones, `Delta_R` or the route terms reaches {TARGET:.2f} on a first run; the training would have to be about "
-            f"{floor / TARGET:.1f}x longer."
-        )  # fmt: skip
+    budget, floor_s = TARGET * med["train"], med["probe"] + med["minimal_evaluation"]
+    lines.append(
+        f"- At the target the evidence may cost {budget:.0f} s of this training's {med['train']:.0f} s. The probe and the "
+        f"cheapest evaluation alone take {floor_s:.0f} s, which leaves {max(0.0, budget - floor_s):.0f} s for the stepping "
+        f"stones ({med['stepping_stones']:.0f} s now) and for `Delta_R` and the route terms "
+        f"({med['evaluate'] - med['minimal_evaluation']:.0f} s now). For this run's evidence to be {TARGET:.0%} of it, the "
+        f"training would have to be {share / TARGET:.1f}x longer."
+    )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
