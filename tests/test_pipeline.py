@@ -256,3 +256,39 @@ def test_push_failure_keeps_the_run_and_says_so(workdir, tmp_path, monkeypatch, 
     )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["push_error"] == "503 Service Unavailable" and (out / "model" / "model.safetensors").is_file()
+
+
+def test_population_stone_is_measured_then_freed_before_training(workdir, tmp_path, monkeypatch):
+    # f~_pop is a whole copy of the model and only Delta_R needs it: it must not be held through training.
+    import gc
+    import importlib
+    import weakref
+
+    # By module path: `hf_depthgrow.probe.stepping_stone` the attribute is the function of that name.
+    stone_module = importlib.import_module("hf_depthgrow.probe.stepping_stone")
+    trainer_module = importlib.import_module("hf_depthgrow.training.trainer")
+
+    seen = {}
+    real_stones, real_train = stone_module.stepping_stones, trainer_module.train
+
+    def stones(model, k, train, held_out, **kwargs):
+        made = real_stones(model, k, train, held_out, **kwargs)
+        pop = made["held_out"][0]
+        seen["pop"] = weakref.ref(pop)
+        seen["delta_r"] = evaluate_delta(pop, held_out, metrics=False, n_bootstrap=1, batch_size=kwargs["batch_size"]).mean_delta
+        return made
+
+    def train(*args, **kwargs):
+        gc.collect()
+        seen["alive_in_training"] = seen["pop"]() is not None
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(stone_module, "stepping_stones", stones)
+    monkeypatch.setattr(trainer_module, "train", train)
+    cfg = _config(workdir, tmp_path / "out", control=None)
+    run_pipeline(cfg)
+    assert seen["alive_in_training"] is False
+    report = json.loads((tmp_path / "out" / "eval" / "report.json").read_text())
+    terms = report["routes"]["terms"]
+    assert terms["delta_r"] == pytest.approx(seen["delta_r"], rel=1e-9, abs=1e-12)
+    assert terms["sources"]["delta_r"].startswith("measured here")

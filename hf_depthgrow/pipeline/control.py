@@ -86,7 +86,7 @@ def train_control(run) -> None:
     if plan is None:
         return
     # The stepping stones were needed for the growth's fallback rule and routes only: free them first.
-    run.stone_model = run.pop_model = None
+    run.stone_model = None
     extra = {"trainable_layers": plan["layers"]} if plan["kind"] == "layers" else {"lora_r": plan["lora_r"], "lora_alpha": 2 * plan["lora_r"]}
     config = dataclasses.replace(run.train_config, trainable=plan["kind"], output_dir=str(run.out / "control"), **extra)
     run.log(f"training the equal-budget control ({_describe(plan)}) for {config.max_steps} steps")

@@ -61,7 +61,7 @@ class _Run:
     why: str = ""
     stones: dict = field(default_factory=dict)
     stone_model: object = None
-    pop_model: object = None
+    margin: tuple | None = None  # (Delta_R, how it was measured): f~_pop against the original on the held-out split
     train_config: object = None  # the growth's TrainConfig: the control trains with it, but another trainable set
     train_result: object = None
     eval_result: object = None
@@ -187,7 +187,7 @@ def _stepping_stones(run: _Run) -> None:
         k = run.positions[0]
         stored = reuse.load_stones(run, k)
         if stored is not None:
-            (run.stone_model, stone_s), (run.pop_model, stone_pop) = stored
+            (run.stone_model, stone_s), (pop_model, stone_pop) = stored
         else:
             run.log(f"stepping stones at k = {k}")
             if result.gradients is None:  # a probe from the cache keeps no G_S: the same probe again, with it
@@ -196,10 +196,13 @@ def _stepping_stones(run: _Run) -> None:
                           refine_steps=cfg.stone_refine_steps, progress=cfg.progress, **run.grow_kwargs)  # fmt: skip
             # One line-search set-up for both: the prefix below k and L_S(f_old) are computed once.
             stones = stepping_stones(run.model, k, run.splits["train"], run.splits["held_out"], **common)
-            (run.stone_model, stone_s), (run.pop_model, stone_pop) = stones["train"], stones["held_out"]
+            (run.stone_model, stone_s), (pop_model, stone_pop) = stones["train"], stones["held_out"]
             reuse.store_stones(run, k, stone_s, stone_pop)
         run.stones = {"train": stone_s.to_dict(), "held_out": stone_pop.to_dict()}
         (run.out / "stepping_stones.json").write_text(json.dumps(run.stones, indent=2))
+        # Delta_R now, not after training: f~_pop is a whole copy of the model, needed for nothing else,
+        # and is freed when this stage returns instead of being held through training and evaluation.
+        run.margin = _population_margin(run, pop_model)
     result.gradients = None  # free them before training
     run.lap("stepping_stones")
 
@@ -239,23 +242,19 @@ def _evaluate(run: _Run) -> None:
     from ..evaluation.paired import evaluate_delta, route_inputs
     from ..evaluation.report import write_report
 
-    cfg, train_ds, held_ds, test_ds = run.cfg, run.splits["train"], run.splits["held_out"], run.splits["test"]
+    cfg, train_ds, test_ds = run.cfg, run.splits["train"], run.splits["test"]
     run.log(f"paired evaluation on {len(test_ds)} test examples")
     # One pass over the test split: the prefix once per batch, then the original, the grown model and the
     # stepping stone f~_S (same position) from it; the control's comparison later reuses the grown losses.
     stone = {"stone": run.stone_model} if run.stone_model is not None else None
     run.test_losses = reuse.paired_losses(run, "test", test_ds, extra=stone)
     block_data = train_ds if cfg.route_max_examples is None else train_ds.select(range(min(len(train_ds), cfg.route_max_examples)))
-    margin = reuse.load_margin(run) if run.stones else None  # Delta_R: f~_pop and the original on the held-out split
     routes = route_inputs(
-        run.model, n_train=len(train_ds), train_result=run.train_result, stone_pop=margin[0] if margin else run.pop_model,
-        held_out=held_ds if run.stones else None, stone=_stone_margin(run.test_losses) if stone else None,
-        block_data=block_data, batch_size=cfg.batch_size,
+        run.model, n_train=len(train_ds), train_result=run.train_result, stone_pop=run.margin[0] if run.margin else None,
+        stone=_stone_margin(run.test_losses) if stone else None, block_data=block_data, batch_size=cfg.batch_size,
     )  # fmt: skip
-    if margin:
-        routes.sources["delta_r"] = margin[1]
-    elif run.stones:
-        reuse.store_margin(run, routes.delta_r, routes.sources.get("delta_r"))
+    if run.margin:
+        routes.sources["delta_r"] = run.margin[1]
     if stone:
         reused = run.reused.get("test_losses")
         routes.sources["delta_r_test"] = f"mean per-example delta of the stepping stone vs the original on {len(test_ds)} test examples " + (
@@ -271,6 +270,18 @@ def _evaluate(run: _Run) -> None:
     title = f"{Path(run.base_name).name} grown at {run.positions}"
     run.report_paths = write_report(run.eval_result, run.out / "eval", title=title, command=run.command)
     run.lap("evaluate")
+
+
+def _population_margin(run: _Run, pop_model) -> tuple[float, str]:
+    """`Delta_R`: the original's held-out loss minus f~_pop's (paired, per example), and how it was obtained."""
+    from ..evaluation.route_terms import stone_margin
+
+    margin = reuse.load_margin(run)
+    if margin is None:
+        what = "Delta_R (population stepping stone, held-out split)"
+        margin = stone_margin(pop_model, run.splits["held_out"], what=what, batch_size=run.cfg.batch_size)
+        reuse.store_margin(run, *margin)
+    return margin
 
 
 def _stone_margin(losses) -> float:
