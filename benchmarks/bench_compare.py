@@ -23,7 +23,6 @@ import argparse
 import copy
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
@@ -35,7 +34,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md writer next to this script
-from results_file import write_section  # noqa: E402
+from results_file import command_line, publish  # noqa: E402
 
 from hf_depthgrow import grow_depth  # noqa: E402
 from hf_depthgrow.comparison import build_arms, compare_plans  # noqa: E402
@@ -184,12 +183,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
     m = measure(args)
-    command = "python benchmarks/bench_compare.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    text = section_text(m, args, command.strip(), (load_before, os.getloadavg()[0]))
-    print(text)
-    if args.write_results:
-        write_section(args.results, section_heading(args.model), text)
-        print(f"wrote the '{section_heading(args.model)[3:]}' section of {args.results}", file=sys.stderr)
+    command = command_line("bench_compare.py", argv)
+    publish(args, section_heading(args.model), section_text(m, args, command, (load_before, os.getloadavg()[0])))
     return m
 
 

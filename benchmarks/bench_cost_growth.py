@@ -42,7 +42,6 @@ import itertools
 import os
 import platform
 import random
-import shlex
 import statistics
 import sys
 import time
@@ -56,7 +55,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md writer next to this script
 from flops import flop_counter  # noqa: E402
-from results_file import write_section  # noqa: E402
+from results_file import command_line, publish  # noqa: E402
 SECTION = "## Cost growth"
 # Defaults per mode; an explicit flag always wins. The quick sizes keep the CI smoke test in seconds.
 DEFAULTS = {
@@ -356,12 +355,8 @@ def main(argv=None) -> list[dict]:
     load_before = os.getloadavg()[0]
     measure(points, args, device)
     load_after = os.getloadavg()[0]
-    command = "python benchmarks/bench_cost_growth.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    section = section_text(points, args, base, device, command.strip(), (load_before, load_after))
-    print(section)
-    if args.write_results:
-        write_section(args.results, SECTION, section)
-        print(f"wrote the '{SECTION[3:]}' section of {args.results}", file=sys.stderr)
+    command = command_line("bench_cost_growth.py", argv)
+    publish(args, SECTION, section_text(points, args, base, device, command, (load_before, load_after)))
     return [
         {"sweep": p.sweep, "work": p.work, "x": p.x, "label": p.label, "wall": p.wall, "cpu": p.cpu,
          "flops": p.flops, "attention_flops": p.attention_flops}

@@ -31,7 +31,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md helpers next to this script
-from results_file import rerun_command, write_section  # noqa: E402
+from results_file import command_line, publish  # noqa: E402
 
 SECTION = "## Evaluation head: the chunked loss without gradients"
 VARIANTS = ("plain", "chunked", "chunked, weight gradient")
@@ -162,12 +162,7 @@ def main(argv=None) -> dict:
     if min(args.batches, args.batch, args.repeats) < 1 or args.seq < 2:
         p.error("--batches, --batch and --repeats must be at least 1, --seq at least 2")
     result = measure(args)
-    argv = sys.argv[1:] if argv is None else argv
-    command = rerun_command("bench_eval_head.py", argv)
-    text = markdown(result, args, command)
-    print(text)
-    if args.write_results:
-        write_section(args.results, SECTION, text)
+    publish(args, SECTION, markdown(result, args, command_line("bench_eval_head.py", argv)))
     return result
 
 

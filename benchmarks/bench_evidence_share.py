@@ -30,7 +30,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md helpers next to this script
-from results_file import rerun_command, write_section  # noqa: E402
+from results_file import command_line, publish  # noqa: E402
 
 SECTION = "## Evidence's share of a first default run, and its floor"
 PHASES = ("probe", "stepping_stones", "evaluate", "train")
@@ -167,13 +167,9 @@ def main(argv=None) -> dict:
         p.error("--repeats must be at least 1")
     args.set = dict(args.set)
     result = measure(args)
-    argv = sys.argv[1:] if argv is None else argv
-    text = markdown(result, args, rerun_command("bench_evidence_share.py", argv))
-    print(text)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    if args.write_results:
-        write_section(args.results, SECTION, text)
+    publish(args, SECTION, markdown(result, args, command_line("bench_evidence_share.py", argv)))
     return result
 
 

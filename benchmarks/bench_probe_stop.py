@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import math
 import platform
-import shlex
 import sys
 import time
 from datetime import date
@@ -30,7 +29,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from results_file import write_section  # noqa: E402
+from results_file import command_line, publish  # noqa: E402
 
 from hf_depthgrow import load_model, probe  # noqa: E402
 
@@ -110,9 +109,9 @@ def rows_for(trace, patiences, full_rec) -> list[dict]:
 
 
 def render(rows, trace, full_rec, seconds, what, argv) -> str:
-    command = "python benchmarks/bench_probe_stop.py " + shlex.join(argv)
+    command = command_line("bench_probe_stop.py", argv)
     lines = [
-        SECTION, "", f"Command: `{command.strip()}`", "",
+        SECTION, "", f"Command: `{command}`", "",
         f"{what}; one full probe of {rows[0]['total']} batches took {seconds:.1f} s and recommended "
         f"{'grow at' if full_rec[0] else 'not growing;'} {list(full_rec[1])} (ranked by z). "
         f"{platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} threads; {date.today()}.", "",
@@ -143,10 +142,7 @@ def main(argv=None) -> int:
     if trace[-1][1] != full:
         raise RuntimeError(f"the traced recommendation {trace[-1][1]} differs from the probe's {full}")
     table = rows_for(trace, args.patience, full)
-    text = render(table, trace, full, seconds, what, argv)
-    print(text)
-    if args.write_results:
-        write_section(args.results, SECTION, text)
+    publish(args, SECTION, render(table, trace, full, seconds, what, argv))
     return 0
 
 

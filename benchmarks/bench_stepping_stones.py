@@ -25,7 +25,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md helpers next to this script
-from results_file import rerun_command, write_section  # noqa: E402
+from results_file import command_line, publish  # noqa: E402
 
 SECTION = "## Stepping stones: one set-up for both"
 ARMS = ("two stepping_stone calls", "stepping_stones")
@@ -132,11 +132,7 @@ def main(argv=None) -> dict:
     if min(args.batches, args.batch, args.repeats) < 1 or args.seq < 2 or args.position < 0:
         p.error("--batches, --batch and --repeats must be at least 1, --seq at least 2, --position at least 0")
     result = measure(args)
-    argv = sys.argv[1:] if argv is None else argv
-    text = markdown(result, args, rerun_command("bench_stepping_stones.py", argv))
-    print(text)
-    if args.write_results:
-        write_section(args.results, SECTION, text)
+    publish(args, SECTION, markdown(result, args, command_line("bench_stepping_stones.py", argv)))
     return result
 
 

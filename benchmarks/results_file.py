@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from pathlib import Path
 
 
@@ -45,4 +47,17 @@ def rerun_command(script: str, argv: list[str]) -> str:
             skip = True
         elif not arg.startswith("--results="):
             out.append(arg)
-    return " ".join([f"python benchmarks/{script}", *out])
+    return " ".join([f"python benchmarks/{script}", *(shlex.quote(a) for a in out)])
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """`rerun_command` of `argv`, or of `sys.argv[1:]` when a benchmark runs as a script (`main()` without arguments)."""
+    return rerun_command(script, sys.argv[1:] if argv is None else argv)
+
+
+def publish(args, heading: str, text: str) -> None:
+    """Print a benchmark's section; with `--write-results`, also write it into `args.results` (RESULTS.md)."""
+    print(text)
+    if args.write_results:
+        write_section(args.results, heading, text)
+        print(f"wrote the '{heading[3:]}' section of {args.results}", file=sys.stderr)
