@@ -120,8 +120,8 @@ def markdown(result: dict, args, command: str) -> str:
         f"Seconds, median of {len(runs)} repeats, each repeat's value after it.", "",
         "| phase | median s | runs (s) |",
         "|---|---:|---|",
-        row("probe", "probe"), row("stepping stones", "stepping_stones"),
-        row("evaluate (test pass, `Delta_R`, route terms)", "evaluate"),
+        row("probe", "probe"), row("stepping stones (with `Delta_R` from `afe5b9f` on)", "stepping_stones"),
+        row("evaluate (test pass, route terms; `Delta_R` before `afe5b9f`)", "evaluate"),
         row("evaluate, the cheapest at this test size (`evaluate_delta` alone)", "minimal_evaluation"),
         row("train (training, fallback selection, held-out evaluations)", "train"),
         row("whole run (wall)", "wall"), "",
@@ -133,8 +133,8 @@ def markdown(result: dict, args, command: str) -> str:
     lines.append(
         f"- At the target the evidence may cost {budget:.0f} s of this training's {med['train']:.0f} s. The probe and the "
         f"cheapest evaluation alone take {floor_s:.0f} s, which leaves {max(0.0, budget - floor_s):.0f} s for the stepping "
-        f"stones ({med['stepping_stones']:.0f} s now) and for `Delta_R` and the route terms "
-        f"({med['evaluate'] - med['minimal_evaluation']:.0f} s now). For this run's evidence to be {TARGET:.0%} of it, the "
+        f"stones, `Delta_R`, the stone's test losses and the route terms "
+        f"({med['stepping_stones'] + med['evaluate'] - med['minimal_evaluation']:.0f} s now). For this run's evidence to be {TARGET:.0%} of it, the "
         f"training would have to be {share / TARGET:.1f}x longer."
     )  # fmt: skip
     return "\n".join(lines) + "\n"
