@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md helpers next to this script
-from results_file import command_line, publish  # noqa: E402
+from results_file import command_line, machine, publish  # noqa: E402
 
 SECTION = "## Evidence's share of a first default run, and its floor"
 PHASES = ("probe", "stepping_stones", "evaluate", "train")
@@ -116,7 +115,7 @@ def markdown(result: dict, args, command: str) -> str:
         f"{model} on {data}, the default `hf-depthgrow run` with the evidence cache off (every repeat a first run), the "
         f"control arm and the retention set off (they do not change the evidence){changed}. Grown at {first['positions']}; "
         f"{first['test_examples']} test examples; the cheapest evaluation's intervals equal the run's (widths, first "
-        f"repeat: {widths}). {platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads. "
+        f"repeat: {widths}). {machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads. "
         f"Seconds, median of {len(runs)} repeats, each repeat's value after it.", "",
         "| phase | median s | runs (s) |",
         "|---|---:|---|",

@@ -14,7 +14,6 @@ bit for bit.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md helpers next to this script
-from results_file import command_line, publish  # noqa: E402
+from results_file import command_line, machine, publish  # noqa: E402
 
 SECTION = "## Stepping stones: one set-up for both"
 ARMS = ("two stepping_stone calls", "stepping_stones")
@@ -106,7 +105,7 @@ def markdown(result: dict, args, command: str) -> str:
         f"{name}; the stones at k = {result['position']}, each line search on {args.batches} training batches of "
         f"{args.batch} x {args.seq} tokens, `f~_pop`'s direction from {args.batches} held-out batches, the probe's `G_S` "
         f"given to both arms; line-search evaluations: {evals['train']} (`f~_S`), {evals['held_out']} (`f~_pop`), "
-        f"`eta = 0` included. {platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads. "
+        f"`eta = 0` included. {machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads. "
         f"Median wall seconds of {args.repeats} interleaved repeats; both arms' stones are identical, bit for bit.", "",
         "| arm | median s | runs (s) | vs two calls |",
         "|---|---:|---|---:|",

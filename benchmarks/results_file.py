@@ -55,6 +55,17 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return rerun_command(script, sys.argv[1:] if argv is None else argv)
 
 
+def machine() -> str:
+    """The CPU's model name and core count (machines of one kind differ by day; their figures are not comparable)."""
+    import platform
+
+    try:
+        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0]}, {len(names)} cores" if names else platform.machine()
+
+
 def publish(args, heading: str, text: str) -> None:
     """Print a benchmark's section; with `--write-results`, also write it into `args.results` (RESULTS.md)."""
     print(text)
