@@ -48,8 +48,8 @@ def config(args, out: Path):
     return RunConfig(**settings)
 
 
-def minimal_evaluation(cfg, model) -> tuple[float, dict]:
-    """Seconds of `evaluate_delta` alone on the run's test split (rebuilt with the run's seed), and its result."""
+def minimal_evaluation(cfg, model) -> tuple[float, object]:
+    """Seconds of `evaluate_delta` alone on the run's test split (rebuilt with the run's seed), and its `EvalResult`."""
     from hf_depthgrow import evaluate_delta, load_model
     from hf_depthgrow.data import load_data, split_dataset
 
