@@ -226,39 +226,37 @@ class TrainConfig:
         self._check_outputs()
 
     def _check_choices(self) -> None:
-        check = _require
         for name in BOOL_FIELDS:  # a string such as "false" would be truthy
-            check(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
-        check(self.trainable in TRAINABLE, f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
-        check(self.lr_scheduler in SCHEDULERS, f"lr_scheduler must be one of {SCHEDULERS}, got {self.lr_scheduler!r}")
-        check(
+            _require(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
+        _require(self.trainable in TRAINABLE, f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
+        _require(self.lr_scheduler in SCHEDULERS, f"lr_scheduler must be one of {SCHEDULERS}, got {self.lr_scheduler!r}")
+        _require(
             self.mixed_precision is None or self.mixed_precision in MIXED_PRECISION,
             f"mixed_precision must be None or one of {MIXED_PRECISION}, got {self.mixed_precision!r}",
         )
-        check(self.prefix_cache in PREFIX_CACHE, f"prefix_cache must be one of {PREFIX_CACHE}, got {self.prefix_cache!r}")
-        check(self.prefix_cache_dtype in CACHE_DTYPES, f"prefix_cache_dtype must be one of {CACHE_DTYPES}, got {self.prefix_cache_dtype!r}")
-        check(
+        _require(self.prefix_cache in PREFIX_CACHE, f"prefix_cache must be one of {PREFIX_CACHE}, got {self.prefix_cache!r}")
+        _require(self.prefix_cache_dtype in CACHE_DTYPES, f"prefix_cache_dtype must be one of {CACHE_DTYPES}, got {self.prefix_cache_dtype!r}")
+        _require(
             not (self.trainable == "full" and self.prefix_cache in ("memory", "disk")),
             "prefix_cache needs a frozen prefix, but trainable='full' trains the layers below the new blocks; "
             "use prefix_cache='auto' or 'off'.",
         )
-        check(
+        _require(
             not (self.trainable == "lora" and self.prefix_cache in ("memory", "disk")),
             "prefix_cache needs a frozen prefix, but trainable='lora' adapts every layer; use prefix_cache='auto' or 'off'.",
         )
 
     def _check_targets(self) -> None:
-        check, is_int = _require, _is_int
         if self.trainable == "layers":
             layers = self.trainable_layers
-            check(
-                isinstance(layers, (list, tuple)) and layers and all(is_int(i) and i >= 0 for i in layers) and len(set(layers)) == len(layers),
+            _require(
+                isinstance(layers, (list, tuple)) and layers and all(_is_int(i) and i >= 0 for i in layers) and len(set(layers)) == len(layers),
                 f"trainable='layers' needs trainable_layers, a non-empty list of distinct layer indices >= 0, got {layers!r}",
             )
             self.trainable_layers = sorted(layers)
         else:
-            check(self.trainable_layers is None, f"trainable_layers is only used with trainable='layers' (trainable={self.trainable!r})")
-        check(
+            _require(self.trainable_layers is None, f"trainable_layers is only used with trainable='layers' (trainable={self.trainable!r})")
+        _require(
             self.lora_target_modules is None
             or (isinstance(self.lora_target_modules, (list, tuple)) and self.lora_target_modules and all(isinstance(m, str) and m for m in self.lora_target_modules)),
             f"lora_target_modules must be None or a non-empty list of names, got {self.lora_target_modules!r}",
@@ -267,40 +265,37 @@ class TrainConfig:
             self.lora_target_modules = list(self.lora_target_modules)
 
     def _check_counts(self) -> None:
-        check, is_int = _require, _is_int
         for name in ("lora_r", "lora_alpha", "per_device_train_batch_size", "gradient_accumulation_steps", "ddp_timeout"):
-            check(is_int(getattr(self, name)) and getattr(self, name) >= 1, f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+            _require(_is_int(getattr(self, name)) and getattr(self, name) >= 1, f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         for name in ("warmup_steps", "eval_steps", "save_steps", "seed"):
-            check(is_int(getattr(self, name)) and getattr(self, name) >= 0, f"{name} must be an int >= 0, got {getattr(self, name)!r}")
-        check(is_int(self.logging_steps) and self.logging_steps >= 1, f"logging_steps must be an int >= 1, got {self.logging_steps!r}")
+            _require(_is_int(getattr(self, name)) and getattr(self, name) >= 0, f"{name} must be an int >= 0, got {getattr(self, name)!r}")
+        _require(_is_int(self.logging_steps) and self.logging_steps >= 1, f"logging_steps must be an int >= 1, got {self.logging_steps!r}")
         for name in ("per_device_eval_batch_size", "prefix_cache_batch_size", "selection_max_examples", "save_total_limit", "stop_after_step"):
             value = getattr(self, name)
-            check(value is None or (is_int(value) and value >= 1), f"{name} must be None or an int >= 1, got {value!r}")
-        check(is_int(self.max_steps) and (self.max_steps == -1 or self.max_steps >= 1), f"max_steps must be -1 or >= 1, got {self.max_steps!r}")
+            _require(value is None or (_is_int(value) and value >= 1), f"{name} must be None or an int >= 1, got {value!r}")
+        _require(_is_int(self.max_steps) and (self.max_steps == -1 or self.max_steps >= 1), f"max_steps must be -1 or >= 1, got {self.max_steps!r}")
 
     def _check_rates(self) -> None:
-        check, is_num = _require, _is_num
-        check(is_num(self.num_train_epochs) and self.num_train_epochs > 0, f"num_train_epochs must be a finite number > 0, got {self.num_train_epochs!r}")
-        check(is_num(self.learning_rate) and self.learning_rate > 0, f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
-        check(is_num(self.weight_decay) and self.weight_decay >= 0, f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        _require(_is_num(self.num_train_epochs) and self.num_train_epochs > 0, f"num_train_epochs must be a finite number > 0, got {self.num_train_epochs!r}")
+        _require(_is_num(self.learning_rate) and self.learning_rate > 0, f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
+        _require(_is_num(self.weight_decay) and self.weight_decay >= 0, f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
         for name in ("adam_beta1", "adam_beta2"):
-            check(is_num(getattr(self, name)) and 0 <= getattr(self, name) < 1, f"{name} must be a number in [0, 1), got {getattr(self, name)!r}")
-        check(is_num(self.adam_epsilon) and self.adam_epsilon > 0, f"adam_epsilon must be a finite number > 0, got {self.adam_epsilon!r}")
-        check(is_num(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, f"warmup_ratio must be a number in [0, 1), got {self.warmup_ratio!r}")
-        check(not (self.warmup_steps and self.warmup_ratio), "set warmup_steps or warmup_ratio, not both")
-        check(is_num(self.lora_dropout) and 0 <= self.lora_dropout < 1, f"lora_dropout must be a number in [0, 1), got {self.lora_dropout!r}")
-        check(
-            self.max_grad_norm is None or (is_num(self.max_grad_norm) and self.max_grad_norm >= 0),
+            _require(_is_num(getattr(self, name)) and 0 <= getattr(self, name) < 1, f"{name} must be a number in [0, 1), got {getattr(self, name)!r}")
+        _require(_is_num(self.adam_epsilon) and self.adam_epsilon > 0, f"adam_epsilon must be a finite number > 0, got {self.adam_epsilon!r}")
+        _require(_is_num(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, f"warmup_ratio must be a number in [0, 1), got {self.warmup_ratio!r}")
+        _require(not (self.warmup_steps and self.warmup_ratio), "set warmup_steps or warmup_ratio, not both")
+        _require(_is_num(self.lora_dropout) and 0 <= self.lora_dropout < 1, f"lora_dropout must be a number in [0, 1), got {self.lora_dropout!r}")
+        _require(
+            self.max_grad_norm is None or (_is_num(self.max_grad_norm) and self.max_grad_norm >= 0),
             f"max_grad_norm must be None or a finite number >= 0, got {self.max_grad_norm!r}",
         )
 
     def _check_outputs(self) -> None:
-        check = _require
-        check(
+        _require(
             not (self.save_steps and not self.output_dir),
             "save_steps > 0 needs output_dir (checkpoints are written there)",
         )
-        check(
+        _require(
             not (self.resume_from_checkpoint == "latest" and not self.output_dir),
             "resume_from_checkpoint='latest' looks under output_dir, which is not set",
         )
@@ -309,7 +304,7 @@ class TrainConfig:
         check_logging_dir(self.report_to, self.resolved_logging_dir(), "neither logging_dir nor output_dir (default <output_dir>/runs) is set")
         for name in ("project_name", "run_name"):
             value = getattr(self, name)
-            check((value is None and name == "run_name") or (isinstance(value, str) and value.strip()), f"{name} must be a non-empty string, got {value!r}")
+            _require((value is None and name == "run_name") or (isinstance(value, str) and value.strip()), f"{name} must be a non-empty string, got {value!r}")
 
     def _check_chunked_loss(self) -> None:
         if self.chunked_loss not in CHUNKED_LOSS:
