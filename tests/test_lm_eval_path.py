@@ -127,3 +127,46 @@ def test_bad_file_kind(tmp_path):
     (tmp_path / "data.csv").write_text("text\nhello\n")
     with pytest.raises(ValueError, match=r"reads \.txt/\.md"):
         check_text_source(tmp_path / "data.csv")
+
+
+@pytest.mark.slow
+def test_lm_eval_command_line_loads_a_depthgrow_adapter_with_peft_equals(tokenizer, tmp_path):
+    """`lm_eval --model hf --model_args pretrained=BASE,peft=ADAPTER`, in a fresh process, through the launcher.
+
+    Plain `lm_eval` stops with `KeyError: 'DEPTHGROW'` (nothing registers the method in a process that never
+    imported it); `python -m hf_depthgrow.integrations.lm_eval_cli` registers it and runs the harness unchanged.
+    The figure must equal the in-memory one of the same adapter loaded by `PeftModel.from_pretrained`.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from peft import PeftModel, get_peft_model
+
+    from hf_depthgrow.integrations.peft_method import DepthGrowConfig
+
+    base = tiny_model("llama", vocab_size=len(tokenizer))
+    base.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    peft_model = get_peft_model(base, DepthGrowConfig(positions=[2]))
+    with torch.no_grad():  # move the new block off its exact init, as training would: the figure must change
+        for param in (p for p in peft_model.parameters() if p.requires_grad):
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(1)))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    write_task_folder(DOCS, tmp_path / "tasks", name="local_docs")
+    argv = ["--model", "hf", "--model_args", f"pretrained={tmp_path / 'base'},peft={tmp_path / 'adapter'},dtype=float32",
+            "--device", "cpu", "--include_path", str(tmp_path / "tasks"), "--tasks", "local_docs", "--batch_size", "4",
+            "--output_path", str(tmp_path / "results")]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run([sys.executable, "-m", "hf_depthgrow.integrations.lm_eval_cli", *argv], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (results,) = (tmp_path / "results").rglob("results_*.json")
+    from_cli = json.loads(results.read_text())["results"]["local_docs"]
+
+    loaded = PeftModel.from_pretrained(tiny_model("llama", vocab_size=len(tokenizer)), tmp_path / "adapter")
+    in_memory = lm_eval_perplexity(loaded, tokenizer, DOCS)
+    ungrown = lm_eval_perplexity(tiny_model("llama", vocab_size=len(tokenizer)), tokenizer, DOCS)
+    assert from_cli["bits_per_byte,none"] == pytest.approx(in_memory["bits_per_byte"], rel=1e-6)
+    assert from_cli["bits_per_byte,none"] != pytest.approx(ungrown["bits_per_byte"], rel=1e-6)  # the adapter was applied
