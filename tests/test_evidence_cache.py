@@ -1,10 +1,13 @@
-"""The evidence cache: entries stored and read back bit for bit, keyed by everything they depend on, and a
-second identical run that reuses the probe, the stepping stones and the original's losses with the same results."""
+"""The evidence cache: entries stored and read back bit for bit, keyed by everything they depend on, checked
+against their digest on every read, and a second identical run that reuses the probe, the stepping stones and
+the original's losses with the same results."""
 
 import copy
 import importlib
 import json
 import os
+import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import torch
 
 from hf_depthgrow.pipeline import RunConfig, run_pipeline
 from hf_depthgrow.pipeline.checks import check_evidence_cache
-from hf_depthgrow.pipeline.evidence_cache import EvidenceCache, default_root, rows_fingerprint, weights_fingerprint
+from hf_depthgrow.pipeline.evidence_cache import EvidenceCache, default_root, rows_fingerprint, weights_fingerprint, write_digest
 from hf_depthgrow.probe.stepping_stone import rebuild_stepping_stone, stepping_stone
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
@@ -52,21 +55,102 @@ def test_switched_off_reads_and_writes_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def _rejected(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".rejected-*"))
+
+
+def test_an_edited_or_damaged_entry_is_never_reused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    cache = EvidenceCache(tmp_path)
+    tensors = {"losses": torch.rand(6, dtype=torch.float64)}
+    key = cache.store("paired_losses", PARTS, {"task": "causal_lm", "delta_r": 0.25}, tensors)
+    folder = tmp_path / "paired_losses" / key
+    edits = {
+        # The original's losses x1.5: a readable file, only its digest can tell.
+        "tensors.safetensors does not match its sha256": lambda: save_file(
+            {n: 1.5 * t for n, t in load_file(str(folder / "tensors.safetensors")).items()}, str(folder / "tensors.safetensors")),
+        "entry.json does not match its sha256": lambda: (folder / "entry.json").write_text(
+            (folder / "entry.json").read_text().replace('"delta_r": 0.25', '"delta_r": 2.5')),
+        "it has no digest.json": lambda: (folder / "digest.json").unlink(),  # an older version's entry, or a partial copy
+        "tensors.safetensors, which its digest lists, is missing": lambda: (folder / "tensors.safetensors").unlink(),
+        "its digest.json cannot be read": lambda: (folder / "digest.json").write_text("{"),
+    }  # fmt: skip
+    for n, (message, edit) in enumerate(edits.items(), 1):
+        edit()
+        with pytest.warns(UserWarning, match=f"not reusing the paired_losses entry {key[:12]}: {message}.*computing it afresh") as caught:
+            assert cache.load("paired_losses", PARTS) is None
+        assert len(caught) == 1  # one warning per damaged entry
+        # Moved aside whole, never deleted: the damage stays there to be looked at.
+        assert not folder.exists() and len(_rejected(folder.parent)) == n
+        first = first if n > 1 else _rejected(folder.parent)[0]
+        # The evidence computed afresh takes its place and is reused again, bit for bit.
+        assert cache.store("paired_losses", PARTS, {"task": "causal_lm", "delta_r": 0.25}, tensors) == key
+        entry = cache.load("paired_losses", PARTS)
+        assert entry.meta["delta_r"] == 0.25 and torch.equal(entry.tensors["losses"], tensors["losses"])
+    assert torch.equal(load_file(str(first / "tensors.safetensors"))["losses"], 1.5 * tensors["losses"])
+
+
 def test_unreadable_entries_are_skipped_with_a_warning(tmp_path):
     cache = EvidenceCache(tmp_path)
     key = cache.store("probe", PARTS, {"x": 1}, {"w": torch.ones(2)})
     folder = tmp_path / "probe" / key
+    # Files that match their digest (written so) but cannot be parsed: skipped, not trusted.
     (folder / "tensors.safetensors").write_bytes(b"not a safetensors file")
+    write_digest(folder)
     with pytest.warns(UserWarning, match="ignoring the unreadable probe entry"):
         assert cache.load("probe", PARTS) is None
     (folder / "entry.json").write_text("{broken")
+    write_digest(folder)
     with pytest.warns(UserWarning, match="ignoring the unreadable"):
         assert cache.load("probe", PARTS) is None
-    # A header that names another key (a renamed folder) is not trusted either.
+    # A whole entry renamed to another key's folder passes its digest but names another key: not trusted either.
     other = cache.store("probe", {"other": 1}, {"x": 2})
-    os.replace(tmp_path / "probe" / other / "entry.json", folder / "entry.json")
+    os.rename(folder, tmp_path / "probe" / "elsewhere")
+    os.rename(tmp_path / "probe" / other, folder)
     with pytest.warns(UserWarning, match="does not match the key"):
         assert cache.load("probe", PARTS) is None
+
+
+def test_writers_of_one_key_at_once_leave_one_whole_entry(tmp_path):
+    """Several runs (threads here; processes on machines sharing the folder alike) storing the same key at once."""
+    tensors = {"w": torch.arange(1000, dtype=torch.float32)}
+    start, keys = threading.Barrier(6), []
+
+    def write():
+        start.wait()
+        keys.append(EvidenceCache(tmp_path).store("probe", PARTS, {"x": 1}, tensors))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a writer that loses the race neither fails nor warns
+        threads = [threading.Thread(target=write) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        entry = EvidenceCache(tmp_path).load("probe", PARTS)
+    assert len(set(keys)) == 1 and None not in keys and len(keys) == 6
+    assert [p.name for p in (tmp_path / "probe").iterdir()] == [keys[0]]  # no temporary folder left behind
+    assert torch.equal(entry.tensors["w"], tensors["w"])
+
+
+def test_a_reader_never_sees_a_half_written_entry(tmp_path, monkeypatch):
+    import hf_depthgrow.pipeline.evidence_cache as module
+
+    cache, seen = EvidenceCache(tmp_path), []
+    real = module.write_digest
+
+    def read_while_writing(folder):
+        # Every file is written, the digest is next: another reader of this key must miss, silently.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            seen.append(cache.load("probe", PARTS))
+        real(folder)
+        seen.append(cache.load("probe", PARTS))  # the digest is there, the folder not yet renamed into place
+
+    monkeypatch.setattr(module, "write_digest", read_while_writing)
+    key = cache.store("probe", PARTS, {"x": 1}, {"w": torch.ones(3)})
+    assert seen == [None, None] and cache.load("probe", PARTS).key == key
 
 
 def test_store_keeps_what_is_there_and_never_fails_the_run(tmp_path):
@@ -238,9 +322,35 @@ def test_an_entry_that_cannot_be_rebuilt_is_computed_afresh(workdir, tmp_path):
     first = run_pipeline(_config(workdir, tmp_path / "a", cache))
     (entry,) = (cache / "stepping_stones").iterdir()
     tensors = load_file(str(entry / "tensors.safetensors"))
-    # A readable file whose gradients are not the ones the stones were made with.
+    # A readable file whose gradients are not the ones the stones were made with, and a digest that matches it.
     save_file({n: 2 * t for n, t in tensors.items()}, str(entry / "tensors.safetensors"))
+    write_digest(entry)
     with pytest.warns(UserWarning, match="ignoring the stepping_stones entry"):
         again = run_pipeline(_config(workdir, tmp_path / "b", cache))
     assert "stepping_stones" not in again.summary["reused"] and "probe" not in again.summary["reused"]
     assert _without_timings(again.summary) == _without_timings(first.summary)
+
+
+def test_an_edited_cache_gives_the_result_of_a_fresh_run(workdir, tmp_path):
+    """The issue's attack: the original's test losses x1.5 and the meta edited made a run certify a false gain."""
+    from safetensors.torch import load_file, save_file
+
+    cache = tmp_path / "cache"
+    fresh = run_pipeline(_config(workdir, tmp_path / "a", cache))
+    for entry in (cache / "paired_losses").iterdir():
+        file = entry / "tensors.safetensors"
+        save_file({n: 1.5 * t if n.endswith("/total") else t for n, t in load_file(str(file)).items()}, str(file))
+    for kind, field in (("original_losses", "train"), ("stone_margin", "delta_r")):
+        (entry,) = (cache / kind).iterdir()
+        header = json.loads((entry / "entry.json").read_text())
+        header["meta"][field] *= 1.5
+        (entry / "entry.json").write_text(json.dumps(header, indent=1, sort_keys=True))
+    with pytest.warns(UserWarning) as caught:
+        again = run_pipeline(_config(workdir, tmp_path / "b", cache))
+    damaged = sorted(str(w.message).split(" entry ")[0].split()[-1] for w in caught if "not reusing" in str(w.message))
+    assert damaged == ["original_losses", "paired_losses", "paired_losses", "stone_margin"]
+    assert sorted(again.summary["reused"]) == ["probe", "stepping_stones"]
+    assert _without_timings(again.summary) == _without_timings(fresh.summary)
+    # The damaged entries were replaced by what was computed afresh: the next run reuses all of it.
+    third = run_pipeline(_config(workdir, tmp_path / "c", cache))
+    assert len(third.summary["reused"]) == 6 and _without_timings(third.summary) == _without_timings(fresh.summary)

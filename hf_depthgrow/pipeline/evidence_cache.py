@@ -8,9 +8,15 @@ data, its settings, the versions of torch and transformers, and the source of th
 change never reuses an entry). A hit gives back what was stored, bit for bit; an entry that cannot be
 read is skipped with a warning and the evidence is computed afresh.
 
-An entry is a folder `<root>/<kind>/<key>/` with `entry.json` (what it depends on and what it holds) and,
-for tensors, `tensors.safetensors` (never pickle). It is written in a temporary folder beside it and
-renamed into place, so a reader sees a whole entry or none. Nothing here deletes an entry or anything
+An entry is a folder `<root>/<kind>/<key>/` with `entry.json` (what it depends on and what it holds),
+for tensors `tensors.safetensors` (never pickle), and `digest.json`, the sha256 of each of those files,
+written last. It is written in a temporary folder beside it and renamed into place whole, so a reader
+(on this machine or another one sharing the folder) sees a whole entry or none; of two runs writing the
+same key, the first rename wins and the other keeps it. Every read hashes the bytes it then parses: an
+entry whose files do not match its digest (bit rot, a hand edit, a partial copy) or that has none is
+never reused. It is moved aside to `<kind>/.rejected-<key>-...` (kept for inspection, never deleted),
+with one warning, and the evidence is computed afresh and stored in its place. The digest detects
+damage and edits, not a forger who rewrites the digest too. Nothing here deletes an entry or anything
 else: clear the cache by removing its folder. The folder: `RunConfig.evidence_cache`, whose `"auto"` is
 `$HF_DEPTHGROW_EVIDENCE_CACHE` where set (a folder, or `none`: off), else `evidence/` under the package's
 cache root (`$HF_DEPTHGROW_CACHE`, else `~/.cache/hf_depthgrow`, where the SmolLM2 copy lives too);
@@ -32,6 +38,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -42,11 +49,14 @@ import torch
 
 from ..utils import package_version
 
-__all__ = ["EVIDENCE_ENV", "EvidenceCache", "Entry", "default_root", "rows_fingerprint", "weights_fingerprint"]
+__all__ = [
+    "EVIDENCE_ENV", "EvidenceCache", "Entry", "UnverifiedEntryError", "default_root", "read_verified", "rows_fingerprint",
+    "weights_fingerprint", "write_digest",
+]  # fmt: skip
 
 EVIDENCE_ENV = "HF_DEPTHGROW_EVIDENCE_CACHE"
-FORMAT = 1
-_ENTRY, _TENSORS = "entry.json", "tensors.safetensors"
+FORMAT = 2  # 2: entries carry digest.json
+_ENTRY, _TENSORS, _DIGEST = "entry.json", "tensors.safetensors", "digest.json"
 _OFF = ("none", "off", "null", "0", "false")
 
 
@@ -140,6 +150,71 @@ def environment() -> dict:
     return {"code": code_fingerprint(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
+class UnverifiedEntryError(ValueError):
+    """An entry whose files do not match its digest, or that has none: never reused."""
+
+
+def _sha_files(folder: Path, names) -> dict[str, str]:
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in sorted(names)}
+
+
+def write_digest(folder: str | os.PathLike) -> None:
+    """Write `digest.json`: the sha256 of every other file of the entry in `folder` (its last file)."""
+    folder = Path(folder)
+    names = [p.name for p in folder.iterdir() if p.is_file() and p.name != _DIGEST]
+    digest = {"algorithm": "sha256", "files": _sha_files(folder, names)}
+    (folder / _DIGEST).write_text(json.dumps(digest, indent=1, sort_keys=True), encoding="utf-8")
+
+
+def read_verified(folder: str | os.PathLike) -> dict[str, bytes]:
+    """The bytes of every file `folder`'s digest lists, each checked against its sha256.
+
+    Raises `UnverifiedEntryError` naming the first problem: no digest (written without one, or copied
+    in part), a listed file missing or not matching, or a digest that does not cover `entry.json`.
+    """
+    folder = Path(folder)
+    try:
+        listed = json.loads((folder / _DIGEST).read_text(encoding="utf-8"))["files"]
+    except FileNotFoundError:
+        raise UnverifiedEntryError(f"it has no {_DIGEST} (written by an older version, or copied in part)") from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise UnverifiedEntryError(f"its {_DIGEST} cannot be read ({err})") from None
+    if not isinstance(listed, dict) or _ENTRY not in listed or not set(listed) <= {_ENTRY, _TENSORS}:
+        raise UnverifiedEntryError(f"its {_DIGEST} does not list exactly its files")
+    files = {}
+    for name, expected in listed.items():
+        try:
+            files[name] = (folder / name).read_bytes()
+        except FileNotFoundError:
+            raise UnverifiedEntryError(f"{name}, which its digest lists, is missing") from None
+        if hashlib.sha256(files[name]).hexdigest() != expected:
+            raise UnverifiedEntryError(f"{name} does not match its sha256 in {_DIGEST} (edited or damaged)")
+    return files
+
+
+def _whole(folder: Path) -> bool:
+    """Whether `folder` holds an entry that passes its digest (no warning: `load` is where damage is reported)."""
+    try:
+        read_verified(folder)
+        return True
+    except (UnverifiedEntryError, OSError):
+        return False
+
+
+def _set_aside(folder: Path, key: str) -> Path | None:
+    """Move an unverified entry to `.rejected-<key>-<time>-<pid>` beside it; `None` where it cannot (read-only, gone).
+
+    A rename, not a deletion: what is wrong with it stays there to be looked at. Of two runs doing this at
+    once, one renames and the other finds it gone; both then compute the evidence and store it.
+    """
+    aside = folder.with_name(f".rejected-{key[:16]}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    try:
+        os.rename(folder, aside)
+    except OSError:
+        return None
+    return aside
+
+
 @dataclass(frozen=True)
 class Entry:
     """One stored entry: its `key`, the JSON `meta` it holds and its `tensors` (empty without)."""
@@ -179,25 +254,34 @@ class EvidenceCache:
         return self.root / kind / key
 
     def load(self, kind: str, parts: dict) -> Entry | None:
-        """The entry `parts` names, or `None` (missing, off, or unreadable: then with a warning)."""
+        """The entry `parts` names, or `None` (missing, off, unverified or unreadable: the last two with a warning)."""
         if not self.enabled:
             return None
         key = self.key(kind, parts)
         folder = self._folder(kind, key)
-        if not (folder / _ENTRY).is_file():
+        if not folder.exists():
             return None
         try:
-            entry = json.loads((folder / _ENTRY).read_text(encoding="utf-8"))
+            files = read_verified(folder)
+            entry = json.loads(files[_ENTRY].decode("utf-8"))
             if entry.get("format") != FORMAT or entry.get("kind") != kind or entry.get("key") != key:
                 raise ValueError("its header does not match the key it is stored under")
             tensors = {}
             if entry.get("tensors"):
-                from safetensors.torch import load_file
+                from safetensors.torch import load as load_bytes
 
-                tensors = load_file(str(folder / _TENSORS))
+                if _TENSORS not in files:
+                    raise UnverifiedEntryError(f"its digest does not cover {_TENSORS}")
+                tensors = load_bytes(files[_TENSORS])  # the very bytes that were hashed
                 if sorted(tensors) != sorted(entry["tensors"]):
                     raise ValueError("its tensor file does not hold the tensors its header lists")
             return Entry(key, entry["meta"], tensors)
+        except UnverifiedEntryError as err:
+            aside = _set_aside(folder, key)
+            where = f"moved aside to {aside}" if aside else "left in place (it could not be moved)"
+            warnings.warn(f"evidence cache: not reusing the {kind} entry {key[:12]}: {err}; computing it afresh "
+                          f"(the damaged entry is {where})", stacklevel=2)  # fmt: skip
+            return None
         except Exception as err:  # any unreadable entry: computed afresh, never fatal
             warnings.warn(f"evidence cache: ignoring the unreadable {kind} entry {key[:12]} ({err}); computing it afresh", stacklevel=2)
             return None
@@ -211,7 +295,7 @@ class EvidenceCache:
             return None
         key = self.key(kind, parts)
         final = self._folder(kind, key)
-        if (final / _ENTRY).is_file():
+        if _whole(final):
             return key
         tmp = final.parent / f".tmp-{key[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
@@ -224,12 +308,15 @@ class EvidenceCache:
             header = {"format": FORMAT, "kind": kind, "key": key, "written_by": f"hf_depthgrow {package_version()}",
                       "parts": parts, "tensors": names, "meta": meta}  # fmt: skip
             (tmp / _ENTRY).write_text(json.dumps(header, indent=1, sort_keys=True, allow_nan=False), encoding="utf-8")
+            write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
+            if final.exists() and not _whole(final):  # an unverified entry `load` could not move aside: out of the way
+                _set_aside(final, key)
             try:
                 os.rename(tmp, final)
             except OSError:
-                if not (final / _ENTRY).is_file():
+                if not _whole(final):
                     raise
-                # Another run wrote the same entry first: keep theirs.
+                # Another run (here or on another machine sharing the folder) wrote the same entry first: keep theirs.
         except Exception as err:  # a full disk or a read-only cache must not fail the run it speeds up
             warnings.warn(f"evidence cache: could not write the {kind} entry under {self.root} ({err}); the run goes on", stacklevel=2)
             key = None
