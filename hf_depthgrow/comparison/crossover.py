@@ -1,0 +1,478 @@
+"""When does growth pay? Learning curves `L(D) = E + A * D**(-alpha)` per arm, and the predicted crossover.
+
+Each arm's test loss at each budget (tokens `D`) is fitted by bounded nonlinear least squares
+(`scipy.optimize.least_squares`, through the multi-start helper of `scaling.least_squares`):
+
+- **Conditioning.** `D` is divided by its geometric mean, and the optimizer works on `(E, log a, alpha)`
+  with `a` the coefficient of the normalised `D`; `A = a * gD**alpha` afterwards.
+- **Bounds.** `0 <= E <= min(loss)` (an irreducible loss cannot exceed a measured one), `alpha` in
+  `(0, 3]`, `|log a| <= 40`: a flat curve drives `a` to its lower bound, a finite fit that predicts a
+  constant, flagged `flat`.
+- **Starts.** A grid of exponents; for each, `E` and `a` enter linearly and are solved exactly first.
+
+Uncertainty comes from a percentile bootstrap over *test examples*: each replicate resamples the example
+indices once and applies them to every arm and budget (the examples are the same for all: pairing is kept),
+recomputes each weighted test loss, and refits. Arms are never chosen here: the caller picks the best growth
+arm and the best control on held-out data and passes their names.
+
+Only numpy and scipy: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..scaling.least_squares import EXPONENT_BOUNDS, fit_once
+from ..utils import json_safe
+
+__all__ = ["HORIZON", "LearningCurveFit", "fit_learning_curve", "predict_crossover", "validate_fit"]
+
+HORIZON = 100.0  # how far past the largest measured budget a crossover is searched (a multiple of it)
+FLAT_NATS = 1e-4  # a fitted drop below this over the measured budgets is no learning curve at all
+_LOG_COEF_BOUND = 40.0
+_START_ALPHAS = (0.05, 0.15, 0.4, 1.0, 2.0)
+_GRID_POINTS = 4000  # log-spaced points between the largest budget and the horizon: ~0.1% steps at 100x
+
+
+@dataclass
+class LearningCurveFit:
+    r"""Result of `fit_learning_curve`: `L(D) = E + A * D**(-alpha)`, `D` in tokens.
+
+    E, A, alpha (`float`): the fitted parameters (`A` in the original units of `D`); `nan` if every start failed.
+    rss (`float`): residual sum of squares.
+    num_points (`int`): budgets fitted.
+    converged (`bool`), message (`str`): whether the optimizer converged, and every caveat ("flat", a bound hit).
+    flat (`bool`): the fitted curve drops by less than `FLAT_NATS` over the measured budgets; it predicts ~`E`.
+    """
+
+    E: float
+    A: float
+    alpha: float
+    rss: float
+    num_points: int
+    converged: bool
+    message: str
+    flat: bool
+
+    def predict(self, D):
+        """Test loss predicted at `D` tokens (a scalar or an array).
+
+        Example:
+            ```python
+            >>> fit.predict([1e5, 1e6])
+            array([...])
+            ```
+        """
+        D = np.asarray(D, dtype=np.float64)
+        out = self.E + self.A * D ** (-self.alpha)
+        return float(out) if out.ndim == 0 else out
+
+    def to_dict(self) -> dict:
+        """Plain, strict-JSON data (`nan` of a failed fit as `None`)."""
+        return json_safe(asdict(self), nonfinite="null")
+
+
+class _CurveProblem:
+    """Residuals and Jacobian of `E + exp(log a - alpha * d) - loss`, `d = log(D / gD)`."""
+
+    def __init__(self, d, loss):
+        self.d, self.loss = d, loss
+        lo, hi = EXPONENT_BOUNDS
+        self.lower = np.array([0.0, -_LOG_COEF_BOUND, lo])
+        self.upper = np.array([loss.min(), _LOG_COEF_BOUND, hi])
+
+    def term(self, x):
+        return np.exp(x[1] - x[2] * self.d)
+
+    def residuals(self, x):
+        return x[0] + self.term(x) - self.loss
+
+    def jacobian(self, x):
+        t = self.term(x)
+        return np.stack([np.ones_like(t), t, -t * self.d], axis=1)
+
+    def start(self, alpha):
+        """Best `(E, a)` for a fixed exponent: the model is linear in them."""
+        from scipy.optimize import lsq_linear
+
+        X = np.stack([np.ones_like(self.d), np.exp(-alpha * self.d)], axis=1)
+        tiny = 1e-12
+        sol = lsq_linear(X, self.loss, bounds=([self.lower[0], tiny], [self.upper[0], np.inf]))
+        x0 = np.array([sol.x[0], math.log(max(sol.x[1], tiny)), alpha])
+        return np.clip(x0, self.lower, self.upper)  # least_squares wants a start inside the box
+
+    def solve(self, x0, tol):
+        from scipy.optimize import least_squares
+
+        return least_squares(
+            self.residuals, x0, jac=self.jacobian, bounds=(self.lower, self.upper), method="trf",
+            x_scale="jac", ftol=tol, xtol=tol, gtol=tol, max_nfev=2000,
+        )  # fmt: skip
+
+
+def _check_tokens(D: np.ndarray) -> np.ndarray:
+    if not np.all(np.isfinite(D) & (D > 0)) or np.any(np.diff(D) <= 0):
+        raise ValueError(f"tokens must be finite, > 0 and strictly increasing, got {D.tolist()}")
+    return D
+
+
+def _check_curve(tokens, losses) -> tuple[np.ndarray, np.ndarray]:
+    D = np.asarray(tokens, dtype=np.float64).reshape(-1)
+    L = np.asarray(losses, dtype=np.float64).reshape(-1)
+    if len(D) != len(L):
+        raise ValueError(f"tokens and losses must have the same length, got {len(D)} and {len(L)}")
+    if len(D) < 3:
+        raise ValueError(f"a learning curve needs at least 3 budgets to fit E, A and alpha, got {len(D)}")
+    if not np.all(np.isfinite(L) & (L > 0)):
+        raise ValueError(f"losses must be finite and > 0, got {L.tolist()}")
+    return _check_tokens(D), L
+
+
+def fit_learning_curve(tokens, losses) -> LearningCurveFit:
+    """Fit `L(D) = E + A * D**(-alpha)` to one arm's test loss at increasing budgets.
+
+    Args:
+        tokens: Training tokens at each budget; finite, > 0 and strictly increasing; at least 3.
+        losses: Test loss at each budget; finite and > 0.
+
+    Returns:
+        `LearningCurveFit`. Caveats (flat curve, a parameter on a bound, no convergence) are in its
+        `message`, never raised.
+
+    Raises:
+        ValueError: on lengths that differ, fewer than 3 budgets, tokens not increasing, or non-finite values.
+
+    Example:
+        ```python
+        >>> D = np.array([1e4, 2e4, 4e4, 8e4])
+        >>> fit = fit_learning_curve(D, 3.0 + 60 * D**-0.4)
+        >>> round(fit.E, 3), round(fit.alpha, 3)
+        (3.0, 0.4)
+        ```
+    """
+    D, L = _check_curve(tokens, losses)
+    log_g = float(np.log(D).mean())
+    fit, _ = _fit(np.log(D) - log_g, L, log_g, None)
+    return fit
+
+
+def _fit(d, L, log_g, x0) -> tuple[LearningCurveFit, np.ndarray | None]:
+    """The fit on normalised `d` and its internal optimum, from a grid of starts or from `x0` alone.
+
+    A bootstrap replicate starts from the full sample's optimum `x0` only (as `scaling.bootstrap` does): it
+    lies close to the replicate's, and one start instead of five keeps 200 replicates to seconds.
+    """
+    problem = _CurveProblem(d, L)
+    if x0 is None:
+        starts = [problem.start(a) for a in _START_ALPHAS]
+    else:
+        starts = [np.clip(x0, problem.lower, problem.upper)]
+    best = fit_once(problem, starts, tol=1e-12)
+    if best is None:  # every start raised: say so rather than crash
+        nan = float("nan")
+        return LearningCurveFit(nan, nan, nan, nan, len(L), False, "every start of the optimizer failed", False), None
+    E, la, alpha = (float(v) for v in best.x)
+    drop = float(problem.term(best.x).max() - problem.term(best.x).min())
+    flat = drop < FLAT_NATS
+    notes = [] if best.success else [f"optimizer did not converge: {best.message}"]
+    if flat:
+        notes.append(f"flat: the fitted drop over the measured budgets is {drop:.1e} nats (A -> 0); predicts ~E")
+        if np.ptp(L) > 10 * FLAT_NATS:
+            notes.append(f"the measured losses vary by {np.ptp(L):.3g} nats, but not as a falling power law")
+    else:
+        for name, i in (("E", 0), ("alpha", 2)):
+            for side, bound in (("lower", problem.lower[i]), ("upper", problem.upper[i])):
+                if abs(best.x[i] - bound) <= 1e-8 * max(abs(bound), 1.0):
+                    notes.append(f"{name} at its {side} bound {bound:.4g}: extrapolation is uncertain")
+    fit = LearningCurveFit(
+        E=E, A=math.exp(la + alpha * log_g), alpha=alpha, rss=float(2.0 * best.cost), num_points=len(L),
+        converged=bool(best.success), message="; ".join(notes) if notes else "ok", flat=flat,
+    )  # fmt: skip
+    return fit, best.x
+
+
+class _Sweep:
+    """Per-example test losses of every arm at every budget, checked, as `(budgets, examples)` arrays."""
+
+    def __init__(self, tokens, losses: dict, weights: dict | None, arms):
+        self.tokens = _check_tokens(np.asarray(tokens, dtype=np.float64).reshape(-1))
+        self.lw, self.w, n = {}, {}, None
+        for arm in arms:
+            if arm not in losses:
+                raise ValueError(f"no per-example test losses for arm {arm!r}")
+            L = self._stack(arm, "losses", losses[arm])
+            W = np.ones_like(L) if weights is None else self._stack(arm, "weights", weights.get(arm))
+            if W.shape != L.shape:
+                raise ValueError(f"arm {arm!r}: weights have shape {W.shape}, losses {L.shape}")
+            if np.any(W < 0) or np.any(W.sum(axis=1) <= 0):
+                raise ValueError(f"arm {arm!r}: weights must be >= 0 with a positive sum at every budget")
+            if n is not None and L.shape[1] != n:
+                raise ValueError(f"arm {arm!r} has {L.shape[1]} test examples, another arm {n}: they must be the same examples")
+            n = L.shape[1]
+            self.lw[arm], self.w[arm] = L * W, W
+        self.num_examples = n or 0
+
+    def _stack(self, arm, what, per_budget) -> np.ndarray:
+        if per_budget is None or len(per_budget) != len(self.tokens):
+            got = "none" if per_budget is None else len(per_budget)
+            raise ValueError(f"arm {arm!r}: {what} must have one array per budget ({len(self.tokens)}), got {got}")
+        rows = [np.asarray(v, dtype=np.float64).reshape(-1) for v in per_budget]
+        if len({r.size for r in rows}) != 1 or rows[0].size == 0:
+            raise ValueError(f"arm {arm!r}: {what} must cover the same, non-empty test examples at every budget")
+        out = np.stack(rows)
+        if not np.all(np.isfinite(out)):
+            raise ValueError(f"arm {arm!r}: {what} contain non-finite values")
+        return out
+
+    def curve(self, arm, counts=None) -> np.ndarray:
+        """Weighted test loss per budget; `counts` (examples drawn per index) reweights for a bootstrap replicate."""
+        if counts is None:
+            return self.lw[arm].sum(axis=1) / self.w[arm].sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):  # a replicate may draw only zero-weight examples
+            return (self.lw[arm] @ counts) / (self.w[arm] @ counts)
+
+    def replicates(self, n_boot: int, seed: int):
+        """Draw counts per example, one row per replicate: the same draw serves every arm and budget."""
+        rng = np.random.default_rng(seed)
+        n = self.num_examples
+        return [np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64) for _ in range(n_boot)]
+
+
+def _check_settings(n_bootstrap, confidence):
+    if n_bootstrap < 0:
+        raise ValueError(f"n_bootstrap must be >= 0, got {n_bootstrap}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+
+
+def _percentiles(values, confidence) -> list[float]:
+    """`[low, high]` percentile interval; `inverted_cdf` never interpolates, so `inf` entries stay `inf`."""
+    tail = (1.0 - confidence) / 2.0
+    return [float(np.quantile(values, q, method="inverted_cdf")) for q in (tail, 1.0 - tail)]
+
+
+def _first_crossing(g: LearningCurveFit, c: LearningCurveFit, d_max: float, horizon: float) -> tuple[str, float]:
+    """`(status, multiple)`: where `g` first drops below `c`, as a multiple of the largest budget (in `[1, horizon]`).
+
+    `"ahead"` (multiple 1) when `g` is already below at the largest budget, `"none"` (multiple `inf`) when it
+    never gets there within the horizon, `"unfit"` (`nan`) when either fit failed.
+    """
+    from scipy.optimize import brentq
+
+    if not all(math.isfinite(v) for v in (g.E, g.A, g.alpha, c.E, c.A, c.alpha)):
+        return "unfit", math.nan
+    grid = np.geomspace(1.0, horizon, _GRID_POINTS)
+    diff = g.predict(grid * d_max) - c.predict(grid * d_max)
+    if diff[0] < 0:
+        return "ahead", 1.0
+    below = np.flatnonzero(diff < 0)
+    if below.size == 0:
+        return "none", math.inf
+    i = below[0]
+    root = brentq(lambda m: g.predict(m * d_max) - c.predict(m * d_max), grid[i - 1], grid[i], rtol=1e-10)
+    return "crossover", float(root)
+
+
+def predict_crossover(
+    tokens, losses: dict, weights: dict | None = None, *, growth, controls, best_growth: str, best_control: str,
+    controls_within=None, best_control_within: str | None = None, horizon: float = HORIZON,
+    n_bootstrap: int = 200, seed: int = 0, confidence: float = 0.95,
+) -> dict:  # fmt: skip
+    """Fit every arm's learning curve and predict the budget at which `best_growth` overtakes `best_control`.
+
+    Args:
+        tokens: Training tokens at each budget, strictly increasing; at least 3 budgets.
+        losses: `{arm: [per-example test losses at budget 0, at budget 1, ...]}`: one array per budget, the
+            same test examples (in the same order) for every arm and budget.
+        weights: The same structure with each example's weight (its token count); `None`: equal weights. An
+            arm's test loss at a budget is `sum(loss * w) / sum(w)`.
+        growth, controls: Names of the growth arms and of the controls; every one of them is fitted.
+        best_growth, best_control: The arms compared, chosen by the caller on held-out data.
+        controls_within, best_control_within: Optional: the controls whose forgetting stays within the
+            user's forgetting budget, and the best of them: a second crossover is predicted against it.
+        horizon: How far to search, as a multiple of the largest budget.
+        n_bootstrap: Replicates of the bootstrap over test examples (`0`: no interval). seed: their seed.
+        confidence: Level of the percentile intervals.
+
+    Returns:
+        A JSON-ready dict: `fits` (`{arm: LearningCurveFit.to_dict()}`), `on_gain` (the crossover of
+        `best_growth` against `best_control`: `status` "crossover" / "none" / "ahead" / "unfit", `tokens`,
+        `multiple`, `interval`, `share_with_crossover`, `share_ahead`, `text`), `within_forgetting` (the same
+        against `best_control_within`, or `None`), and the settings. An interval's upper end is `"inf"`
+        when some replicates predict no crossover within the horizon (`open_ended`).
+
+    Raises:
+        ValueError: on fewer than 3 budgets, tokens not increasing, arrays of mismatched lengths, non-finite
+            values, or arm names that are not in `growth` / `controls` / `controls_within`.
+    """
+    growth, controls = list(growth), list(controls)
+    _check_settings(n_bootstrap, confidence)
+    if not horizon > 1:
+        raise ValueError(f"horizon must be > 1 (a multiple of the largest budget), got {horizon}")
+    _check_names(growth, controls, best_growth, best_control, controls_within, best_control_within)
+    sweep = _Sweep(tokens, losses, weights, growth + controls)
+    curves = {arm: _check_curve(sweep.tokens, sweep.curve(arm))[1] for arm in growth + controls}
+    d = np.log(sweep.tokens)
+    log_g = float(d.mean())
+    fitted = {arm: _fit(d - log_g, curves[arm], log_g, None) for arm in curves}
+    pairs = {"on_gain": (best_growth, best_control)}
+    if best_control_within is not None:
+        pairs["within_forgetting"] = (best_growth, best_control_within)
+    boot = {key: [] for key in pairs}
+    needed = sorted({arm for pair in pairs.values() for arm in pair})
+    for counts in sweep.replicates(n_bootstrap, seed):
+        refit = {}
+        for arm in needed:
+            rep = sweep.curve(arm, counts)
+            if np.all(np.isfinite(rep) & (rep > 0)):
+                refit[arm] = _fit(d - log_g, rep, log_g, fitted[arm][1])[0]
+        for key, (g, c) in pairs.items():
+            if g in refit and c in refit:
+                status, multiple = _first_crossing(refit[g], refit[c], sweep.tokens[-1], horizon)
+                if status != "unfit":
+                    boot[key].append(multiple)
+    out = {
+        "tokens": sweep.tokens.tolist(), "largest_tokens": float(sweep.tokens[-1]), "horizon": float(horizon),
+        "fits": {arm: fit.to_dict() for arm, (fit, _) in fitted.items()},
+        "bootstrap": {"requested": n_bootstrap, "seed": seed, "confidence": confidence},
+        "within_forgetting": None,
+    }  # fmt: skip
+    for key, (g, c) in pairs.items():
+        out[key] = _crossover_entry(g, c, fitted, curves, sweep.tokens[-1], horizon, boot[key], confidence)
+    if controls_within is not None and best_control_within is None:
+        out["within_forgetting"] = {
+            "status": "no_control", "text": "no control stays within the forgetting budget: nothing to overtake"
+        }  # fmt: skip
+    return json_safe(out)
+
+
+def _check_names(growth, controls, best_growth, best_control, controls_within, best_control_within) -> None:
+    within = None if controls_within is None else list(controls_within)
+    problems = [
+        (not growth or not controls, "need at least one growth arm and one control"),
+        (set(growth) & set(controls), f"arms cannot be both growth and control: {sorted(set(growth) & set(controls))}"),
+        (best_growth not in growth, f"best_growth {best_growth!r} is not one of the growth arms {growth}"),
+        (best_control not in controls, f"best_control {best_control!r} is not one of the controls {controls}"),
+        (within is not None and not set(within) <= set(controls), f"controls_within {within} are not all controls"),
+        (bool(within) and best_control_within is None, "controls_within is not empty: pass its best as best_control_within"),
+        (best_control_within is not None and best_control_within not in (within or []),
+         f"best_control_within {best_control_within!r} must be one of controls_within {within}"),
+    ]  # fmt: skip
+    for failed, message in problems:
+        if failed:
+            raise ValueError(message)
+
+
+def _crossover_entry(g, c, fitted, curves, d_max, horizon, replicates, confidence) -> dict:
+    status, multiple = _first_crossing(fitted[g][0], fitted[c][0], d_max, horizon)
+    found = status in ("crossover", "ahead")
+    entry = {
+        "growth": g, "control": c, "status": status,
+        "multiple": multiple if found else None, "tokens": multiple * d_max if found else None,
+        "measured_at_largest": {
+            "growth": float(curves[g][-1]), "control": float(curves[c][-1]),
+            "difference": float(curves[g][-1] - curves[c][-1]),
+        },
+        "fitted_at_largest": {"growth": fitted[g][0].predict(d_max), "control": fitted[c][0].predict(d_max)},
+        "interval": None, "share_with_crossover": None, "share_ahead": None, "replicates": len(replicates),
+    }  # fmt: skip
+    if replicates:
+        values = np.array(replicates)
+        low, high = _percentiles(values, confidence)
+        entry["interval"] = {
+            "multiple": [low, high], "tokens": [low * d_max, high * d_max], "open_ended": not math.isfinite(high),
+            "confidence": confidence,
+        }  # fmt: skip
+        entry["share_with_crossover"] = float(np.mean(np.isfinite(values)))
+        entry["share_ahead"] = float(np.mean(values == 1.0))
+    entry["text"] = _crossover_text(entry, horizon, confidence)
+    return entry
+
+
+def _crossover_text(e: dict, horizon: float, confidence: float) -> str:
+    g, c = e["growth"], e["control"]
+    if e["status"] == "unfit":
+        return f"no prediction: the learning curve of {g} or {c} could not be fitted"
+    if e["status"] == "ahead":
+        fit = e["fitted_at_largest"]
+        head = f"growth is already ahead at the largest budget ({g} fitted {fit['growth']:.4f} < {c} {fit['control']:.4f})"
+    elif e["status"] == "none":
+        head = f"no crossover predicted within {horizon:g}x the largest budget ({g} vs {c})"
+    else:
+        head = f"{g} is predicted to overtake {c} at {e['tokens']:,.0f} tokens ({e['multiple']:.3g}x the largest budget)"
+    interval = e["interval"]
+    if interval is None:
+        return head + " (no bootstrap interval)"
+    low, high = interval["multiple"]
+    shown = f"beyond {horizon:g}x: open-ended" if interval["open_ended"] else f"{high:.3g}x"
+    ahead = f" ({e['share_ahead']:.0%} already ahead)" if e["share_ahead"] else ""
+    return (
+        f"{head}; {confidence:.0%} bootstrap interval [{low:.3g}x, {shown}]; {e['share_with_crossover']:.0%} of "
+        f"{e['replicates']} replicates cross within {horizon:g}x{ahead}"
+    )
+
+
+def validate_fit(
+    tokens, losses: dict, weights: dict | None = None, *, arms=None, n_bootstrap: int = 200, seed: int = 0,
+    confidence: float = 0.95,
+) -> dict:  # fmt: skip
+    """Check the fits out of sample: fit each arm on every budget but the largest, predict the largest.
+
+    Args:
+        tokens, losses, weights: As for `predict_crossover`.
+        arms: The arms to check (default: every arm in `losses`).
+        n_bootstrap, seed, confidence: The bootstrap over test examples (the same resampling as
+            `predict_crossover`) that gives each prediction its percentile interval.
+
+    Returns:
+        A JSON-ready dict: `skipped` (`True` with a `reason` when there are fewer than 4 budgets), else
+        `arms` (`{arm: {predicted, measured, error (= predicted - measured), interval, inside}}`),
+        `predicted_tokens`, and a one-line `summary`.
+
+    Raises:
+        ValueError: on tokens not increasing, arrays of mismatched lengths or non-finite values.
+    """
+    _check_settings(n_bootstrap, confidence)
+    arms = list(losses) if arms is None else list(arms)
+    sweep = _Sweep(tokens, losses, weights, arms)
+    if len(sweep.tokens) < 4:
+        return {"skipped": True, "reason": f"needs at least 4 budgets (3 to fit, 1 to predict), got {len(sweep.tokens)}"}
+    d = np.log(sweep.tokens[:-1])
+    log_g = float(d.mean())
+    d_max = float(sweep.tokens[-1])
+    rows, draws = {}, sweep.replicates(n_bootstrap, seed)
+    for arm in arms:
+        curve = sweep.curve(arm)
+        fit, x = _fit(d - log_g, curve[:-1], log_g, None)
+        predictions = []
+        for counts in draws:
+            rep = sweep.curve(arm, counts)[:-1]
+            if x is not None and np.all(np.isfinite(rep) & (rep > 0)):
+                predictions.append(_fit(d - log_g, rep, log_g, x)[0].predict(d_max))
+        predicted, measured = fit.predict(d_max), float(curve[-1])
+        interval = _percentiles(predictions, confidence) if predictions else None
+        rows[arm] = {
+            "predicted": predicted, "measured": measured, "error": predicted - measured, "interval": interval,
+            "inside": None if interval is None else bool(interval[0] <= measured <= interval[1]),
+            "replicates": len(predictions), "flat": fit.flat, "message": fit.message,
+        }  # fmt: skip
+    return json_safe({
+        "skipped": False, "fit_tokens": sweep.tokens[:-1].tolist(), "predicted_tokens": d_max,
+        "confidence": confidence, "arms": rows, "summary": _validation_summary(rows, len(d), d_max, confidence),
+    })  # fmt: skip
+
+
+def _validation_summary(rows: dict, fitted: int, d_max: float, confidence: float) -> str:
+    errors = {arm: abs(r["error"]) for arm, r in rows.items() if math.isfinite(r["error"])}
+    head = f"fit on the first {fitted} budgets, predicting {d_max:,.0f} tokens: "
+    if not errors:
+        return head + "no arm could be fitted"
+    worst = max(errors, key=errors.get)
+    head += f"largest |error| {errors[worst]:.4f} nats ({worst})"
+    checked = [r["inside"] for r in rows.values() if r["inside"] is not None]
+    if not checked:
+        return head + "; no bootstrap intervals"
+    return head + f"; measured inside the {confidence:.0%} interval for {sum(checked)} of {len(checked)} arms"
