@@ -1,7 +1,8 @@
 """One check of a batch against a model, run before any forward pass that could fail on it.
 
-A tokenizer that does not match the model, or labels outside its head, otherwise surface as a
-raw `IndexError` (or a CUDA device assert) deep inside an embedding or the loss. The probe,
+A tokenizer that does not match the model, labels outside its head, or sequences longer than a
+learned position table (GPT-2's 1024) otherwise surface as a raw `IndexError` (or a CUDA device
+assert) deep inside an embedding or the loss. The probe,
 stepping stones, trainer, evaluator and `load_data` all call `check_batch`, so the same data
 fails the same way everywhere. It costs a max/min per tensor.
 
@@ -16,6 +17,8 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -23,7 +26,11 @@ from torch import nn
 
 from ..losses import IGNORE_INDEX, is_causal_lm
 
-__all__ = ["check_batch", "vocab_sizes"]
+__all__ = ["check_batch", "position_limit", "vocab_sizes"]
+
+# Names of learned position tables (GPT-2 and GPT-Neo `wpe`, BERT/RoBERTa/ViT-free encoders, OPT/BART).
+_LEARNED_POSITIONS = ("wpe", "position_embeddings", "embed_positions")
+_LIMITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> position_limit(model), found once
 
 
 def vocab_sizes(model: nn.Module) -> tuple[int | None, int | None]:
@@ -33,6 +40,48 @@ def vocab_sizes(model: nn.Module) -> tuple[int | None, int | None]:
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     n_out = getattr(out, "out_features", None) or getattr(model.config, "vocab_size", None)
     return n_in, n_out
+
+
+def position_limit(model: nn.Module) -> tuple[int | None, bool]:
+    """`(longest sequence, learned)`: how many positions the model has and whether they are a learned table.
+
+    A learned table (GPT-2's `wpe`) has no row past its end: a longer sequence is an `IndexError` in the
+    embedding. RoPE and other computed positions run on, but were not trained past `max_position_embeddings`.
+    RoBERTa's table starts after its padding index and OPT's after an offset of 2; both are subtracted.
+    """
+    if model in _LIMITS:
+        return _LIMITS[model]
+    limit = getattr(model.config, "max_position_embeddings", None)  # GPT-2's n_positions too (attribute_map)
+    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    learned = False
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and name.rsplit(".", 1)[-1] in _LEARNED_POSITIONS:
+            pad = module.padding_idx
+            rows = module.num_embeddings - int(getattr(module, "offset", 0) or 0) - (pad + 1 if pad is not None else 0)
+            limit, learned = (rows if limit is None else min(limit, rows)), True
+            break
+    _LIMITS[model] = (limit, learned)
+    return limit, learned
+
+
+def _check_length(model: nn.Module, input_ids: torch.Tensor, where: str) -> None:
+    if input_ids.dim() < 2:
+        return
+    length = int(input_ids.shape[-1])
+    limit, learned = position_limit(model)
+    if limit is None or length <= limit:
+        return
+    name = type(model).__name__
+    if learned:
+        raise ValueError(
+            f"{where}: sequences of {length} tokens, but {name} has {limit} learned positions: use block_size <= {limit}"
+        )
+    # Not `where`: the message stays the same from batch to batch, so Python shows it once.
+    warnings.warn(
+        f"sequences of {length} tokens exceed the max_position_embeddings={limit} of {name}: positions past "
+        f"{limit} were never trained (use block_size <= {limit} unless the model is meant to extrapolate)",
+        stacklevel=3,
+    )
 
 
 def _rows(mask: torch.Tensor, ids: Sequence | None) -> list:
@@ -93,8 +142,9 @@ def check_batch(
 ) -> None:
     """Raise `ValueError` naming `where` and the examples if `model` cannot score `batch`.
 
-    Checks that `labels` exist, that token ids fit the input embedding, that causal-LM label ids fit the
-    output vocabulary and that class labels fit `num_labels`. `ids` names the examples (default: their
+    Checks that `labels` exist, that sequences fit a learned position table (and warns once where they
+    exceed the `max_position_embeddings` of computed positions such as RoPE), that token ids fit the input
+    embedding, that causal-LM label ids fit the output vocabulary and that class labels fit `num_labels`. `ids` names the examples (default: their
     position in the batch); `every_example_supervised` also refuses a causal-LM example with no
     supervised token (per-example losses need one; a token-weighted mean does not).
     """
@@ -106,8 +156,10 @@ def check_batch(
         )
     labels = _tensor(labels)
     n_in, n_out = vocab_sizes(model)
-    if batch.get("input_ids") is not None and n_in is not None:
-        _check_token_ids(_tensor(batch["input_ids"]), n_in, ids, where)
+    if batch.get("input_ids") is not None:
+        _check_length(model, _tensor(batch["input_ids"]), where)
+        if n_in is not None:
+            _check_token_ids(_tensor(batch["input_ids"]), n_in, ids, where)
     if is_causal_lm(model):
         _check_lm_labels(labels, n_out, ids, where, every_example_supervised)
     else:

@@ -10,16 +10,17 @@ Example:
 
 from __future__ import annotations
 
-from typing import Sequence
-
+from collections.abc import Iterable, Iterator
 import torch
 
 __all__ = ["causal_lm_blocks", "train_test_split_blocks"]
 
+_BATCH_CHARS = 1 << 18  # characters per tokenizer call (about 60k tokens of English)
+
 
 def causal_lm_blocks(
     tokenizer,
-    texts: Sequence[str],
+    texts: Iterable[str | Iterable[str]],
     block_size: int,
     *,
     max_blocks: int | None = None,
@@ -35,7 +36,9 @@ def causal_lm_blocks(
 
     Args:
         tokenizer (`PreTrainedTokenizerBase`): any Hugging Face tokenizer.
-        texts (`Sequence[str]`): the documents, in order.
+        texts (`Iterable[str]`): the documents, in order. A document may also be an iterable of pieces of text
+            (e.g. a lazily read [`~data.text_files.TextFile`]): its pieces are tokenized one by one and only the
+            pieces up to `max_blocks` blocks are read.
         block_size (`int`): tokens per block.
         max_blocks (`int`, *optional*): keep at most this many (the first) blocks.
         eos_token_id (`int`, *optional*): separator; defaults to `tokenizer.eos_token_id`
@@ -61,28 +64,52 @@ def causal_lm_blocks(
     if max_blocks is not None and max_blocks < 1:
         raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
     if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of documents, not a single string")
+        raise TypeError("texts must be an iterable of documents, not a single string")
     eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
     if eos is None:
         raise ValueError("the tokenizer has no eos_token_id; pass eos_token_id= (e.g. tokenizer.sep_token_id).")
     needed = None if max_blocks is None else max_blocks * block_size
     stream: list[int] = []
-    texts = list(texts)
-    for start in range(0, len(texts), batch_size):
-        batch = texts[start : start + batch_size]
+    for batch in _batches(_pieces(texts), batch_size):
         # verbose=False: whole plays exceed model_max_length, which is fine here since we chop them ourselves.
-        encoded = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
-        for ids in encoded:
+        encoded = tokenizer([text for text, _ in batch], add_special_tokens=False, verbose=False)["input_ids"]
+        for ids, (_, ends) in zip(encoded, batch):
             stream.extend(ids)
-            stream.append(eos)
+            if ends:
+                stream.append(eos)
         if needed is not None and len(stream) >= needed:
-            break
+            break  # no more text is read: a lazily read file stops here
     n_blocks = len(stream) // block_size
     if max_blocks is not None:
         n_blocks = min(n_blocks, max_blocks)
     if n_blocks == 0:
         raise ValueError(f"the texts give {len(stream)} tokens, fewer than one block of {block_size}")
     return torch.tensor(stream[: n_blocks * block_size], dtype=torch.long).view(n_blocks, block_size)
+
+
+def _pieces(texts: Iterable) -> Iterator[tuple[str, bool]]:
+    """`(text, ends_document)`: a `str` is one document; any other item is one document given as pieces of text."""
+    for doc in texts:
+        if isinstance(doc, str):
+            yield doc, True
+            continue
+        for piece in doc:
+            yield piece, False
+        yield "", True
+
+
+def _batches(pieces: Iterator[tuple[str, bool]], batch_size: int) -> Iterator[list[tuple[str, bool]]]:
+    """Up to `batch_size` pieces per tokenizer call, and about `_BATCH_CHARS` characters at most (so a call on
+    a few huge documents does not tokenize far more than the blocks need)."""
+    batch, chars = [], 0
+    for text, ends in pieces:
+        batch.append((text, ends))
+        chars += len(text)
+        if len(batch) >= batch_size or chars >= _BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
 
 
 def train_test_split_blocks(blocks, test_fraction: float, seed: int):

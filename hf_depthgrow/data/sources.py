@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from ..losses import is_causal_lm
 from .checks import check_batch
+from .text_files import TextFile, data_files
 
 __all__ = ["EMBEDDED_SOURCES", "images_to_pixels", "infer_task", "load_data", "make_loader", "split_dataset"]
 
@@ -40,13 +41,13 @@ def infer_task(model) -> str:
     )
 
 
-def _read_local(path: Path, text_column: str | None, label_column: str | None) -> tuple[list[str], list | None]:
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    if not files:
-        raise ValueError(f"no files under {path}")
+def _read_local(path: Path, text_column: str | None, label_column: str | None) -> tuple[list, list | None]:
+    """Texts (and labels) of a local file or folder. Text files come back unread, as lazy `TextFile`s: the
+    causal-LM blocks read only as much of them as `max_examples` needs."""
+    files = data_files(path)  # refuses pipes and devices before opening anything
     suffixes = {p.suffix.lower() for p in files}
     if suffixes <= {".txt", ".md", ""}:
-        return [p.read_text(encoding="utf-8", errors="replace") for p in files], None
+        return [TextFile(p) for p in files], None
     kind = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(files[0].suffix.lower())
     if kind is None or len(suffixes) != 1:
         raise ValueError(f"unsupported data files under {path}: use .txt, .csv, .json/.jsonl or .parquet (one kind)")

@@ -1,0 +1,197 @@
+"""Edges of bad input (issue 30): special files as data, bounded reads, non-UTF-8 text, block sizes beyond the
+model's positions, non-finite weights, and the settings and faults that used to end in a traceback."""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from hf_depthgrow.cli import main
+from hf_depthgrow.data import causal_lm_blocks, load_data
+from hf_depthgrow.data import text_files
+from hf_depthgrow.testing import tiny_model
+
+from tiny_lm import make_tiny_lm
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    root = make_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
+    tok = transformers.AutoTokenizer.from_pretrained(root / "tiny")
+    model = transformers.AutoModelForCausalLM.from_pretrained(root / "tiny")
+    return root, model, tok
+
+
+def _in_thread(fn, timeout: float = 60):
+    """Run `fn` in a daemon thread; fail (instead of hanging the suite) if it has not returned in `timeout` s."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # handed to the test below
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"still running after {timeout} s (blocked on a read?)"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Defect 5: special files as data, and reads bounded by max_examples
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_fifo_as_data_is_refused_at_once_not_read_for_ever(tiny_lm, tmp_path):
+    _, model, tok = tiny_lm
+    fifo = tmp_path / "data.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"^data path .*data\.txt is a named pipe \(FIFO\), not a regular file or folder$"):
+        _in_thread(lambda: load_data(str(fifo), model=model, tokenizer=tok, block_size=16, max_examples=4))
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero here")
+def test_dev_zero_as_data_is_refused_not_a_memory_error(tiny_lm):
+    _, model, tok = tiny_lm
+    with pytest.raises(ValueError, match=r"^data path /dev/zero is a character device, not a regular file or folder$"):
+        _in_thread(lambda: load_data("/dev/zero", model=model, tokenizer=tok, block_size=16, max_examples=4))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_run_with_a_fifo_as_data_is_one_line_exit_2_and_writes_nothing(tiny_lm, tmp_path, monkeypatch, capsys):
+    root, _, _ = tiny_lm
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("pipe")
+    code = _in_thread(lambda: main(["run", "--model", str(root / "tiny"), "--data", "pipe", "--output-dir", "o", "--no-progress"]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1] == "hf-depthgrow run: data path pipe is a named pipe (FIFO), not a regular file or folder"
+    assert sorted(os.listdir(tmp_path)) == ["pipe"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_special_files_inside_a_data_folder_are_skipped(tiny_lm, tmp_path):
+    root, model, tok = tiny_lm
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text((root / "sample.txt").read_text()[:20_000])
+    os.mkfifo(folder / "b.txt")
+    ds = _in_thread(lambda: load_data(str(folder), model=model, tokenizer=tok, block_size=16, max_examples=4))
+    assert len(ds) == 4
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's per-process I/O counters")
+def test_a_large_text_file_is_read_only_as_far_as_max_examples_needs(tiny_lm, tmp_path):
+    root, model, tok = tiny_lm
+    text = (root / "sample.txt").read_text()
+    big = tmp_path / "big.txt"
+    with big.open("w") as f:
+        for _ in range(32 * 2**20 // len(text) + 1):  # 32 MiB
+            f.write(text)
+
+    def bytes_read() -> int:
+        return int(next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("rchar")).split()[1])
+
+    before = bytes_read()
+    ds = load_data(str(big), model=model, tokenizer=tok, block_size=32, max_examples=8)
+    read = bytes_read() - before
+    assert len(ds) == 8
+    # 8 blocks of 32 tokens need a few kB; one piece is PIECE_CHARS (256 Ki characters), plus what imports read.
+    assert read < 4 * 2**20, f"read {read / 2**20:.1f} MiB of a 32 MiB file for 8 blocks"
+
+
+def test_pieces_of_a_file_give_the_same_blocks_as_the_whole_text(tiny_lm, tmp_path):
+    root, _, tok = tiny_lm
+    path = tmp_path / "a.txt"
+    path.write_text((root / "sample.txt").read_text()[:30_000] + "\r\nlast line\r\n  indented\n\n")
+    whole = causal_lm_blocks(tok, [path.read_text()], 8)
+    pieces = list(text_files.TextFile(path, piece_chars=1000))
+    assert len(pieces) > 20 and "".join(pieces) == path.read_text()
+    assert torch.equal(causal_lm_blocks(tok, [text_files.TextFile(path, piece_chars=1000)], 8), whole)
+
+
+def test_a_file_without_line_ends_is_still_cut_into_bounded_pieces(tmp_path):
+    path = tmp_path / "one_line.txt"
+    path.write_text("x" * 10_500)
+    pieces = list(text_files.TextFile(path, piece_chars=1000))
+    assert "".join(pieces) == "x" * 10_500 and max(map(len, pieces)) <= 1000
+
+
+def test_non_utf8_bytes_are_replaced_with_one_warning_naming_the_file_and_count(tiny_lm, tmp_path):
+    _, model, tok = tiny_lm
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(("caf\xe9 na\xefve " * 200).encode("latin-1"))
+    with pytest.warns(UnicodeWarning) as record:
+        ds = load_data(str(path), model=model, tokenizer=tok, block_size=16, max_examples=2)
+    assert len(ds) == 2
+    messages = [str(w.message) for w in record if issubclass(w.category, UnicodeWarning)]
+    # max_examples=2 stops early, so the count is what was read: the whole of this small file (one piece).
+    assert messages == [f"{path}: 400 byte(s) that are not UTF-8 were replaced by U+FFFD"]
+
+
+def test_clean_utf8_text_gives_no_warning(tmp_path):
+    path = tmp_path / "ok.txt"
+    path.write_text("na\u00efve caf\u00e9 \ufffd stays\n" * 10, encoding="utf-8")  # a literal U+FFFD is not a replacement
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "".join(text_files.TextFile(path)) == path.read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Block size beyond the model's positions
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_a_block_beyond_gpt2s_learned_positions_is_refused_before_any_work(tiny_lm):
+    root, _, tok = tiny_lm
+    gpt2 = tiny_model("gpt2", vocab_size=len(tok))  # n_positions=128
+    message = (
+        r"^the data '.*sample\.txt' tokenized by \w+: sequences of 256 tokens, but GPT2LMHeadModel "
+        r"has 128 learned positions: use block_size <= 128$"
+    )
+    with pytest.raises(ValueError, match=message):
+        load_data(str(root / "sample.txt"), model=gpt2, tokenizer=tok, block_size=256, max_examples=2)
+    assert len(load_data(str(root / "sample.txt"), model=gpt2, tokenizer=tok, block_size=128, max_examples=2)) == 2
+
+
+def test_the_check_is_the_one_every_consumer_runs_so_probe_data_of_any_form_is_refused():
+    from hf_depthgrow import probe
+
+    gpt2 = tiny_model("gpt2")
+    ids = torch.randint(0, 128, (2, 200))
+    with pytest.raises(ValueError, match="sequences of 200 tokens, but GPT2LMHeadModel has 128 learned positions"):
+        probe(gpt2, {"input_ids": ids, "labels": ids})
+
+
+@pytest.mark.parametrize("model_type, limit", [("bert", 64), ("roberta", 62)])
+def test_encoders_learned_positions_count_roberta_padding_offset(model_type, limit):
+    from hf_depthgrow.data.checks import check_batch, position_limit
+
+    model = tiny_model(model_type)
+    assert position_limit(model) == (limit, True)
+    ok = torch.full((1, limit), 5)
+    model(input_ids=ok)  # the limit is really the longest input the model accepts
+    check_batch(model, {"input_ids": ok, "labels": torch.tensor([0])}, where="x")
+    with pytest.raises(ValueError, match=f"use block_size <= {limit}$"):
+        check_batch(model, {"input_ids": torch.full((1, limit + 1), 5), "labels": torch.tensor([0])}, where="x")
+
+
+def test_a_rope_block_beyond_max_position_embeddings_is_warned_not_refused(tiny_lm):
+    root, model, tok = tiny_lm  # Llama, max_position_embeddings=128
+    with pytest.warns(UserWarning, match=r"sequences of 512 tokens exceed the max_position_embeddings=128 of LlamaForCausalLM"):
+        ds = load_data(str(root / "sample.txt"), model=model, tokenizer=tok, block_size=512, max_examples=2)
+    assert len(ds) == 2 and len(ds[0]["input_ids"]) == 512
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_data(str(root / "sample.txt"), model=model, tokenizer=tok, block_size=128, max_examples=2)
