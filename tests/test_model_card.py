@@ -15,6 +15,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 import hf_depthgrow
 from hf_depthgrow.evaluation import EvalResult
+from hf_depthgrow.growth.record import GrowthRecord
 from hf_depthgrow.hub.model_card import (
     CardInfo,
     card_context,
@@ -548,3 +549,99 @@ def test_pipeline_card_carries_the_measured_numbers_and_the_inherited_license(tm
         assert values[f"test_risk_delta_{name}_low"] == pytest.approx(low) and values[f"test_risk_delta_{name}_high"] == pytest.approx(high)
     assert raw["depth_growth"]["positions"] == summary["positions"]
     assert str(tmp_path) not in readme and "/root/" not in readme and not re.search(r"(?<![\w:/])/(home|tmp|root)/", readme)
+
+
+# --------------------------------------------------------------------------- nothing pushed names a local path
+
+
+def test_a_base_with_a_hub_id_is_linked_by_that_id_and_its_local_copy_by_name(tmp_path):
+    # An embedded alias used to be linked as if it were a Hub repo (https://huggingface.co/smollm2).
+    alias = render_model_card(minimal_info(base_model="smollm2", base_model_id="HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert "huggingface.co/smollm2)" not in alias.text and "(grown from its local copy `smollm2`)" in alias.text
+    assert "[HuggingFaceTB/SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct)" in alias.text
+    snapshot = tmp_path / "models--HuggingFaceTB--SmolLM2-135M" / "snapshots" / "abc"
+    cached = render_model_card(minimal_info(base_model=str(snapshot)))  # the cache folder *is* the Hub model: no "copy"
+    assert "local copy" not in cached.text and str(tmp_path) not in str(cached)
+
+
+def _leaks(text: str, tmp_path: Path) -> list[str]:
+    """Local absolute paths in `text`: the test's folder, or any path under /tmp, /home or /root."""
+    return ([str(tmp_path)] if str(tmp_path) in text else []) + re.findall(r"(?<![\w:/.-])/(?:tmp|home|root)/\S+", text)
+
+
+def test_a_run_on_a_local_base_data_plan_and_evidence_cache_pushes_no_local_path(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    import huggingface_hub
+    from tiny_lm import make_tiny_lm
+
+    from hf_depthgrow.pipeline import RunConfig, run_pipeline
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_hub import FakeHub, use_fake_hub_env
+
+    work = make_tiny_lm(tmp_path / "work", max_chars=20_000)
+    base = work / "tiny"
+    plan = tmp_path / "plans" / "plan.yaml"  # a mergekit passthrough plan naming the base by its absolute path
+    plan.parent.mkdir()
+    plan.write_text(f"merge_method: passthrough\nslices:\n- sources:\n  - model: {base}\n    layer_range: [0, 2]\n"
+                    f"- sources:\n  - model: {base}\n    layer_range: [1, 4]\n")  # fmt: skip
+    use_fake_hub_env(monkeypatch, "hf_fake_token_for_tests")
+    huggingface_hub.close_session()
+    with FakeHub() as hub:
+        cfg = RunConfig(model=str(base), data=str(work / "sample.txt"), output_dir=str(tmp_path / "out"), block_size=16,
+                        max_examples=64, batch_size=8, train_steps=3, eval_steps=3, stone_max_batches=2, probe_max_batches=4,
+                        progress=False, loss_bound=10.0, control=None, placement=str(plan), evidence_cache=str(tmp_path / "cache"),
+                        push_to_hub="me/grown", hub_endpoint=hub.endpoint)  # fmt: skip
+        with pytest.warns(UserWarning, match="config.json of .* name local paths"):
+            run_pipeline(cfg)
+        uploaded, endpoint = hub.files("me/grown"), hub.endpoint
+    huggingface_hub.close_session()
+    out = tmp_path / "out"
+    assert any((tmp_path / "cache").iterdir())  # the evidence cache was used
+    on_disk = {p.relative_to(out / "model").as_posix(): p.read_bytes() for p in (out / "model").rglob("*") if p.is_file()}
+    assert set(uploaded) == set(on_disk) and {"README.md", "config.json", "report.json", "report.md"} <= set(uploaded)
+    for name, data in uploaded.items():
+        if name.endswith((".json", ".md")):
+            assert _leaks(data.decode(), tmp_path) == [], name
+        else:
+            assert data == on_disk[name], name  # weights go up byte for byte
+    # The plan's model is named by its folder in the pushed growth record; the record still reads back.
+    record = json.loads(uploaded["config.json"])["depth_growth"]
+    assert GrowthRecord.from_dict(record).native_indices == (2,)
+    assert record["history"][0]["config"]["placement"]["spec"]["slices"][0]["sources"][0]["model"] == "tiny"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["why"] == "placement './plan.yaml'" and summary["pushed"].startswith(endpoint)
+    for name in ("summary.json", "summary.md"):  # what a person shares of a run
+        assert _leaks((out / name).read_text(), tmp_path) == [], name
+
+
+def test_an_adapters_only_push_names_its_base_by_hub_id_or_is_refused(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    import huggingface_hub
+
+    from hf_depthgrow import grow_depth
+    from hf_depthgrow.hub.push import push_model_to_hub
+    from hf_depthgrow.hub.serialization import ADAPTER_CONFIG
+    from hf_depthgrow.testing import tiny_model
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_hub import FakeHub, use_fake_hub_env
+
+    model = grow_depth(tiny_model("llama"), [1], block="adapter")
+    use_fake_hub_env(monkeypatch, "hf_fake_token_for_tests")
+    huggingface_hub.close_session()
+    snapshot = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M" / "snapshots" / "abc123"
+    with FakeHub() as hub:
+        with pytest.raises(ValueError, match=r"local base model 'base', which nobody .* base_model='<the Hub id"):
+            push_model_to_hub(model, "me/adapters", adapters_only=True, base_model=str(tmp_path / "base"), endpoint=hub.endpoint)
+        assert hub.requests == []  # refused before any request
+        push_model_to_hub(model, "me/adapters", adapters_only=True, base_model=str(snapshot), endpoint=hub.endpoint)
+        uploaded = hub.files("me/adapters")
+    huggingface_hub.close_session()
+    assert json.loads(uploaded[ADAPTER_CONFIG])["base_model"] == "HuggingFaceTB/SmolLM2-135M"
+    assert ModelCard(uploaded["README.md"].decode()).data.base_model == "HuggingFaceTB/SmolLM2-135M"
+    assert all(_leaks(data.decode(), tmp_path) == [] for name, data in uploaded.items() if name.endswith((".json", ".md")))

@@ -25,7 +25,7 @@ from typing import Mapping
 import yaml
 from huggingface_hub import ModelCard
 
-from ..evaluation.formatting import scrub_paths
+from ..evaluation.formatting import public_name, scrub_paths
 from .card_info import CardInfo, as_card_info, card_title, head_of, hub_link, looks_like_hub_id
 from .card_metadata import card_metadata, framework_versions, library_name, split_datasets, validate_card_metadata
 from .card_sections import evaluation_section, growth_section, plain, probe_section, selection_section, training_section
@@ -79,14 +79,15 @@ def find_template() -> Path:
 
 def _base_text(info: CardInfo) -> dict:
     base, hub_id = info.base_model, info.base_model_id
+    if hub_id:
+        # The Hub id is what a reader can follow; a local copy is named by its folder (a card is public).
+        local = public_name(base) if base else hub_id
+        copy = "" if local == hub_id else f" (grown from its local copy `{local}`)"
+        return {"text": hub_link(hub_id) + copy, "hub_id": hub_id}
     if base and looks_like_hub_id(base):
         return {"text": hub_link(base), "hub_id": base}
-    if hub_id and base:
-        return {"text": f"{hub_link(hub_id)} (grown from a local copy at `{base}`)", "hub_id": hub_id}
-    if hub_id:
-        return {"text": hub_link(hub_id), "hub_id": hub_id}
     if base:
-        return {"text": f"a local checkpoint at `{base}` (not a Hub id, so not in the metadata)", "hub_id": None}
+        return {"text": f"a local checkpoint at `{public_name(base)}` (not a Hub id, so not in the metadata)", "hub_id": None}
     return {"text": "not recorded", "hub_id": None}
 
 

@@ -8,23 +8,29 @@ other Hub upload. What this module adds are the checks that make a wrong push ha
 - only a folder that looks like a saved model (`config.json`, or the adapter file of an
   adapters-only save) with safetensors weights, and no pickle anywhere in it;
 - a README.md whose metadata the Hub would reject is refused offline;
+- no local absolute path is uploaded: metadata files that name one (a growth record's plan source,
+  an adapters-only save's base) go up with each path replaced by its public name (`public_copies`),
+  and an adapters-only folder whose base is a local folder without a Hub id is refused;
 - an unreachable Hub (or `HF_HUB_OFFLINE=1`) gives one clear error naming the endpoint and how
   to point at another.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path, PurePosixPath
 from typing import Mapping
 
-from huggingface_hub import HfApi, ModelCard, constants, get_token
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, constants, get_token
 from huggingface_hub.errors import HFValidationError, OfflineModeIsEnabled
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects, validate_repo_id
 
-from .card_info import CardInfo, as_card_info, is_file
+from ..evaluation.formatting import ABS_PATH, scrub_paths
+from .card_info import CardInfo, as_card_info, hub_cache_id, is_file, looks_like_hub_id
 from .card_metadata import validate_card_metadata
 from .model_card import render_model_card
 from .serialization import ADAPTER_CONFIG, save_pretrained
@@ -34,6 +40,10 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MODEL_MARKERS = ("config.json", ADAPTER_CONFIG)
 DEFAULT_COMMIT_MESSAGE = "Upload depth-grown model with hf_depthgrow"
 _PUSH_KWARGS = {"token", "private", "endpoint", "revision", "commit_message", "create_pr"}
+# What people and loaders read on another machine, where a local path means nothing and tells the world this
+# one's layout. Tokenizer vocabularies are data (a token may look like a path) and are never rewritten.
+PUBLIC_TEXT_SUFFIXES = (".json", ".md", ".yaml", ".yml")
+_VOCABULARIES = {"tokenizer.json", "vocab.json"}
 
 
 class HubUnreachableError(ConnectionError):
@@ -127,6 +137,77 @@ def _check_readme(readme: Path) -> None:
             raise ValueError(f"{readme}: {err}") from err
 
 
+def _scrub_json(value, key: str = ""):
+    """JSON data with local paths in its strings replaced; a template (Jinja text) is code and stays as it is."""
+    if isinstance(value, str):
+        return value if "template" in key else scrub_paths(value)
+    if isinstance(value, dict):
+        return {k: _scrub_json(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_json(v, key) for v in value]
+    return value
+
+
+def _adapter_base(base):
+    """An adapters-only save is loaded onto `base_model`: on the Hub that must be a Hub id, not a local folder."""
+    if not isinstance(base, str) or looks_like_hub_id(base, check_disk=False):
+        return base
+    hub_id = hub_cache_id(base)  # a folder of the Hub cache names its Hub id
+    if hub_id is None:
+        raise ValueError(
+            f"{ADAPTER_CONFIG} names the local base model {scrub_paths(base)!r}, which nobody who downloads the adapters can "
+            "load: save (or push) with base_model='<the Hub id of the base weights>'"
+        )
+    return hub_id
+
+
+def _public_json(rel: str, text: str) -> bytes | None:
+    """A JSON file's public copy (`None`: it needs none); `json.JSONDecodeError` if it is not JSON."""
+    data = json.loads(text)
+    public = _scrub_json(data)
+    if rel == ADAPTER_CONFIG and isinstance(data, dict) and "base_model" in data:
+        public["base_model"] = _adapter_base(data["base_model"])
+    return None if public == data else (json.dumps(public, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _public_text(text: str) -> bytes | None:
+    return None if scrub_paths(text) == text else scrub_paths(text).encode("utf-8")
+
+
+def _upload_files(folder: Path) -> list[str]:
+    """The files `upload_folder` would upload (its default ignore patterns: `.git/`, `.cache/huggingface/`)."""
+    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    return list(filter_repo_objects(names, ignore_patterns=DEFAULT_IGNORE_PATTERNS))
+
+
+def public_copies(folder: str | os.PathLike) -> dict[str, bytes]:
+    """`{path in repo: content}` for each metadata file of `folder` that names a local absolute path, that path replaced.
+
+    Metadata files are the `.json`, `.md`, `.yaml` files (tokenizer vocabularies aside). Each local path
+    becomes its public name (`evaluation.formatting.public_name`: a Hub-cache folder's Hub id, else the
+    folder or file name); a JSON file is rewritten from its parsed data (indent 2, key order kept). Files
+    without a local path are not listed: they are uploaded byte for byte. The files on disk never change.
+
+    Raises:
+        `ValueError`: an adapters-only save whose `base_model` is a local folder with no Hub id.
+    """
+    folder = Path(folder)
+    out = {}
+    for rel in _upload_files(folder):
+        if not rel.endswith(PUBLIC_TEXT_SUFFIXES) or PurePosixPath(rel).name in _VOCABULARIES:
+            continue
+        text = (folder / rel).read_text(encoding="utf-8", errors="replace")
+        if not ABS_PATH.search(text) and rel != ADAPTER_CONFIG:
+            continue
+        try:
+            public = _public_json(rel, text) if rel.endswith(".json") else _public_text(text)
+        except json.JSONDecodeError:  # not JSON after all
+            public = _public_text(text)
+        if public is not None:
+            out[rel] = public
+    return out
+
+
 def push_to_hub(
     folder: str | os.PathLike,
     repo_id: str,
@@ -142,7 +223,8 @@ def push_to_hub(
 
     Args:
         folder: A folder written by `hf_depthgrow.save_pretrained`, possibly with README.md and
-            report files beside the weights; uploaded as it is.
+            report files beside the weights; uploaded as it is, except that metadata files naming a
+            local absolute path go up with that path replaced (`public_copies`; a warning says which).
         repo_id: The repository, `"namespace/name"`. Required: nothing is pushed without it.
         token: A Hub token; default: huggingface_hub's own resolution (`HF_TOKEN`, then the token
             stored by `hf auth login`). `False` pushes without one (e.g. to a local test Hub).
@@ -157,7 +239,7 @@ def push_to_hub(
 
     Raises:
         `ValueError`: no or invalid `repo_id`, a folder that is not a saved model, pickle files,
-            invalid README.md metadata, no token.
+            invalid README.md metadata, an adapters-only save whose base is a local folder, no token.
         `HubUnreachableError`: the endpoint cannot be reached or offline mode is on.
 
     Example:
@@ -174,6 +256,13 @@ def push_to_hub(
     if create_pr and revision not in (None, constants.DEFAULT_REVISION):
         raise ValueError(f"create_pr=True opens the pull request against the default branch; do not pass revision={revision!r}")
     _check_readme(folder / "README.md")
+    public = public_copies(folder)
+    if public:
+        warnings.warn(
+            f"push_to_hub: {', '.join(sorted(public))} of {folder} name local paths; uploaded with each path replaced by "
+            "its folder or file name (the files on disk are unchanged)",
+            stacklevel=2,
+        )
     hub = _endpoint(endpoint)
     if constants.is_offline_mode():
         raise HubUnreachableError(
@@ -191,14 +280,8 @@ def push_to_hub(
         api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
         if revision not in (None, constants.DEFAULT_REVISION):
             api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
-        info = api.upload_folder(
-            repo_id=repo_id,
-            folder_path=folder,
-            repo_type="model",
-            revision=revision,
-            commit_message=commit_message or DEFAULT_COMMIT_MESSAGE,
-            create_pr=create_pr or None,
-        )
+        info = _upload(api, folder, repo_id, public, revision=revision, commit_message=commit_message or DEFAULT_COMMIT_MESSAGE,
+                       create_pr=create_pr or None)  # fmt: skip
     except _network_errors() as err:
         raise HubUnreachableError(
             f"the Hugging Face Hub at {hub} is unreachable ({type(err).__name__}: {err}). Check the network, or push to "
@@ -206,6 +289,14 @@ def push_to_hub(
             "(set before Python starts)."
         ) from err
     return str(info.commit_url)
+
+
+def _upload(api: HfApi, folder: Path, repo_id: str, public: dict[str, bytes], **commit):
+    """`upload_folder` when every file goes up as it is; else one commit with the public copies in place of the originals."""
+    if not public:
+        return api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="model", **commit)
+    operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=public.get(rel, str(folder / rel))) for rel in _upload_files(folder)]
+    return api.create_commit(repo_id=repo_id, operations=operations, repo_type="model", **commit)
 
 
 def _extra_files(extra_files) -> dict[str, Path]:
@@ -297,6 +388,8 @@ def push_model_to_hub(
         folder = save_pretrained(model, Path(tmp) / "model", tokenizer=tokenizer, adapters_only=adapters_only, base_model=base_model)
         if readme is not None:
             readme.save(folder / "README.md")
+        for name, public in public_copies(folder).items():  # this save is ours to make public (push_to_hub would warn)
+            (folder / name).write_bytes(public)
         for name, src in extra.items():
             dest = folder / name
             if dest.exists():

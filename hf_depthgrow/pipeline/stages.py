@@ -167,7 +167,7 @@ def _choose_positions(run: _Run) -> bool:
         from ..growth.placement import resolve_positions
 
         run.placement = resolve_positions(cfg.placement, run.model.config.num_hidden_layers, probe_result=result)
-        run.positions, run.why = [e.at for e in run.placement], f"placement {cfg.placement!r}"
+        run.positions, run.why = [e.at for e in run.placement], f"placement {public_name(cfg.placement)!r}"  # summary: no local path
         return True
     if recommendation.get("grow") or cfg.force:
         ranked = recommendation.get("positions") or [int(max(range(len(result.signal)), key=result.signal.__getitem__))]
