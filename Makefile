@@ -1,12 +1,27 @@
 # The two set-up commands of the README:
 #   make run    install, then run the whole job on the embedded default (SmolLM2-135M + Shakespeare)
 #   make test   install, then run the test-suite (what CI runs)
-PYTHON ?= python3
+# Both work from nothing: they create a project-local virtual environment (.venv) with `python3 -m venv`
+# when it is missing, install into it and run its python and its hf-depthgrow, never whatever is on PATH.
+# VENV=path uses another environment (created there if missing).
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+HF_DEPTHGROW := $(VENV)/bin/hf-depthgrow
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-data run demo test bench
+# A half-made environment (venv failed after writing bin/python) is removed, so the next make retries it.
+.DELETE_ON_ERROR:
 
-install:
+$(PYTHON):
+	@# Debian ships venv's ensurepip in a separate package (python3-venv): installed here when missing and allowed.
+	@if ! python3 -c "import ensurepip" >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null; \
+	  else echo "make: python3 cannot create a virtual environment (no ensurepip): install python3-venv (Debian/Ubuntu) and retry" >&2; exit 1; fi; fi
+	python3 -m venv $(VENV)
+
+install: $(PYTHON)
 	@# No GPU: take the CPU wheel of torch (a bare `torch` pulls a multi-GB CUDA build).
 	@if command -v nvidia-smi >/dev/null 2>&1; then $(PYTHON) -m pip install -q torch; \
 	 else $(PYTHON) -m pip install -q torch==2.13.0; fi
@@ -26,10 +41,10 @@ install-data:
 
 run: install
 	@# With the general-domain retention set where Debian's python3.11-doc is installed (install-data): forgetting is reported too.
-	@if [ -d /usr/share/doc/python3.11/html/_sources ]; then set -x; hf-depthgrow run --retention-data python_docs; else set -x; hf-depthgrow run; fi
+	@if [ -d /usr/share/doc/python3.11/html/_sources ]; then set -x; $(HF_DEPTHGROW) run --retention-data python_docs; else set -x; $(HF_DEPTHGROW) run; fi
 
 demo: install
-	hf-depthgrow demo
+	$(HF_DEPTHGROW) demo
 
 test: install
 	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q
