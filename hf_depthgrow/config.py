@@ -1,7 +1,9 @@
 """One config system: dataclasses -> command-line flags and YAML, for every command and recipe.
 
 A settings dataclass documents each field with `metadata={"help": ...}` (optionally `"choices"`,
-`"aliases"` and `"positional"`). From such dataclasses this module builds
+`"aliases"`, `"positional"`, `"flag"` (a flag named otherwise than the field), `"deprecated"` (old
+flags, hidden, that warn) and `"deprecated_positional"` (a flag that still accepts the value as a
+positional argument, with a warning)). From such dataclasses this module builds
 
 - the flags: `--kebab-case` for every field, types from the annotations (`int`, `float`, `str`,
   `bool` -> `--x/--no-x`, `list[int]` -> several values, `X | None` -> also accepts `none`);
@@ -50,6 +52,11 @@ class ConfigError(ValueError):
 def option_name(name: str) -> str:
     """The flag of a field: `learning_rate` -> `--learning-rate`."""
     return "--" + name.replace("_", "-")
+
+
+def _flag(spec) -> str:
+    """The flag of a field, where `metadata["flag"]` may name it otherwise (`dataset` -> `--data`)."""
+    return spec.metadata.get("flag") or option_name(spec.name)
 
 
 def _nearest(word: str, candidates, quote: bool = False) -> str:
@@ -151,6 +158,8 @@ class ConfigParser(argparse.ArgumentParser):
         self.dataclass_types = tuple(dataclass_types)
         self.specs: dict[str, _Spec] = {}
         self.owner: dict[str, type] = {}
+        self.deprecated: dict[str, str] = {}  # old flag -> its field's flag
+        self.key_aliases: dict[str, tuple[str, bool]] = {}  # YAML key -> (field name, deprecated)
         self.config_flag = config_flag
         if config_flag:
             self.add_argument("--config", default=None, help="YAML file setting any option below; flags given here win")
@@ -170,13 +179,27 @@ class ConfigParser(argparse.ArgumentParser):
         if spec.metadata.get("positional"):
             self.add_argument(spec.name, nargs="?", default=argparse.SUPPRESS, type=self._caster(spec), help=help_)
             return
-        names = [option_name(spec.name), *spec.metadata.get("aliases", [])]
+        names = [_flag(spec), *spec.metadata.get("aliases", [])]
         if spec.kind is bool and not spec.is_list:
             self.add_argument(*names, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_)
             return
         metavar = spec.name.upper()
         self.add_argument(*names, dest=spec.name, type=self._caster(spec), nargs="+" if spec.is_list else None,
                           default=argparse.SUPPRESS, metavar=metavar, help=help_)  # fmt: skip
+        self._add_old_spellings(spec)
+
+    def _add_old_spellings(self, spec: _Spec) -> None:
+        """Hidden flags (and YAML keys) that still work with a warning, and a flag's own name as a YAML key."""
+        if spec.metadata.get("flag"):
+            self.key_aliases[spec.metadata["flag"][2:].replace("-", "_")] = (spec.name, False)
+        for old in spec.metadata.get("deprecated", []):
+            self.deprecated[old] = _flag(spec)
+            self.key_aliases[old[2:].replace("-", "_")] = (spec.name, True)
+            self.add_argument(old, dest=spec.name, type=self._caster(spec), nargs="+" if spec.is_list else None,
+                              default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # fmt: skip
+        if spec.metadata.get("deprecated_positional"):
+            self.add_argument(f"{spec.name}__positional", nargs="?", type=self._caster(spec), default=argparse.SUPPRESS,
+                              help=argparse.SUPPRESS)  # fmt: skip
 
     @staticmethod
     def _caster(spec: _Spec):
@@ -184,7 +207,7 @@ class ConfigParser(argparse.ArgumentParser):
             if spec.optional and text.lower() in _NONE_WORDS:
                 return None
             try:
-                return spec.convert_one(text, option_name(spec.name))
+                return spec.convert_one(text, _flag(spec))
             except ConfigError as err:
                 raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
 
@@ -197,13 +220,16 @@ class ConfigParser(argparse.ArgumentParser):
     def _normalise(self, argv: list[str]) -> list[str]:
         """Deprecated `--snake_case` -> `--kebab-case`; `--flag true|false` / `--flag=false` for booleans."""
         known = {s for a in self._actions for s in a.option_strings}
-        out, i, renamed = [], 0, []
+        out, i, renamed, old = [], 0, [], []
         while i < len(argv):
             token = argv[i]
             if token == "--":
                 out += argv[i:]
                 break
             name, eq, value = token.partition("=")
+            if name in self.deprecated:
+                old.append(name)
+                name = self.deprecated[name]
             if name.startswith("--") and "_" in name and name not in known and name.replace("_", "-") in known:
                 renamed.append(name)
                 name = name.replace("_", "-")
@@ -223,7 +249,20 @@ class ConfigParser(argparse.ArgumentParser):
         if renamed:
             warnings.warn(f"{', '.join(renamed)}: snake_case flags are deprecated; use {', '.join(r.replace('_', '-') for r in renamed)}",
                           FutureWarning, stacklevel=3)  # fmt: skip
+        for name in dict.fromkeys(old):
+            warnings.warn(f"{name} is deprecated, use {self.deprecated[name]}", FutureWarning, stacklevel=3)
         return out
+
+    def _move_positionals(self, given: dict) -> None:
+        """A value given the old way, as a positional argument, moved to its flag (with a warning)."""
+        for name, spec in self.specs.items():
+            value = given.pop(f"{name}__positional", None)
+            if value is None:
+                continue
+            warnings.warn(f"a positional {name.upper()} is deprecated, use {_flag(spec)} {name.upper()}", FutureWarning, stacklevel=3)
+            if name in given and given[name] != value:
+                raise ConfigError(f"{name} given twice: {value!r} (positional) and {_flag(spec)} {given[name]!r}")
+            given[name] = value
 
     def parse(self, argv: list[str] | None = None) -> tuple:
         """Parse `argv` (default: `sys.argv[1:]`) and `--config` into one instance per dataclass."""
@@ -232,10 +271,11 @@ class ConfigParser(argparse.ArgumentParser):
         if unknown:
             flag = unknown[0].split("=", 1)[0]
             if flag.startswith("-"):
-                options = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+                options = [s for a in self._actions if a.help != argparse.SUPPRESS for s in a.option_strings if s.startswith("--")]
                 raise ConfigError(f"unknown option {flag}{_nearest(flag, options)}")
             raise ConfigError(f"unexpected argument {flag!r}")
         given = vars(namespace)
+        self._move_positionals(given)
         path = given.pop("config", None)
         values = self.read_yaml(path) if path else {}
         values.update(given)
@@ -258,6 +298,11 @@ class ConfigParser(argparse.ArgumentParser):
         out = {}
         for key, value in values.items():
             spec = self.specs.get(str(key).replace("-", "_"))
+            if spec is None and str(key) in self.key_aliases:
+                name, deprecated = self.key_aliases[str(key)]
+                spec = self.specs[name]
+                if deprecated:
+                    warnings.warn(f"{source}: {key} is deprecated, use {name}", FutureWarning, stacklevel=3)
             if spec is None:
                 raise ConfigError(f"{source}: unknown key {key!r}{_nearest(str(key), self.specs, quote=True)}")
             out[spec.name] = spec.convert(value, f"{source}: {spec.name}")
@@ -268,7 +313,7 @@ class ConfigParser(argparse.ArgumentParser):
         missing = [n for n, s in self.specs.items() if s.required and n not in values]
         if missing:
             spec = self.specs[missing[0]]
-            name = spec.name if spec.metadata.get("positional") else option_name(spec.name)
+            name = spec.name if spec.metadata.get("positional") else _flag(spec)
             raise ConfigError(f"missing {name}" + (f" (or `{spec.name}:` in --config)" if self.config_flag else ""))
         return tuple(cls(**{f.name: values[f.name] for f in fields(cls) if f.init and f.name in values}) for cls in self.dataclass_types)
 
@@ -319,9 +364,12 @@ class ScriptArguments:
     block: str = field(default="auto", metadata={"help": "Block kind for growth: auto, native or adapter."})
     init: str = field(default="copy", metadata={"help": "Native block init: copy or random."})
     growth_seed: int = field(default=0, metadata={"help": "Seed of the new blocks' random parts."})
+    # The flag is --data, as in every other command (--dataset still works, with a warning); the YAML key and the
+    # attribute stay `dataset`, which recipes and their configs use (`data:` is accepted too).
     dataset: str | None = field(
         default=None,
-        metadata={"help": "shakespeare, tweets, fashion_mnist, digits, a local file/folder, a Hub id, or a save_to_disk folder."},
+        metadata={"help": "shakespeare, tweets, fashion_mnist, digits, a local file/folder, a Hub id, or a save_to_disk folder.",
+                  "flag": "--data", "deprecated": ["--dataset"]},
     )
     block_size: int = field(default=256, metadata={"help": "Tokens per causal-LM block / padded text length."})
     max_examples: int | None = field(default=None, metadata={"help": "Use at most this many examples (before the split)."})

@@ -9,8 +9,6 @@ half-written image.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -35,17 +33,12 @@ def new_figure(figsize=(6.4, 4.2), dpi: int = 110):
 
 
 def save_figure(fig, path, *, dpi: int | None = None, **kwargs) -> Path:
-    """Save `fig` to `path` atomically (temp file in the same folder, then `os.replace`)."""
+    """Save `fig` to `path` atomically and with the usual file mode (`hf_depthgrow.utils.atomic_path`)."""
+    from .utils import atomic_path
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix or ".png")
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=path.suffix or ".png") as tmp:
         fig.savefig(tmp, format=(path.suffix.lstrip(".") or "png"), dpi=dpi or fig.dpi, **kwargs)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

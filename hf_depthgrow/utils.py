@@ -6,6 +6,7 @@ import json
 import math
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -50,20 +51,37 @@ def json_number(value):
     return _NONFINITE.get(value, value) if isinstance(value, str) else value
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` through a temp file in the same folder and one `os.replace`: a reader sees the old file or the new one, never half of it."""
+@contextmanager
+def atomic_path(path: str | os.PathLike, *, suffix: str = ".tmp"):
+    """A temp file beside `path` to write into; when the block ends without error it gets the usual mode and replaces `path`.
+
+    One `os.replace`: a reader sees the old file or the new one, never half of it. The mode is the
+    umask-derived one a plain `open` gives (0644 under umask 022), not mkstemp's 0600.
+
+    Example:
+        ```python
+        >>> with atomic_path("out/loss.png", suffix=".png") as tmp:
+        ...     fig.savefig(tmp)
+        ```
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a saved file gets the usual permissions
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` atomically (`atomic_path`), with the usual file mode."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
 
 
 def write_json(path: str | os.PathLike, data, *, indent: int = 2) -> Path:

@@ -74,25 +74,31 @@ CASES = [
     (RUN + ["--output-dir", "o", "--push-to-hub", "grown"],
      "hf-depthgrow run: repo_id 'grown' has no namespace: pass 'namespace/name', e.g. 'your-name/grown'"),
     (["run", "--model", "in/model", "--data", "missing.txt", "--output-dir", "o"], "hf-depthgrow run: no such data file or folder: missing.txt"),
-    (["grow", "in/model", "--positions", "1", "--out", ".", "--overwrite"], f"hf-depthgrow grow: will not replace . with --overwrite: {WD}"),
-    (["grow", "in/model", "--positions", "1", "--out", "foreign", "--overwrite"],
+    (["grow", "--model", "in/model", "--positions", "1", "--output-dir", ".", "--overwrite"], f"hf-depthgrow grow: will not replace . with --overwrite: {WD}"),
+    (["grow", "--model", "in/model", "--positions", "1", "--output-dir", "foreign", "--overwrite"],
      "hf-depthgrow grow: will not replace foreign with --overwrite: it was not written by hf-depthgrow (no .hf_depthgrow_run file)"),
-    (["grow", "in/model", "--positions", "1", "--out", "in", "--overwrite"],
+    (["grow", "--model", "in/model", "--positions", "1", "--output-dir", "in", "--overwrite"],
      "hf-depthgrow grow: will not replace in with --overwrite: it holds the input model in/model"),
-    (["grow", "no/such/model", "--positions", "1", "--out", "g"], "hf-depthgrow grow: no such model folder: no/such/model"),
-    (["grow", "in/model", "--positions", "-1", "--out", "g"], "hf-depthgrow grow: --positions must be ints >= 0, got [-1]"),
-    (["probe", "in/model", "--data", "data.txt", "--out", "p", "--positions", "3-x"],
+    (["grow", "--model", "no/such/model", "--positions", "1", "--output-dir", "g"], "hf-depthgrow grow: no such model folder: no/such/model"),
+    (["grow", "--model", "in/model", "--positions", "-1", "--output-dir", "g"], "hf-depthgrow grow: --positions must be ints >= 0, got [-1]"),
+    (["probe", "--model", "in/model", "--data", "data.txt", "--output-dir", "p", "--positions", "3-x"],
      "hf-depthgrow probe: --positions must look like 0,4,8 or 2-10, got '3-x'"),
-    (["probe", "in/model", "--data", "nowhere/data.csv", "--out", "p"], "hf-depthgrow probe: no such data file or folder: nowhere/data.csv"),
-    (["eval", "in/model", "--data", "data.txt", "--out", "e", "--routes", "routes.json"],
+    (["probe", "--model", "in/model", "--data", "nowhere/data.csv", "--output-dir", "p"], "hf-depthgrow probe: no such data file or folder: nowhere/data.csv"),
+    (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "e", "--routes", "routes.json"],
      "hf-depthgrow eval: --routes routes.json: rho must be a finite number, got 'big'"),
-    (["eval", "in/model", "--data", "data.txt", "--out", "e", "--routes", "routes_typo.json"],
+    (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "e", "--routes", "routes_typo.json"],
      "hf-depthgrow eval: --routes routes_typo.json: unknown key 'n_trian'; did you mean 'n_train'?"),
-    (["eval", "in/model", "--data", "data.txt", "--out", "e", "--routes", "no.json"], "hf-depthgrow eval: no such --routes file: no.json"),
-    (["eval", "in/model", "--dat", "data.txt", "--out", "e"], "hf-depthgrow eval: unknown option --dat; did you mean --data?"),
-    (["train", "--model", "in/model", "--dataset", "missing.jsonl", "--max-steps", "2"],
+    (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "e", "--routes", "no.json"], "hf-depthgrow eval: no such --routes file: no.json"),
+    (["eval", "--model", "in/model", "--dat", "data.txt", "--output-dir", "e"], "hf-depthgrow eval: unknown option --dat; did you mean --data?"),
+    (["probe", "--model", "in/model", "--data", "data.txt", "--output-dir", "foreign"],
+     "hf-depthgrow probe: foreign exists and is not empty; pass --overwrite to replace it"),
+    (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "foreign", "--overwrite"],
+     "hf-depthgrow eval: will not replace foreign with --overwrite: it was not written by hf-depthgrow (no .hf_depthgrow_run file)"),
+    (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "in", "--overwrite"],
+     "hf-depthgrow eval: will not replace in with --overwrite: it holds the input model in/model"),
+    (["train", "--model", "in/model", "--data", "missing.jsonl", "--max-steps", "2"],
      "hf-depthgrow train: no such data file or folder: missing.jsonl"),
-    (["train", "--model", "./gone", "--dataset", "data.txt"], "hf-depthgrow train: no such model folder: ./gone"),
+    (["train", "--model", "./gone", "--data", "data.txt"], "hf-depthgrow train: no such model folder: ./gone"),
     (["demo", "--position", "-1"], "hf-depthgrow demo: --position must be >= 0, got -1"),
     (["demo", "--save", "foreign"], "hf-depthgrow demo: foreign exists and is not empty; pass --overwrite to replace it"),
 ]  # fmt: skip
@@ -126,7 +132,7 @@ def test_hostile_auto_map_is_never_imported(workspace, capsys):
     from hf_depthgrow.hub.loading import load_model
 
     before = snapshot(workspace)
-    assert main(["grow", "in/evil", "--positions", "1", "--out", "g"]) == 2
+    assert main(["grow", "--model", "in/evil", "--positions", "1", "--output-dir", "g"]) == 2
     assert capsys.readouterr().err.strip() == (
         "hf-depthgrow grow: evil: config.json has auto_map ['AutoModelForCausalLM'] (custom code shipped with the model); "
         "hf_depthgrow does not run it. Pass trust_remote_code=True only if you trust that code."

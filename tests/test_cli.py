@@ -38,9 +38,9 @@ def test_help_lists_kebab_case_flags(command, capsys):
     [
         (["run", "--learning-rate", "fast"], "hf-depthgrow run: argument --learning-rate: expected a float, got 'fast'"),
         (["train", "--learning-rte", "0.1"], "hf-depthgrow train: unknown option --learning-rte; did you mean --learning-rate?"),
-        (["probe", "./no/such/model", "--data", "x", "--out", "o"], "hf-depthgrow probe: no such model folder: ./no/such/model"),
-        (["eval", "m", "--out", "o"], "hf-depthgrow eval: missing --data (or `data:` in --config)"),
-        (["grow", "m", "--positions", "1"], "hf-depthgrow grow: missing --out (or `out:` in --config)"),
+        (["probe", "--model", "./no/such/model", "--data", "x", "--output-dir", "o"], "hf-depthgrow probe: no such model folder: ./no/such/model"),
+        (["eval", "--model", "m", "--output-dir", "o"], "hf-depthgrow eval: missing --data (or `data:` in --config)"),
+        (["grow", "--model", "m", "--positions", "1"], "hf-depthgrow grow: missing --output-dir (or `output_dir:` in --config)"),
         (["demo", "--position", "x"], "hf-depthgrow demo: argument --position: expected an int, got 'x'"),
         (["run", "--config", "no-such.yaml"], "hf-depthgrow run: no such config file: no-such.yaml"),
     ],
@@ -56,11 +56,11 @@ def test_grow_command(tmp_path, capsys):
     config = tmp_path / "grow.yaml"
     config.write_text("positions: [1]\nblock: adapter\nseed: 3\n")
     out = tmp_path / "g"
-    assert main(["grow", str(tmp_path / "m"), "--config", str(config), "--out", str(out)]) == 0
+    assert main(["grow", "--model", str(tmp_path / "m"), "--config", str(config), "--output-dir", str(out)]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["native_indices"] == [] and len(record["adapters"]) == 1  # one adapter block, at k = 1
     assert (out / "config.json").is_file()
-    assert main(["grow", str(tmp_path / "m"), "--positions", "1", "--out", str(out)]) == 2
+    assert main(["grow", "--model", str(tmp_path / "m"), "--positions", "1", "--output-dir", str(out)]) == 2
     assert capsys.readouterr().err.strip() == f"hf-depthgrow grow: {out} exists and is not empty; pass --overwrite to replace it"
 
 

@@ -21,11 +21,11 @@ COMMANDS = {
     "train": ((ScriptArguments, TrainConfig), dict(model="m", positions=[2], dataset="shakespeare", eval_fraction=0.25,
                                                   stepping_stone=True, learning_rate=0.005, max_steps=6, progress_bar=False,
                                                   fallback=False, lora_target_modules=["q_proj", "v_proj"], trainable="new+lora")),
-    "probe": ((ProbeArguments, GrowthConfig), dict(model="m", data="d.txt", out="o", positions="0,2-4", covariance=False,
+    "probe": ((ProbeArguments, GrowthConfig), dict(model="m", data="d.txt", output_dir="o", positions="0,2-4", covariance=False,
                                                   shuffle=True, z_threshold=3.0, max_batches=4, block="adapter", eps=1e-5)),
-    "eval": ((EvalArguments,), dict(model="m", data="d", out="o", base="b", splits="train=0.5,test=0.5", delta_erm=0.01,
+    "eval": ((EvalArguments,), dict(model="m", data="d", output_dir="o", base="b", splits="train=0.5,test=0.5", delta_erm=0.01,
                                      evaluate=False, progress=False, dtype="bfloat16")),
-    "grow": ((GrowArguments, GrowthConfig), dict(model="m", positions=[0, 2], out="o", overwrite=True, init="random", seed=3)),
+    "grow": ((GrowArguments, GrowthConfig), dict(model="m", positions=[0, 2], output_dir="o", overwrite=True, init="random", seed=3)),
     "demo": ((DemoArguments,), dict(position=4, max_new_tokens=8, json="x.json")),
 }
 
@@ -42,7 +42,7 @@ def _flags(types, values: dict) -> list[str]:
         elif value is None:
             argv += [option_name(key), "none"]
         else:
-            argv += [option_name(key), *map(str, value if isinstance(value, list) else [value])]
+            argv += [spec.metadata.get("flag") or option_name(key), *map(str, value if isinstance(value, list) else [value])]
     return argv
 
 
@@ -128,7 +128,7 @@ def test_wrong_types_are_one_line(tmp_path):
 
 def test_missing_required_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="missing --data"):
-        parse_args(ProbeArguments, argv=["model", "--out", "o"])
+        parse_args(ProbeArguments, argv=["--model", "model", "--output-dir", "o"])
     with pytest.raises(FileNotFoundError, match="no such config file"):
         parse_args(RunConfig, argv=["--config", str(tmp_path / "nope.yaml")])
 

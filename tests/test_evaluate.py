@@ -295,7 +295,7 @@ def test_cli_writes_report_and_rejects_vocab_mismatch(grown_llama, tmp_path, cap
     # a tokenizer with more symbols than the model's 128 embeddings
     _char_tokenizer("".join(chr(0x4E00 + i) for i in range(200))).save_pretrained(model_dir)
     text.write_text("".join(chr(0x4E00 + i % 200) for i in range(2000)))
-    assert main([str(model_dir), "--data", str(text), "--block-size", "16", "--out", str(out), "--no-progress"]) == 2
+    assert main([str(model_dir), "--data", str(text), "--block-size", "16", "--out", str(out), "--overwrite", "--no-progress"]) == 2
     assert "outside the vocabulary" in capsys.readouterr().err
 
 

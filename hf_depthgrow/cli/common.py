@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 # Problems with what the user typed or pointed at: one line, no traceback (HF_DEPTHGROW_TRACEBACK=1 shows it).
@@ -18,15 +19,20 @@ def run_command(name: str, body, argv: list[str] | None) -> int:
         ...     return run_command("grow", _grow, argv)
         ```
     """
+    from ..pipeline.output import command_scope
+
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return int(body(argv) or 0)
+        # Output folders locked during the command stay locked until it ends (the holder record names it).
+        with command_scope(f"hf-depthgrow {name} " + shlex.join(argv)):
+            return int(body(argv) or 0)
     except INPUT_ERRORS as err:
         if os.environ.get("HF_DEPTHGROW_TRACEBACK", "").lower() in ("1", "true", "yes"):
             raise
         message = " ".join(str(err).split()) or type(err).__name__
         print(f"hf-depthgrow {name}: {message}", file=sys.stderr)
-        return 2
+        # A full disk is the machine's state, not bad input: exit code 1, so that scripts can tell them apart.
+        return 1 if isinstance(err, OSError) and err.errno in (28, 122) else 2  # ENOSPC, EDQUOT
 
 
 def parse(name: str, argv: list[str], *dataclass_types, description: str | None = None) -> tuple:

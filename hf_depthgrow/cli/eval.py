@@ -1,11 +1,12 @@
 """`hf-depthgrow eval`: paired test-risk delta of a grown model (or of two models), written as a report.
 
-    hf-depthgrow eval out/grown --data shakespeare --block-size 256 --max-examples 400 \
-        --splits train=0.8,held_out=0.1,test=0.1 --eval-split test --loss-bound 20 --out out/eval
+    hf-depthgrow eval --model out/grown --data shakespeare --block-size 256 --max-examples 400 \
+        --splits train=0.8,held_out=0.1,test=0.1 --eval-split test --loss-bound 20 --output-dir out/eval
 
 With `--base PATH` the model is compared with a separate base model (both run fully); without it
 the model must carry a growth record, and the original is the same model with its new blocks
-bypassed (shared prefix). Writes report.json, report.md and PNG plots into `--out`.
+bypassed (shared prefix). Writes report.json, report.md and PNG plots into `--output-dir` (empty or
+new; `--overwrite` replaces one this tool wrote).
 
 With `--retention-data python_docs` (or any other source) both models are also compared on a
 general-domain set outside the training domain, to measure forgetting (positive = the new model
@@ -59,9 +60,10 @@ def read_routes(path: str | None) -> dict:
 class EvalArguments:
     """Settings of `hf-depthgrow eval`."""
 
-    model: str = field(metadata={"help": "Folder of the grown model or, with --base, the candidate model.", "positional": True})
+    model: str = field(metadata={"help": "Folder of the grown model or, with --base, the candidate model.", "deprecated_positional": True})
     data: str = field(metadata={"help": "shakespeare, tweets, fashion_mnist, digits, a local file/folder or a Hub id."})
-    out: str = field(metadata={"help": "Output folder for report.json, report.md and plots."})
+    output_dir: str = field(metadata={"help": "Output folder for report.json, report.md and plots (must be empty, or pass --overwrite).", "deprecated": ["--out"]})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder written by hf-depthgrow."})
     base: str | None = field(default=None, metadata={"help": "A separate reference model (folder, or 'smollm2'): both run fully, no shared prefix."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer path (default: the model's folder)."})
     block_size: int = field(default=256, metadata={"help": "Tokens per LM block / padded text length."})
@@ -95,9 +97,10 @@ def _fractions(text: str) -> dict[str, float]:
 
 
 def check_inputs(args: EvalArguments) -> None:
-    """Everything checkable before a model loads: model folders, data, --splits, --routes, --out."""
+    """Everything checkable before a model loads: model folders, data, --splits, --routes, --output-dir (then locked)."""
     from ..hub.loading import check_model_source
     from ..pipeline.checks import check_data_source
+    from ..pipeline.output import check_output_dir
 
     for name in (args.model, args.base):
         if name is not None:
@@ -107,8 +110,9 @@ def check_inputs(args: EvalArguments) -> None:
         _fractions(args.splits)
     read_routes(args.routes)
     check_retention_source(args)
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise FileExistsError(f"--out {args.out} exists and is not a folder")
+    inputs = {"model": args.model, "base": args.base, "data": args.data, "tokenizer": args.tokenizer,
+              "retention data": args.retention_data, "routes": args.routes}  # fmt: skip
+    check_output_dir(args.output_dir, overwrite=args.overwrite, inputs=inputs)
 
 
 def check_retention_source(args: EvalArguments) -> None:
@@ -215,6 +219,7 @@ def _eval(argv: list[str]) -> int:
     from ..evaluation.paired import compare_models, evaluate_delta
     from ..evaluation.report import write_report
     from ..evaluation.retention import evaluate_retention
+    from ..pipeline.output import staged_output
     from ..utils import write_json
 
     (args,) = parse("eval", argv, EvalArguments, description=__doc__)
@@ -246,9 +251,11 @@ def _eval(argv: list[str]) -> int:
 
             retained["lm_eval"] = lm_eval_retention(model, tokenizer, args.retention_data, base=base, batch_size=args.batch_size)
             extra["retention (lm-eval)"] = retained["lm_eval"]["verdict"]
-    paths = write_report(result, args.out, command="hf-depthgrow eval " + shlex.join(argv), extra=extra)
-    if retained is not None:
-        paths["retention"] = write_json(Path(args.out) / "retention.json", retained)
+    with staged_output(args.output_dir) as tmp:  # a folder written whole or not at all, never over a user's files
+        paths = write_report(result, tmp, command="hf-depthgrow eval " + shlex.join(argv), extra=extra)
+        if retained is not None:
+            paths["retention"] = write_json(tmp / "retention.json", retained)
+    paths = {name: Path(args.output_dir) / path.relative_to(tmp) for name, path in paths.items()}
     print(result.verdict)
     if retained is not None:
         print(f"retention ({retained['data']}): {retained['verdict']}")

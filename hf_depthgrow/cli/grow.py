@@ -1,4 +1,4 @@
-"""`hf-depthgrow grow MODEL --positions 15 --out DIR`: grow a saved model and save it.
+"""`hf-depthgrow grow --model MODEL --positions 15 --output-dir DIR`: grow a saved model and save it.
 
 Where: `--positions 3 7` (explicit), `--positions interleave:8` or `top:2` (a preset; in YAML the
 key `placement:`), or `--plan plan.yaml` (a plan or a mergekit passthrough config). The growth
@@ -19,8 +19,8 @@ from .common import parse, record_dict, run_command
 class GrowArguments:
     """What `hf-depthgrow grow` grows and where it saves it."""
 
-    model: str = field(metadata={"help": "Local folder of a saved model, 'smollm2', or a Hub id.", "positional": True})
-    out: str = field(metadata={"help": "Output folder (must be empty, or pass --overwrite)."})
+    model: str = field(metadata={"help": "Local folder of a saved model, 'smollm2', or a Hub id.", "deprecated_positional": True})
+    output_dir: str = field(metadata={"help": "Output folder (must be empty, or pass --overwrite).", "deprecated": ["--out"]})
     positions: list[int] | None = field(default=None, metadata={"help": "Insertion points k, 0 <= k <= L, or one preset: interleave:N or top:N."})
     placement: str | None = field(default=None, metadata={"help": "A preset (interleave:N, top:N): the YAML key for --positions PRESET."})
     plan: str | None = field(default=None, metadata={"help": "YAML file: a plan ({plan: [{at: k, copy_from: j}]}) or a mergekit passthrough config."})
@@ -38,10 +38,10 @@ def _grow(argv: list[str]) -> int:
     # Everything cheap first: nothing loads and nothing on disk changes until the inputs are known good.
     spec = _placement(args)
     check_model_source(args.model)
-    check_output_dir(args.out, overwrite=args.overwrite, inputs={"model": args.model})
+    check_output_dir(args.output_dir, overwrite=args.overwrite, inputs={"model": args.model})
     model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
     grow_depth(model, spec, config=config)
-    with staged_output(args.out) as tmp:  # the old folder is replaced only once the new one is saved
+    with staged_output(args.output_dir) as tmp:  # the old folder is replaced only once the new one is saved
         save_pretrained(model, tmp, tokenizer=tokenizer)
     print(json.dumps(record_dict(model), indent=2))
     return 0

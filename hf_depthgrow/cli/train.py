@@ -2,7 +2,7 @@
 
 Single process:
 
-    hf-depthgrow train --model smollm2 --positions 24 --dataset shakespeare --block-size 128 \
+    hf-depthgrow train --model smollm2 --positions 24 --data shakespeare --block-size 128 \
         --max-steps 100 --output-dir runs/smollm2-k24
 
 Several processes (DDP/FSDP from an accelerate config):
@@ -31,7 +31,7 @@ def build_parser(*extra_dataclasses) -> ConfigParser:
 
 
 def _load_dataset(args: ScriptArguments, model, tokenizer):
-    """The data set named by `args.dataset` as model inputs with labels; a `save_to_disk` folder is read as is."""
+    """The data set named by `--data` (`args.dataset`) as model inputs with labels; a `save_to_disk` folder is read as is."""
     path = Path(args.dataset)
     if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "state.json").exists()):
         import datasets
@@ -56,7 +56,7 @@ def run(args: ScriptArguments, config: TrainConfig):
     from ..pipeline.checks import check_data_source
 
     if not args.model or not args.dataset:
-        raise ValueError("--model and --dataset are required (on the command line or in --config)")
+        raise ValueError("--model and --data are required (on the command line or in --config)")
     if args.positions is not None and min(args.positions) < 0:
         raise ValueError(f"--positions must be ints >= 0, got {args.positions}")
     if args.stepping_stone and not args.positions:
