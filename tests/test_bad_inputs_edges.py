@@ -111,13 +111,15 @@ def test_a_large_text_file_is_read_only_as_far_as_max_examples_needs(tiny_lm, tm
     assert read < 4 * 2**20, f"read {read / 2**20:.1f} MiB of a 32 MiB file for 8 blocks"
 
 
-def test_pieces_of_a_file_give_the_same_blocks_as_the_whole_text(tiny_lm, tmp_path):
+@pytest.mark.parametrize("indent", ["", "   "])  # indented: no line end between two non-blanks, cut before a word
+def test_pieces_of_a_file_give_the_same_blocks_as_the_whole_text(tiny_lm, tmp_path, indent):
     root, _, tok = tiny_lm
     path = tmp_path / "a.txt"
-    path.write_text((root / "sample.txt").read_text()[:30_000] + "\r\nlast line\r\n  indented\n\n")
+    sample = "\n".join(indent + line for line in (root / "sample.txt").read_text()[:30_000].splitlines())
+    path.write_text(sample + "\r\nlast line\r\n  indented\n\n")
     whole = causal_lm_blocks(tok, [path.read_text()], 8)
     pieces = list(text_files.TextFile(path, piece_chars=1000))
-    assert len(pieces) > 20 and "".join(pieces) == path.read_text()
+    assert len(pieces) > 20 and "".join(pieces) == path.read_text() and max(map(len, pieces)) <= 1000
     assert torch.equal(causal_lm_blocks(tok, [text_files.TextFile(path, piece_chars=1000)], 8), whole)
 
 

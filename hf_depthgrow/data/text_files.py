@@ -38,9 +38,10 @@ _KINDS = (
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
-# A line end between two non-blank characters: byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, SmolLM2)
-# pre-tokenize "\n" there on its own, so cutting right after it gives the tokens of the whole text.
-_CLEAN_CUT = re.compile(r"(?<=\S)\n(?=\S)")
+# Cuts that byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, SmolLM2) also split at, so the pieces give the tokens
+# of the whole text: a line end between two non-blank characters ("\n" is pre-tokenized on its own there), else
+# before a space that follows a non-blank character and precedes a letter (" word" is one pre-token).
+_CLEAN_CUTS = (re.compile(r"(?<=\S)\n(?=\S)"), re.compile(r"(?<=\S)(?= [^\W\d_])"))
 
 _COUNT = threading.local()
 
@@ -117,7 +118,7 @@ class TextFile:
                     if not text:
                         break
                     pending += text
-                    if len(pending) > size:  # more than one piece: hand one on, keep the tail (under 2 pieces held)
+                    while len(pending) > size:  # more than one piece: hand them on, keep the tail (<= 2 pieces held)
                         cut = _cut(pending, size)
                         yield pending[:cut]
                         pending = pending[cut:]
@@ -131,12 +132,13 @@ class TextFile:
 
 
 def _cut(text: str, size: int) -> int:
-    """Where to end the next piece: after the last clean line end in the first `size` characters, else the last
-    line end, else at `size` (a text without line ends)."""
+    """Where to end the next piece, within its first `size` characters: the last clean cut (see `_CLEAN_CUTS`),
+    else the last line end, else `size` (a text with neither)."""
     head = text[:size]
-    clean = None
-    for clean in _CLEAN_CUT.finditer(head):
-        pass
-    if clean is not None:
-        return clean.end()
+    for pattern in _CLEAN_CUTS:
+        found = None
+        for found in pattern.finditer(head):
+            pass
+        if found is not None and found.end() > 0:
+            return found.end()
     return head.rfind("\n") + 1 or size
