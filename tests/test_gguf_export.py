@@ -156,6 +156,67 @@ def test_header_reader_agrees_with_gguf_reader(tokenizer, tmp_path):
     assert '"native_indices": [2]' in mine.value("hf_depthgrow.growth_record")
 
 
+# The families llama.cpp runs besides Llama, each as its converter writes it (gguf_names.FAMILIES); settings that
+# the GGUF cannot carry are off (sliding windows in Mistral/Qwen2, see the refusals below).
+OTHER_FAMILIES = {
+    "qwen2": dict(use_sliding_window=False),  # q/k/v biases, no Q/K permutation
+    "mistral": dict(sliding_window=None),  # written as llama (Q/K permuted)
+    # RMSNorm weights stored as 1 + w; transformers' loader assumes query_pre_attn_scalar 256, llama.cpp head_dim
+    "gemma2": dict(tie_word_embeddings=True, head_dim=256, query_pre_attn_scalar=256),
+}
+# A pair of blocks copied from a sliding and a full layer keeps gemma2's alternating pattern (one block breaks it).
+GEMMA2_PAIR = [{"at": 4, "copy_from": 2}, {"at": 4, "copy_from": 3}]
+
+
+@pytest.mark.parametrize("model_type", sorted(OTHER_FAMILIES))
+def test_other_families_round_trip_exactly(tokenizer, tmp_path, model_type):
+    model = tiny_model(model_type, vocab_size=len(tokenizer), **OTHER_FAMILIES[model_type])
+    ids = ids_of(tokenizer)
+    assert ids.shape[1] > 6  # longer than the tiny models' sliding window: gemma2's windowed layers matter
+    original = logits(model, ids)
+    grow_depth(model, GEMMA2_PAIR if model_type == "gemma2" else [1, 4])
+    path = export_gguf(model, tokenizer, tmp_path / "grown.gguf", dtype="f32")
+    header = read_gguf_header(path)
+    arch = {"mistral": "llama"}.get(model_type, model_type)
+    assert header.value("general.architecture") == arch and header.value(f"{arch}.block_count") == 6
+    # Softcapping is not in sdpa: reload with the model's own attention implementation.
+    back = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32, attn_implementation=model.config._attn_implementation
+    ).eval()
+    assert back.config.num_hidden_layers == 6
+    reloaded = logits(back, ids)
+    assert (reloaded - logits(model, ids)).abs().max().item() <= ATOL_F32
+    assert (reloaded - original).abs().max().item() <= ATOL_F32
+    stored = {t.name: torch.from_numpy(t.data.copy()) for t in gguf.GGUFReader(path).tensors}
+    if model_type == "qwen2":
+        assert torch.equal(stored["blk.0.attn_q.bias"], model.model.layers[0].self_attn.q_proj.bias.detach())
+        assert torch.equal(stored["blk.0.attn_q.weight"], model.model.layers[0].self_attn.q_proj.weight.detach())
+    if model_type == "gemma2":
+        norm = model.model.layers[0].post_feedforward_layernorm.weight.detach()
+        assert torch.equal(stored["blk.0.post_ffw_norm.weight"], norm + 1) and "output.weight" not in stored
+        assert header.value("gemma2.attention.sliding_window") == 6
+        assert header.value("gemma2.final_logit_softcapping") == pytest.approx(model.config.final_logit_softcapping)
+
+
+@pytest.mark.parametrize(
+    "model_type, overrides, positions, match",
+    [
+        ("qwen2", dict(use_sliding_window=True), [2], "use_sliding_window must be off"),
+        ("mistral", dict(sliding_window=6), [2], "sliding_window must be off or cover the context"),
+        ("gemma2", dict(OTHER_FAMILIES["gemma2"]), [2], "layer_types must alternate"),
+        ("gemma2", dict(OTHER_FAMILIES["gemma2"], tie_word_embeddings=False), GEMMA2_PAIR, "tie_word_embeddings must be on"),
+        ("gemma2", dict(OTHER_FAMILIES["gemma2"], query_pre_attn_scalar=64), GEMMA2_PAIR, "query_pre_attn_scalar must equal head_dim"),
+        ("qwen3", {}, [2], "cannot be exported to GGUF here"),
+    ],
+)
+def test_family_settings_the_gguf_cannot_carry_are_refused(tokenizer, tmp_path, model_type, overrides, positions, match):
+    model = tiny_model(model_type, vocab_size=len(tokenizer), **overrides)
+    grow_depth(model, positions)
+    with pytest.raises(ValueError, match=match):
+        export_gguf(model, tokenizer, tmp_path / "out.gguf", dtype="f32")
+    assert os.listdir(tmp_path) == []
+
+
 def _bert():
     return tiny_model("bert")
 
@@ -216,6 +277,32 @@ def test_failed_write_leaves_the_old_file_and_no_temp(tokenizer, tmp_path, monke
     with pytest.raises(OSError, match="disk full"):
         export_gguf(tiny_llama(tokenizer), tokenizer, out, dtype="f32", overwrite=True)
     assert os.listdir(tmp_path) == ["m.gguf"] and out.read_bytes() == b"old"
+
+
+# numpy's tofile (GGUFWriter's tensor writes) reports a full disk as a short write without an errno.
+@pytest.mark.parametrize("error", [OSError("2048 requested and 336 written"), OSError(28, "No space left on device")])
+def test_disk_full_says_no_space_left_and_leaves_nothing(tokenizer, tmp_path, monkeypatch, capsys, error):
+    from hf_depthgrow import save_pretrained
+    from hf_depthgrow.cli.export import main
+
+    model = tiny_llama(tokenizer)
+    save_pretrained(model, tmp_path / "model", tokenizer=tokenizer)
+
+    def full(self, **kwargs):
+        raise error
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full)
+    with pytest.raises(OSError, match=f"no space left on {tmp_path}") as info:
+        export_gguf(model, tokenizer, tmp_path / "m.gguf", dtype="f32")
+    assert info.value.errno == 28
+    assert sorted(os.listdir(tmp_path)) == ["model"]
+    # The command line: one line, and not exit code 2 (bad input): the input was fine, the disk was full.
+    capsys.readouterr()
+    assert main(["--model", str(tmp_path / "model"), "--output", str(tmp_path / "m.gguf"), "--dtype", "f32"]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf-depthgrow")]
+    assert len(lines) == 1 and "no space left on" in lines[0] and "Traceback" not in err, err
+    assert sorted(os.listdir(tmp_path)) == ["model"]
 
 
 def test_cli_exports_a_saved_grown_folder(tokenizer, tmp_path, capsys):

@@ -22,8 +22,11 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import shutil
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -33,7 +36,7 @@ import numpy as np
 import torch
 
 # GGUFHeader and read_gguf_header are re-exported: callers import them from here, where they used to live.
-from .gguf_names import ARCHITECTURES, ARRAY, STRING, GGUFHeader, read_gguf_header, source_types, tensor_names
+from .gguf_names import ARCHITECTURES, ARRAY, FAMILIES, STRING, GGUFHeader, read_gguf_header, source_types, tensor_names
 
 __all__ = ["DTYPES", "GGUFHeader", "check_exportable", "export_gguf", "read_gguf_header"]
 
@@ -46,19 +49,37 @@ def _family_problem(model) -> str | None:
     """Why this model's GGUF would not compute what the model does, or `None`."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in ARCHITECTURES:
-        return f"model_type {model_type!r} cannot be exported to GGUF here (supported: {sorted(ARCHITECTURES)})"
+    if model_type not in FAMILIES:
+        return f"model_type {model_type!r} cannot be exported to GGUF here (supported: {sorted(FAMILIES)})"
     if not hasattr(model, "lm_head"):
         return f"{type(model).__name__} has no language-model head: export a *ForCausalLM model"
+    family = FAMILIES[model_type]
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-    # transformers reads no llama rope scaling back from a GGUF: a scaled model would reload as a different function.
+    activation = getattr(config, "hidden_activation", None) or config.hidden_act
+    # transformers reads no rope scaling back from a GGUF: a scaled model would reload as a different function.
     biases = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
+    window = getattr(config, "sliding_window", None)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     checks = {
-        "hidden_act must be 'silu' (llama.cpp's llama graph hard-codes SiLU)": config.hidden_act == "silu",
+        f"the activation must be {family.activation!r} (llama.cpp's {family.arch} graph hard-codes it)": activation == family.activation,
         "attention_bias / mlp_bias must be off (transformers' GGUF loader would drop the biases)": not biases,
         f"rope_type must be 'default', got {rope_type!r}": rope_type == "default",
         "pretraining_tp must be 1": getattr(config, "pretraining_tp", 1) in (None, 1),
     }
+    if model_type == "mistral":  # written as llama, whose graph attends to the whole context
+        checks["sliding_window must be off or cover the context (llama.cpp's llama graph has none)"] = (
+            window is None or window >= config.max_position_embeddings)
+    if model_type == "qwen2":
+        checks["use_sliding_window must be off (llama.cpp's qwen2 graph has no sliding window)"] = not getattr(config, "use_sliding_window", False)
+    if model_type == "gemma2":
+        checks["tie_word_embeddings must be on (llama.cpp's gemma2 has no output tensor)"] = bool(config.tie_word_embeddings)
+        # llama.cpp scales queries by 1/sqrt(head_dim) (hidden/heads for the 27B alone); transformers by this scalar.
+        checks[f"query_pre_attn_scalar must equal head_dim ({head_dim})"] = config.query_pre_attn_scalar == head_dim
+        # llama.cpp's gemma2 fixes the pattern (sliding on even layers); one inserted block breaks it, a pair keeps it.
+        pattern = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(config.num_hidden_layers)]
+        checks["layer_types must alternate sliding/full from layer 0, as llama.cpp's gemma2 assumes (grow in pairs, "
+               "e.g. [{'at': k, 'copy_from': k - 2}, {'at': k, 'copy_from': k - 1}] for an even k)"] = (
+            list(getattr(config, "layer_types", None) or pattern) == pattern)  # fmt: skip
     failed = [text for text, ok in checks.items() if not ok]
     return f"{model_type} model cannot be exported exactly: " + "; ".join(failed) if failed else None
 
@@ -147,13 +168,19 @@ def _architecture_metadata(writer, config) -> None:
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads or config.num_attention_heads)
     writer.add_rope_dimension_count(head_dim)  # transformers reads this back as head_dim
-    if head_dim * config.num_attention_heads != config.hidden_size:
+    if head_dim * config.num_attention_heads != config.hidden_size and config.model_type != "gemma2":
         writer.add_key_length(head_dim)  # llama.cpp otherwise assumes hidden_size / heads
         writer.add_value_length(head_dim)
     rope = getattr(config, "rope_parameters", None) or {}
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
+    if config.model_type == "gemma2":  # what convert_hf_to_gguf.py's Gemma2Model writes
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
+        writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
+        writer.add_sliding_window(int(config.sliding_window))
     writer.add_uint32(gguf.Keys.General.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION)
 
 
@@ -214,13 +241,16 @@ def _permute(weight: np.ndarray, n_head: int) -> np.ndarray:
 def _gguf_arrays(model) -> list[tuple[str, np.ndarray]]:
     """`[(gguf name, float32 array in llama.cpp's layout)]`."""
     config, state = model.config, model.state_dict()
+    family = FAMILIES[config.model_type]
     out = []
     for name, key in tensor_names(model):
         array = state[key].detach().to("cpu", torch.float32).numpy()
-        if ".attn_q." in name:
+        if family.permute_qk and ".attn_q." in name:
             array = _permute(array, config.num_attention_heads)
-        elif ".attn_k." in name:
+        elif family.permute_qk and ".attn_k." in name:
             array = _permute(array, config.num_key_value_heads or config.num_attention_heads)
+        elif family.norm_offset and name.endswith("norm.weight"):
+            array = array + np.float32(family.norm_offset)  # transformers' GGUF loader subtracts it again
         out.append((name, array))
     return out
 
@@ -266,7 +296,9 @@ def _metadata(writer, model, tokenizer, header: GGUFHeader | None, name: str | N
         _add_entries(writer, _hf_vocabulary(tokenizer, model.config.vocab_size))
     record = growth_record(model)
     source_name = header.value("general.name") if header is not None else None
-    default = f"{source_name or 'model'} (depth-grown)" if record is not None else (source_name or "model")
+    # transformers reloads a "llama" GGUF as Mistral only when the name says so (the same function either way).
+    stem = source_name or ("model" if model.config.model_type == "llama" else model.config.model_type)
+    default = f"{stem} (depth-grown)" if record is not None else stem
     writer.add_name(name or default)
     writer.add_type("model")
     _architecture_metadata(writer, model.config)
@@ -281,7 +313,8 @@ def export_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f16"
     """Write `model` (ungrown or natively grown) as a llama.cpp GGUF file, atomically.
 
     Args:
-        model (`PreTrainedModel`): a `LlamaForCausalLM` with plain float weights (grown with `block="native"`).
+        model (`PreTrainedModel`): a causal LM of a family in `gguf_names.FAMILIES` (Llama, Mistral, Qwen2, Gemma 2)
+            with plain float weights (grown with `block="native"`).
         tokenizer: its Hugging Face tokenizer (byte-level BPE), or `None` with `source_gguf`, whose vocabulary is used.
         path (`str` or `os.PathLike`): the output file, ending in `.gguf`; its folder must exist.
         dtype (`str`, defaults to `"f16"`): one of `DTYPES`; `"source"` keeps the source GGUF's tensor types.
@@ -323,7 +356,23 @@ def export_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f16"
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())  # on disk before the rename makes it visible under its name
         os.replace(tmp, path)
+    except OSError as err:
+        raise _disk_full(err, path, sum(data.nbytes for _, data, _ in encoded)) from err
     finally:
         writer.close()
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _disk_full(err: OSError, path: Path, nbytes: int) -> OSError:
+    """`err` as "no space left on <folder>" (errno ENOSPC) when the disk filled up, else `err` itself.
+
+    numpy's `tofile`, which `GGUFWriter` writes tensors with, reports a full disk as a short write with no errno
+    ("2048 requested and 336 written"); a short write to a regular file means the file system is out of space.
+    """
+    short_write = err.errno is None and re.fullmatch(r"\d+ requested and \d+ written", str(err)) is not None
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT) and not short_write:
+        return err
+    free = shutil.disk_usage(path.parent).free
+    return OSError(errno.ENOSPC, f"no space left on {path.parent} (the GGUF needs about {nbytes / 1e6:.1f} MB, "
+                                 f"{free / 1e6:.1f} MB free): nothing was written")  # fmt: skip

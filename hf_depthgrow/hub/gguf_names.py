@@ -22,10 +22,34 @@ from dataclasses import dataclass
 
 import gguf
 
-__all__ = ["ARCHITECTURES", "ARRAY", "STRING", "GGUFHeader", "read_gguf_header", "source_types", "tensor_names"]
+__all__ = ["ARCHITECTURES", "ARRAY", "FAMILIES", "STRING", "GGUFFamily", "GGUFHeader", "read_gguf_header", "source_types", "tensor_names"]
 
-# transformers model_type -> llama.cpp architecture. Only families whose GGUF round trip is tested are listed.
-ARCHITECTURES = {"llama": "llama"}
+
+@dataclass(frozen=True)
+class GGUFFamily:
+    """How llama.cpp's converter (`convert_hf_to_gguf.py`) writes one transformers family.
+
+    `arch`: the llama.cpp architecture (the `gguf.MODEL_ARCH_NAMES` value whose tensor-name map is used);
+    `permute_qk`: Q/K rows reordered for GGML's interleaved rope (`LlamaModel.permute`);
+    `norm_offset`: added to every RMSNorm weight (Gemma computes `x * (1 + w)`, llama.cpp `x * w`);
+    `activation`: the MLP activation the llama.cpp graph hard-codes.
+    """
+
+    arch: str
+    permute_qk: bool = False
+    norm_offset: float = 0.0
+    activation: str = "silu"
+
+
+# transformers model_type -> how llama.cpp writes it. Only families whose GGUF round trip is tested are listed.
+# Mistral is written as "llama" (convert_hf_to_gguf.py registers MistralForCausalLM under LlamaModel).
+FAMILIES = {
+    "llama": GGUFFamily("llama", permute_qk=True),
+    "mistral": GGUFFamily("llama", permute_qk=True),
+    "qwen2": GGUFFamily("qwen2"),  # q/k/v biases: llama.cpp's qwen2 graph reads them
+    "gemma2": GGUFFamily("gemma2", norm_offset=1.0, activation="gelu_pytorch_tanh"),
+}
+ARCHITECTURES = {model_type: family.arch for model_type, family in FAMILIES.items()}
 # GGUF value types (`gguf.GGUFValueType`), as plain ints: the header is parsed with `struct`, not numpy.
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
