@@ -1,9 +1,11 @@
 """The README's Python blocks run, in order, as a user would run them: on tiny models, offline.
 
-Each ```python block of README.md is executed in its own namespace (the names a block uses but
-does not define are provided, as a reader would have them from the previous step). What would be
-slow or need the network is changed, and every change is asserted to have happened, so a README
-edit that drops a substituted literal fails here instead of silently running the full-size job:
+Each ```python block of README.md runs on its own, as a reader who copies only that block would run
+it: in a fresh namespace given nothing (a name a block uses but neither imports nor defines fails
+`test_every_readme_block_runs_on_its_own` before anything runs; a shared namespace or process hid
+that). What would be slow or need the network is changed, and every change is asserted to have
+happened, so a README edit that drops a substituted literal fails here instead of silently running
+the full-size job:
 
 - `load_model("smollm2")` returns a tiny random Llama (`hf_depthgrow.testing.tiny_model`) whose
   vocabulary is the real SmolLM2 tokenizer's, with that tokenizer (hence the `real_model` marker:
@@ -52,6 +54,7 @@ SUBSTITUTIONS = {
     },
     1: {
         "block_size=128": "block_size=16",
+        "max_examples=512": "max_examples=48",
         "max_examples=64": "max_examples=8",
         "max_steps=40": "max_steps=2",
     },
@@ -135,12 +138,13 @@ def tiny_llama(tokenizer):
 
 @pytest.fixture
 def fake_load_model(monkeypatch, tokenizer):
-    """`load_model` -> a tiny Llama with the real tokenizer; records what was asked for."""
+    """`load_model` -> a tiny Llama with the real tokenizer; records what was asked for and the model it gave."""
     calls = []
 
     def load_model(name_or_path, task=None, **kwargs):
-        calls.append((str(name_or_path), task, kwargs))
-        return tiny_llama(tokenizer), tokenizer
+        model = tiny_llama(tokenizer)
+        calls.append((str(name_or_path), task, kwargs, model))
+        return model, tokenizer
 
     patch_load_model(monkeypatch, load_model)
     return calls
@@ -190,11 +194,23 @@ def test_readme_has_the_blocks_this_test_covers():
     assert len(blocks) == len(SUBSTITUTIONS), f"README.md has {len(blocks)} python blocks; give each one an entry in SUBSTITUTIONS"
 
 
+@pytest.mark.parametrize("index", range(len(SUBSTITUTIONS)))
+def test_every_readme_block_runs_on_its_own(index):
+    """A reader copies one block: every name it reads must be imported or defined in that block."""
+    missing = sorted(free_names(python_blocks(README)[index]))
+    assert not missing, f"README.md block {index + 1} uses {missing} without importing or defining them"
+
+
+def fresh_namespace() -> dict:
+    """What a new interpreter has: nothing from the test or from another block."""
+    return {"__name__": "__readme__"}
+
+
 @pytest.mark.real_model
 def test_readme_python_api_block(fake_load_model, fake_hub, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # anything the block writes lands here
     code = substitute(python_blocks(README)[0], SUBSTITUTIONS[0], "README.md block 1")
-    ns = run_block(code, {"__name__": "__readme__"}, "README.md block 1")
+    ns = run_block(code, fresh_namespace(), "README.md block 1")
 
     assert fake_load_model and fake_load_model[0][0] == "smollm2"
     assert len(ns["data"]) == 48 and ns["data"][0]["input_ids"].shape == (16,)
@@ -213,7 +229,6 @@ def test_readme_python_api_block(fake_load_model, fake_hub, tmp_path, monkeypatc
 
 @pytest.mark.real_model
 def test_readme_compare_block(fake_load_model, tmp_path, monkeypatch):
-    from hf_depthgrow.data import load_data, split_dataset
     from hf_depthgrow.data.corpora import PYTHON_DOCS_DIR
 
     monkeypatch.chdir(tmp_path)
@@ -221,10 +236,7 @@ def test_readme_compare_block(fake_load_model, tmp_path, monkeypatch):
     if not PYTHON_DOCS_DIR.is_dir():  # Debian's python3.11-doc is optional: a stand-in general-domain text
         table['load_data("python_docs"'] = 'load_data("shakespeare"'
     code = substitute(python_blocks(README)[1], table, "README.md block 2")
-    model, tok = hf_depthgrow.load_model("smollm2")
-    data = load_data("shakespeare", model=model, tokenizer=tok, block_size=16, max_examples=48)
-    splits = split_dataset(data, {"train": 0.6, "held_out": 0.2, "test": 0.2})
-    ns = run_block(code, {"__name__": "__readme__", "load_data": load_data, "splits": splits}, "README.md block 2")
+    ns = run_block(code, fresh_namespace(), "README.md block 2")
 
     result = ns["result"]
     assert [a.name for a in result.arms] == ["original", "probe:1", "interleave:2", "top:1", "layers", "lora"]
@@ -234,18 +246,18 @@ def test_readme_compare_block(fake_load_model, tmp_path, monkeypatch):
 
 
 @pytest.mark.real_model
-def test_readme_growth_engine_block(tokenizer, tmp_path, monkeypatch):
+def test_readme_growth_engine_block(fake_load_model, tokenizer, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    model = tiny_llama(tokenizer)
     input_ids = tokenizer("Shall I compare thee to a summer's day?", return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        before = model(input_ids).logits
+        before = tiny_llama(tokenizer)(input_ids).logits  # seeded: the model the block loads, before it grows
     code = substitute(python_blocks(README)[2], SUBSTITUTIONS[2], "README.md block 3")
-    ns = run_block(code, {"__name__": "__readme__", "model": model, "tokenizer": tokenizer, "input_ids": input_ids}, "README.md block 3")
+    ns = run_block(code, fresh_namespace(), "README.md block 3")
 
+    assert [call[0] for call in fake_load_model] == ["smollm2"] and torch.equal(ns["input_ids"], input_ids)
     assert torch.equal(ns["old_logits"], before)  # bypassing the new block is the original model
     reloaded = ns["model"]
-    assert reloaded is not model and hf_depthgrow.growth_record(reloaded).native_indices == (2,)
+    assert reloaded is not fake_load_model[0][3] and hf_depthgrow.growth_record(reloaded).native_indices == (2,)
     with torch.no_grad():
         assert (reloaded(input_ids).logits - before).abs().max().item() <= 1e-5  # exact at init, after a round trip
     assert (tmp_path / "grown" / "config.json").is_file()
