@@ -11,7 +11,7 @@ sets, LoRA targets, AdamW groups), `forward` (losses on rows), `checkpoints`, `s
 from .checkpoints import list_checkpoints
 from .config import TrainConfig
 from .hf_integration import FallbackCallback, FallbackDecision, keep_growth_on_save, prepare_grown_model, write_growth_files
-from .guards import CheckpointMismatchError, NonFiniteTrainingLossError, OutputDirLockedError
+from .guards import CheckpointIntegrityError, CheckpointMismatchError, NonFiniteTrainingLossError, OutputDirLockedError
 from .original_losses import OriginalLosses
 from .prefix_cache import PrefixCache, shares_prefix
 from .result import TrainResult
@@ -19,6 +19,7 @@ from .trainable import lora_target_names
 from .trainer import GrownTrainer, train
 
 __all__ = [
+    "CheckpointIntegrityError",
     "CheckpointMismatchError",
     "FallbackCallback",
     "FallbackDecision",

@@ -5,11 +5,18 @@ mid-save leaves either the old set of checkpoints or the new one, never half a f
 trainable set is saved (the frozen weights are the starting model's). Under FSDP and DeepSpeed
 accelerate writes the state (`save_state`: sharded files, or the DeepSpeed engine's checkpoint of
 the trainable set and its partitioned optimizer state) into the same temp folder.
+
+A checkpoint is resumed only if it is consistent with itself: `digest.json`, written last at save, holds
+the sha256 of every other file and is checked before anything is read (`verify_digest`); `global_step` must
+match the folder's name, lie within `max_steps` and agree with the micro-batch count, the history, and the
+step counts of the scheduler and the optimizer (`check_state`, `check_counts`). Anything else is refused
+with `CheckpointIntegrityError`, one line naming what contradicts what, before a weight is touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -23,11 +30,12 @@ import numpy as np
 import torch
 
 from .deepspeed_support import LOAD_KWARGS, SAVE_KWARGS
-from .guards import stored_fingerprint
+from .guards import CheckpointIntegrityError, stored_fingerprint
 
 CHECKPOINT_PREFIX = "checkpoint-"
 TRAINABLE_WEIGHTS = "trainable.safetensors"
 TRAINER_STATE = "trainer_state.json"
+DIGEST = "digest.json"
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -153,9 +161,104 @@ def save_checkpoint(
         (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True))
     acc.wait_for_everyone()
     if acc.is_main_process:
+        write_digest(tmp)  # last: it covers every file every process wrote
         _publish(tmp, final, root, save_total_limit, trainer_state.get("fingerprint"))
     acc.wait_for_everyone()
     return final
+
+
+# ------------------------------------------------------------------ integrity
+
+
+def _refuse(path: Path, why: str) -> CheckpointIntegrityError:
+    return CheckpointIntegrityError(
+        f"cannot resume from {path}: {why}. Resume from an earlier checkpoint by its path, or start afresh without resume_from_checkpoint."
+    )
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:  # in blocks: a full fine-tune's optimizer state is several GB (hashlib.file_digest is 3.11+)
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != DIGEST)
+
+
+def write_digest(folder: str | os.PathLike) -> None:
+    """Write `digest.json` into a checkpoint folder: the sha256 of every other file in it (subfolders included)."""
+    folder = Path(folder)
+    digest = {"algorithm": "sha256", "files": {name: _file_sha256(folder / name) for name in _files(folder)}}
+    (folder / DIGEST).write_text(json.dumps(digest, indent=1, sort_keys=True))
+
+
+def verify_digest(path: str | os.PathLike) -> None:
+    """Raise `CheckpointIntegrityError` unless `path` holds exactly the files its `digest.json` lists, each matching its sha256.
+
+    A checkpoint without one (an older version's, or a partial copy) is refused too: its files cannot be checked.
+
+    Example:
+        ```python
+        >>> verify_digest("out/checkpoint-4")  # after a byte of trainable.safetensors flipped on disk
+        CheckpointIntegrityError: cannot resume from out/checkpoint-4: trainable.safetensors does not match its sha256 in digest.json (edited or damaged on disk). ...
+        ```
+    """
+    path = Path(path)
+    try:
+        listed = json.loads((path / DIGEST).read_text())["files"]
+    except FileNotFoundError:
+        raise _refuse(path, f"it has no {DIGEST} (written by an older version, or copied in part), so its files cannot be checked") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise _refuse(path, f"its {DIGEST} cannot be read ({err})") from None
+    if not isinstance(listed, dict):
+        raise _refuse(path, f"its {DIGEST} cannot be read (no file list)")
+    present = _files(path)
+    if sorted(listed) != present:
+        odd = sorted(set(listed) ^ set(present))
+        raise _refuse(path, f"its files are not the ones {DIGEST} lists ({', '.join(odd[:4])} missing or added)")
+    for name in present:
+        if _file_sha256(path / name) != listed[name]:
+            raise _refuse(path, f"{name} does not match its sha256 in {DIGEST} (edited or damaged on disk)")
+
+
+def _step_of(entry) -> object:
+    return entry.get("step") if isinstance(entry, dict) else None
+
+
+def check_state(path: str | os.PathLike, state: dict, max_steps: int | None = None) -> None:
+    """Raise `CheckpointIntegrityError` where `trainer_state.json` contradicts itself, its folder's name or `max_steps`."""
+    path, step = Path(path), state.get("global_step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise _refuse(path, f"its global_step is {step!r}, not a step count >= 1")
+    named = re.fullmatch(CHECKPOINT_PREFIX + r"(\d+)", path.name)
+    if named and int(named.group(1)) != step:
+        raise _refuse(path, f"it contradicts itself: the folder is step {named.group(1)}, its {TRAINER_STATE} says global_step {step}")
+    if max_steps is not None and max_steps > 0 and step > max_steps:
+        raise _refuse(path, f"it contradicts itself: global_step {step} is beyond the run's max_steps {max_steps}")
+    accum = (state.get("config") or {}).get("gradient_accumulation_steps")
+    if isinstance(accum, int) and state.get("micro_batches") != step * accum:
+        raise _refuse(path, f"it contradicts itself: global_step {step} with {accum} micro-batches a step, but micro_batches "
+                            f"{state.get('micro_batches')!r}")  # fmt: skip
+    for key in ("history", "eval_history"):
+        late = [s for s in map(_step_of, state.get(key) or []) if not isinstance(s, int) or s > step]
+        if late:
+            raise _refuse(path, f"it contradicts itself: its {key} records step {late[0]!r}, after global_step {step}")
+
+
+def check_counts(path: str | os.PathLike, step: int, *, scheduler_steps, optimizer_state: dict | None, scaled: bool) -> None:
+    """Raise `CheckpointIntegrityError` unless the scheduler took `step` steps and the optimizer as many (at most, under a grad scaler).
+
+    Under a grad scaler an overflowing step is skipped by the optimizer but not by the scheduler.
+    """
+    if scheduler_steps != step:
+        raise _refuse(Path(path), f"it contradicts itself: global_step {step}, but its scheduler has taken {scheduler_steps} steps")
+    counts = [float(s["step"]) for s in (optimizer_state or {}).get("state", {}).values() if isinstance(s, dict) and "step" in s]
+    top = max(counts, default=None)
+    if top is not None and (top > step or (not scaled and top != step)):
+        raise _refuse(Path(path), f"it contradicts itself: global_step {step}, but its optimizer has taken {top:g} steps")
 
 
 def trainer_state(trainer, step: int) -> dict:
@@ -202,7 +305,10 @@ def resolve_resume(target: str | None, output_dir: str | None, *, is_main_proces
 def load_checkpoint(path: Path, accelerator, *, global_batch: int, sharded: bool, named: Sequence, optimizer, scheduler) -> dict:
     """Restore weights, optimizer, scheduler, scaler and RNG streams from `path`; return its trainer state.
 
-    Refuses a checkpoint written with another global micro-batch (the data order and loss scale would change).
+    Refuses a checkpoint written with another global micro-batch (the data order and loss scale would change),
+    and one whose scheduler or optimizer step counts contradict its `global_step` (`CheckpointIntegrityError`,
+    before any weight changes; sharded: after the engine loaded it). Its digest and trainer state are checked
+    earlier, before the run's set-up (`guards.check_checkpoints`).
 
     Example:
         ```python
@@ -225,17 +331,23 @@ def load_checkpoint(path: Path, accelerator, *, global_batch: int, sharded: bool
             raise ValueError(f"{path} holds DeepSpeed optimizer partitions of {state['num_processes']} processes, this run has "
                              f"{acc.num_processes}: resume with {state['num_processes']}")  # fmt: skip
         acc.load_state(str(path), **_engine_kwargs(acc, LOAD_KWARGS))  # weights, optimizer, scheduler (registered), RNG states
+        # The engine's optimizer state is sharded: the scheduler's count is what can be checked here.
+        check_counts(path, state["global_step"], scheduler_steps=scheduler.last_epoch, optimizer_state=None, scaled=True)
         return state
     weights = load_file(str(path / TRAINABLE_WEIGHTS))
     names = {n for n, _ in named}
     if set(weights) != names:
         raise ValueError(f"{path}: trainable weights do not match this run's trainable set ({sorted(set(weights) ^ names)[:4]})")
+    optimizer_state = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+    scheduler_state = torch.load(path / "scheduler.pt", weights_only=True)
+    scaled = (path / "scaler.pt").exists()
+    check_counts(path, state["global_step"], scheduler_steps=scheduler_state.get("last_epoch"), optimizer_state=optimizer_state, scaled=scaled)
     with torch.no_grad():
         for name, param in named:
             param.copy_(weights[name].to(param.device, param.dtype))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    if (path / "scaler.pt").exists() and getattr(acc, "scaler", None) is not None:
+    optimizer.load_state_dict(optimizer_state)
+    scheduler.load_state_dict(scheduler_state)
+    if scaled and getattr(acc, "scaler", None) is not None:
         acc.scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
     rng_file = path / f"rng_state_{acc.process_index}.pt"
     if state["num_processes"] != acc.num_processes or not rng_file.exists():

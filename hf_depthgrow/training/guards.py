@@ -40,6 +40,10 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint in the way was written by a different run (model, data or training config)."""
 
 
+class CheckpointIntegrityError(CheckpointMismatchError):
+    """A checkpoint that contradicts its digest (edited or damaged files) or itself (step counts that disagree)."""
+
+
 class OutputDirLockedError(FileExistsError):
     """Another trainer holds the lock of this `output_dir`."""
 
@@ -113,12 +117,13 @@ def stored_fingerprint(checkpoint: Path) -> dict | None:
         return None
 
 
-def check_checkpoints(resume_path: Path | None, output_dir, fingerprint: dict, will_save: bool) -> None:
-    """Refuse a resume from another run's checkpoint, and a run that would write checkpoints beside another run's.
+def check_checkpoints(resume_path: Path | None, output_dir, fingerprint: dict, will_save: bool, max_steps: int | None = None) -> None:
+    """Refuse a resume from another run's checkpoint or a damaged one, and a run that would write checkpoints beside another run's.
 
-    Raises `CheckpointMismatchError` naming what differs and how to proceed.
+    Raises `CheckpointMismatchError` naming what differs and how to proceed, or `CheckpointIntegrityError` where the
+    checkpoint's files do not match their digest or its trainer state contradicts itself or `max_steps`.
     """
-    from .checkpoints import list_checkpoints
+    from .checkpoints import TRAINER_STATE, check_state, list_checkpoints, verify_digest
 
     if resume_path is not None:
         diffs = fingerprint_differences(stored_fingerprint(resume_path), fingerprint)
@@ -127,6 +132,8 @@ def check_checkpoints(resume_path: Path | None, output_dir, fingerprint: dict, w
                 f"cannot resume from {resume_path}: it was written by a different run: {'; '.join(diffs)}. "
                 f"Resume with the settings it was written with, or {FRESH_START}."
             )
+        verify_digest(resume_path)  # here, before the run's set-up: a damaged checkpoint costs no cache build
+        check_state(resume_path, json.loads((Path(resume_path) / TRAINER_STATE).read_text()), max_steps)
     if will_save and output_dir:
         foreign = [p.name for p in list_checkpoints(output_dir) if stored_fingerprint(p) != fingerprint]
         if foreign:
@@ -145,7 +152,7 @@ def guard_output_dir(config, resume_path: Path | None, fingerprint: dict, accele
     if accelerator.is_main_process:
         try:
             lock = OutputLock(config.output_dir).acquire() if config.output_dir else None
-            check_checkpoints(resume_path, config.output_dir, fingerprint, will_save=bool(config.save_steps))
+            check_checkpoints(resume_path, config.output_dir, fingerprint, will_save=bool(config.save_steps), max_steps=config.max_steps)
         except (OutputDirLockedError, CheckpointMismatchError) as err:
             error = err
             if lock is not None:
