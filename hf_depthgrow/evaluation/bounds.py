@@ -18,16 +18,25 @@ examples carry different numbers of tokens; both are reported and the intervals 
   (indices `rng.integers(0, m, size=(n_bootstrap, m))` from `numpy.random.default_rng(seed)`),
   take the `delta/2` and `1 - delta/2` quantiles (numpy's default linear interpolation) of the
   resampled means. Unclipped: no bound is assumed, and no finite-sample guarantee is given.
+  `scipy.stats.bootstrap` computes it (`method="percentile"`, resampling the differences, which is
+  the paired bootstrap of a mean difference). It draws the same index stream, so its intervals
+  equal the hand-written loop this replaced to 1.4e-17 (seeded results did not move). Measured on
+  2,000 resamples of 256 paired examples, interleaved medians of 5 on the shared 2-core machine
+  (load average 8): the loop 15.7 ms, scipy in batches of 256 (used here: it also bounds the
+  memory for large `m`) 20.3 ms, in one batch 50.6 ms, with `paired=True` on the two loss arrays
+  (a statistic of two arguments) 71.6 ms. Milliseconds per interval against minutes of
+  evaluation: not a reason to keep a hand-written copy.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
 
 INTERVALS = ("hoeffding", "bernstein", "bootstrap")
-_BOOTSTRAP_CHUNK = 256  # rows of resampled indices per draw, to bound memory for large m
+_BOOTSTRAP_CHUNK = 256  # rows of resampled indices per scipy batch, to bound memory for large m
 
 
 def _check(diffs, delta: float) -> np.ndarray:
@@ -110,25 +119,37 @@ def bernstein_interval(diffs, delta: float, bound: float) -> tuple[float, float]
     return float(d.mean() - half), float(d.mean() + half)
 
 
-def bootstrap_means(diffs, n_bootstrap: int, seed: int) -> np.ndarray:
-    """Means of `n_bootstrap` paired resamples; the same as drawing all indices in one call.
+def _bootstrap(d: np.ndarray, n_bootstrap: int, seed: int, confidence: float = 0.95):
+    """`scipy.stats.bootstrap` of the mean of `d` (percentile method), seeded; `None` for one example.
 
-    `Generator.integers` draws element by element, so chunks of rows give the same stream as
-    `rng.integers(0, m, size=(n_bootstrap, m))` at a fraction of the memory.
+    scipy refuses a single observation; every resample of one example is that example, handled by the callers.
     """
-    d = np.asarray(diffs, dtype=np.float64).reshape(-1)
+    from scipy.stats import bootstrap
+
     if n_bootstrap < 1:
         raise ValueError(f"n_bootstrap must be >= 1, got {n_bootstrap}")
+    if d.size < 2:
+        return None
     rng = np.random.default_rng(seed)
-    out = np.empty(n_bootstrap)
-    for start in range(0, n_bootstrap, _BOOTSTRAP_CHUNK):
-        rows = min(_BOOTSTRAP_CHUNK, n_bootstrap - start)
-        out[start : start + rows] = d[rng.integers(0, d.size, size=(rows, d.size))].mean(axis=1)
-    return out
+    # scipy >= 1.15 takes `rng`; older releases call it `random_state` (the same Generator either way).
+    seeded = {"rng": rng} if "rng" in inspect.signature(bootstrap).parameters else {"random_state": rng}
+    return bootstrap((d,), np.mean, n_resamples=n_bootstrap, batch=_BOOTSTRAP_CHUNK, vectorized=True,
+                     confidence_level=confidence, method="percentile", **seeded)  # fmt: skip
+
+
+def bootstrap_means(diffs, n_bootstrap: int, seed: int) -> np.ndarray:
+    """Means of `n_bootstrap` paired resamples (`scipy.stats.bootstrap`'s bootstrap distribution).
+
+    The same as `d[rng.integers(0, m, size=(n_bootstrap, m))].mean(axis=1)` with `rng = default_rng(seed)`:
+    scipy draws the indices in that order, in batches of `_BOOTSTRAP_CHUNK` rows to bound memory.
+    """
+    d = np.asarray(diffs, dtype=np.float64).reshape(-1)
+    result = _bootstrap(d, n_bootstrap, seed)
+    return np.full(n_bootstrap, float(d.mean())) if result is None else result.bootstrap_distribution
 
 
 def bootstrap_interval(diffs, delta: float, *, n_bootstrap: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Paired percentile-bootstrap interval for the mean difference (seeded, reproducible).
+    """Paired percentile-bootstrap interval for the mean difference (seeded, reproducible), by `scipy.stats.bootstrap`.
 
     Example:
         ```python
@@ -136,8 +157,10 @@ def bootstrap_interval(diffs, delta: float, *, n_bootstrap: int = 2000, seed: in
         ```
     """
     d = _check(diffs, delta)
-    means = bootstrap_means(d, n_bootstrap, seed)
-    low, high = np.quantile(means, [delta / 2.0, 1.0 - delta / 2.0])
+    result = _bootstrap(d, n_bootstrap, seed, confidence=1.0 - delta)
+    if result is None:
+        return float(d[0]), float(d[0])
+    low, high = result.confidence_interval
     return float(low), float(high)
 
 
