@@ -1,0 +1,302 @@
+"""The two figures of a budget sweep (issue 29): the gain x forgetting plane, and learning curves with their fits.
+
+Both take the JSON-ready dict of a sweep (`{"budgets": [...], "fits": {...}, "crossover": {...}}`; see
+`plot_gain_forgetting`) and write a PNG atomically through `hf_depthgrow.plots.save_figure`. Optional parts
+(forgetting without a retention set, fits with fewer than 3 budgets, a crossover) may be missing or `None`.
+Growth arms are drawn in blues, controls in oranges and reds, so the two families read apart at a glance.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from ..plots import new_figure, save_figure
+from ..utils import json_number
+
+__all__ = ["plot_gain_forgetting", "plot_learning_curves"]
+
+_EXTEND = 10.0  # without a crossover, fitted curves run to this multiple of the largest budget
+
+
+def _num(value) -> float:
+    """A number of the JSON dict as a float: `None` and `"nan"` become `nan`, `"inf"` becomes `inf`."""
+    value = json_number(value)
+    return math.nan if value is None else float(value)
+
+
+def _arm_names(sweep: dict) -> tuple[list[str], list[str]]:
+    """`(growth arms, controls)` in order of first appearance; the untouched original is neither."""
+    growth, controls = [], []
+    for budget in sweep["budgets"]:
+        for name, arm in budget["arms"].items():
+            kind = arm.get("kind")
+            if kind == "original" or name in growth or name in controls:
+                continue
+            (growth if kind == "growth" else controls).append(name)
+    return growth, controls
+
+
+def _styles(sweep: dict) -> dict[str, dict]:
+    """Colour and marker per arm: shades of blue for growth, of orange-red for the controls; markers tell
+    arms of one family apart where shades are close."""
+    import matplotlib
+
+    growth, controls = _arm_names(sweep)
+    out = {}
+    for names, cmap, markers in ((growth, "Blues", "o^vD<>"), (controls, "YlOrRd", "sPXdp*")):
+        shades = np.linspace(0.55, 0.95, len(names)) if len(names) > 1 else [0.8]
+        for i, (name, shade) in enumerate(zip(names, shades)):
+            out[name] = {"color": matplotlib.colormaps[cmap](shade), "marker": markers[i % len(markers)]}
+    return out
+
+
+def _tokens(tokens: float) -> str:
+    """`10k`, `1.6M`, `inf`: short enough for a marker label."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if math.isfinite(tokens) and tokens >= scale:
+            return f"{tokens / scale:.3g}{unit}"
+    return f"{tokens:g}"
+
+
+def _budget_label(budget: dict) -> str:
+    """`20` steps when the sweep names them, else the tokens."""
+    return str(budget["steps"]) if budget.get("steps") is not None else _tokens(_num(budget.get("tokens")))
+
+
+def _interval(entry) -> tuple[float, float, float]:
+    """`(mean, low, high)` of a `{"mean", "low", "high"}` entry; `nan`s where it is missing."""
+    if not isinstance(entry, dict):
+        return math.nan, math.nan, math.nan
+    return _num(entry.get("mean")), _num(entry.get("low")), _num(entry.get("high"))
+
+
+def _error(mean: float, low: float, high: float) -> list[list[float]]:
+    """A one-point errorbar `[[below], [above]]`, zero where the interval is unknown."""
+    below, above = mean - low, high - mean
+    return [[below if math.isfinite(below) else 0.0], [above if math.isfinite(above) else 0.0]]
+
+
+def _caption(fig, text: str) -> None:
+    fig.text(0.01, 0.01, "\n".join(textwrap.wrap(text, 130)), fontsize=7.5, va="bottom", ha="left", color="0.25")
+
+
+def _lower_envelope(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The controls that no other control beats on both axes (more gain *and* less forgetting), by gain."""
+    kept = [
+        p for p in points
+        if not any(q[0] >= p[0] and q[1] <= p[1] and (q[0] > p[0] or q[1] < p[1]) for q in points)
+    ]  # fmt: skip
+    return sorted(kept)
+
+
+def plot_gain_forgetting(sweep: dict, path) -> Path:
+    """The gain x forgetting plane: each arm's path across budgets, the frontier, and the control curve.
+
+    Args:
+        sweep: A budget sweep as JSON-ready data:
+            `{"budgets": [{"steps", "tokens", "arms": {name: {"kind", "gain": {"mean", "low", "high"},
+            "forgetting": {...} or None, "test_loss", "test_interval"}}, "frontier": [names]}, ...],
+            "fits": {...}, "crossover": {...}}`, budgets in increasing order. `gain` is in nats against the
+            original (higher is better), `forgetting` in nats on the retention set (lower is better).
+        path: Where to write the PNG (its folder is created).
+
+    Without any forgetting (no retention set) the figure shows gain against tokens instead, and says why.
+
+    Returns:
+        The path written.
+
+    Example:
+        ```python
+        >>> plot_gain_forgetting(result.sweep, "out/compare_frontier.png")
+        PosixPath('out/compare_frontier.png')
+        ```
+    """
+    budgets = sweep["budgets"]
+    styles = _styles(sweep)
+    growth, controls = _arm_names(sweep)
+    has_forgetting = any(
+        isinstance(a.get("forgetting"), dict) for b in budgets for a in b["arms"].values() if a.get("kind") != "original"
+    )  # fmt: skip
+    fig = new_figure(figsize=(9.6, 6.0), dpi=110)
+    ax = fig.add_subplot()
+    if not has_forgetting:
+        return _gain_by_budget(fig, ax, sweep, styles, growth + controls, path)
+    for name in growth + controls:
+        xs, ys, colour = [], [], styles[name]["color"]
+        for budget in budgets:
+            arm = budget["arms"].get(name)
+            if arm is None:
+                continue
+            gain, forgetting = _interval(arm.get("gain")), _interval(arm.get("forgetting"))
+            if not (math.isfinite(gain[0]) and math.isfinite(forgetting[0])):
+                continue
+            on_frontier = name in (budget.get("frontier") or [])
+            ax.errorbar(
+                gain[0], forgetting[0], xerr=_error(*gain), yerr=_error(*forgetting), fmt=styles[name]["marker"],
+                ms=6.5, color=colour, ecolor=colour, elinewidth=0.8, capsize=2, alpha=0.9, zorder=3,
+                mec="black" if on_frontier else colour, mew=1.4 if on_frontier else 0.5,
+            )  # fmt: skip
+            ax.annotate(_budget_label(budget), (gain[0], forgetting[0]), xytext=(4, 4), textcoords="offset points",
+                        fontsize=6.5, color="0.2")  # fmt: skip
+            xs.append(gain[0])
+            ys.append(forgetting[0])
+        if xs:
+            ax.plot(xs, ys, "-", marker=styles[name]["marker"], color=colour, lw=1.4, alpha=0.8, label=name, zorder=2)
+    _control_curve(ax, budgets[-1], controls)
+    ax.axhline(0, color="0.6", lw=0.7)
+    ax.axvline(0, color="0.6", lw=0.7)
+    ax.set_xlabel("gain vs the original (nats on the test set)  →  better")
+    ax.set_ylabel("forgetting (nats on the retention set)  ↓  better")
+    ax.set_title("gain x forgetting across budgets", fontsize=10)
+    _legend(ax)
+    _caption(fig, (
+        "Better is right (more gain) and down (less forgetting). Each arm's path joins its budgets (marker labels: "
+        f"{'training steps' if budgets[0].get('steps') is not None else 'tokens'}); bars: intervals. A black ring: on "
+        "the gain x forgetting frontier at that budget. Dashed: the control curve at the largest budget (controls "
+        "that no other control beats on both axes); a growth arm below it forgets less at matched gain."
+    ))  # fmt: skip
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return save_figure(fig, path)
+
+
+def _legend(ax) -> None:
+    """Outside the axes, on the right: the paths and curves run everywhere inside."""
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arms (blue: growth)",
+              title_fontsize=7.5, frameon=False)  # fmt: skip
+
+
+def _control_curve(ax, budget: dict, controls: list[str]) -> None:
+    """Dashed line through the controls on their lower envelope at `budget` (needs two of them)."""
+    points = []
+    for name in controls:
+        arm = budget["arms"].get(name) or {}
+        gain, forgetting = _interval(arm.get("gain"))[0], _interval(arm.get("forgetting"))[0]
+        if math.isfinite(gain) and math.isfinite(forgetting):
+            points.append((gain, forgetting, name))
+    envelope = _lower_envelope(points)
+    if len(envelope) >= 2:
+        ax.plot([p[0] for p in envelope], [p[1] for p in envelope], "--", color="0.15", lw=1.2,
+                label=f"control curve ({_budget_label(budget)})", zorder=1)  # fmt: skip
+
+
+def _gain_by_budget(fig, ax, sweep: dict, styles: dict, names: list[str], path) -> Path:
+    """Without forgetting there is no plane: gain against tokens, with a note saying why."""
+    for name in names:
+        rows = [(_num(b["tokens"]), *_interval(b["arms"][name].get("gain"))) for b in sweep["budgets"] if name in b["arms"]]
+        rows = [r for r in rows if math.isfinite(r[1])]
+        if not rows:
+            continue
+        t, mean, low, high = (np.array(c) for c in zip(*rows))
+        err = np.nan_to_num(np.stack([mean - low, high - mean]), nan=0.0)
+        ax.errorbar(t, mean, yerr=err, fmt="-", marker=styles[name]["marker"], color=styles[name]["color"], capsize=2,
+                    lw=1.4, ms=5, label=name)  # fmt: skip
+    ax.set_xscale("log")
+    ax.axhline(0, color="0.6", lw=0.7)
+    ax.set_xlabel("training tokens (log)")
+    ax.set_ylabel("gain vs the original (nats on the test set)  ↑  better")
+    ax.set_title("gain across budgets (forgetting not measured)", fontsize=10)
+    _legend(ax)
+    _caption(fig, "No retention set was given, so forgetting was not measured and the gain x forgetting plane "
+             "cannot be drawn: this shows gain alone (higher is better), with its intervals.")  # fmt: skip
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return save_figure(fig, path)
+
+
+def plot_learning_curves(sweep: dict, path) -> Path:
+    """Test loss against training tokens (log scale): measured points with intervals, fitted curves, the crossover.
+
+    Args:
+        sweep: A budget sweep as JSON-ready data (see `plot_gain_forgetting`); `fits` holds each arm's
+            `LearningCurveFit.to_dict()` and `crossover` the output of `predict_crossover`, both optional.
+        path: Where to write the PNG (its folder is created).
+
+    Each fitted curve runs past the predicted crossover (or to 10x the largest budget without one); a vertical
+    line marks the crossover, a band its bootstrap interval (to the edge when it is open-ended).
+
+    Returns:
+        The path written.
+    """
+    budgets = sweep["budgets"]
+    styles = _styles(sweep)
+    growth, controls = _arm_names(sweep)
+    tokens = np.array([_num(b["tokens"]) for b in budgets])
+    d_max = float(tokens.max())
+    fits = sweep.get("fits") or {}
+    marks = _crossover_marks(sweep.get("crossover") or {})
+    end = max(m[1] for m in marks) * 1.6 if marks else _EXTEND * d_max  # a little past the crossover
+    end = end if fits else d_max  # nothing to extrapolate
+    grid = np.geomspace(tokens.min(), max(end, d_max), 300)
+    fig = new_figure(figsize=(9.6, 5.8), dpi=110)
+    ax = fig.add_subplot()
+    for name in growth + controls:
+        rows = [(t, b["arms"][name]) for t, b in zip(tokens, budgets) if name in b["arms"]]
+        loss = np.array([_num(a.get("test_loss")) for _, a in rows])
+        low, high = (np.array([_num((a.get("test_interval") or [None, None])[i]) for _, a in rows]) for i in (0, 1))
+        err = np.nan_to_num(np.stack([loss - low, high - loss]), nan=0.0).clip(min=0.0)
+        ax.errorbar([t for t, _ in rows], loss, yerr=err, fmt=styles[name]["marker"], color=styles[name]["color"],
+                    capsize=2, ms=5, zorder=3, label=name)  # fmt: skip
+        fit = fits.get(name) or {}
+        params = [_num(fit.get(k)) for k in ("E", "A", "alpha")]
+        if all(math.isfinite(p) for p in params):
+            E, A, alpha = params
+            style = ":" if fit.get("flat") else "-"
+            ax.plot(grid, E + A * grid ** (-alpha), style, color=styles[name]["color"], lw=1.3, alpha=0.85, zorder=2)
+        else:  # no fit: join the measured points, thinly, so each arm still reads as one curve
+            ax.plot([t for t, _ in rows], loss, "-", color=styles[name]["color"], lw=0.8, alpha=0.6, zorder=2)
+    original = [_num(a.get("test_loss")) for a in budgets[0]["arms"].values() if a.get("kind") == "original"]
+    if original and math.isfinite(original[0]):
+        ax.axhline(original[0], color="0.5", ls=(0, (1, 2)), lw=1, label="original (untrained)")
+    ax.axvline(d_max, color="0.7", lw=0.8)
+    ax.text(d_max, 0.02, "largest budget measured ", transform=ax.get_xaxis_transform(), fontsize=7, rotation=90,
+            ha="right", va="bottom", color="0.4")  # fmt: skip
+    for i, (label, at, interval, style) in enumerate(marks):
+        ax.axvline(at, color="black", ls=style, lw=1.2, label=label)
+        if interval is not None and i == 0:  # one band: two overlapping ones read as one darker one
+            right = interval[1] if math.isfinite(interval[1]) else grid[-1]
+            ax.axvspan(max(interval[0], grid[0]), min(right, grid[-1]), color="0.5", alpha=0.12, lw=0)
+    ax.set_xscale("log")
+    ax.set_xlim(grid[0] / 1.3, grid[-1] * 1.1)
+    ax.set_xlabel("training tokens (log)")
+    ax.set_ylabel("test loss (nats)  ↓  better")
+    ax.set_title("learning curves: measured (points), fitted L(D) = E + A·D^-alpha (lines)", fontsize=10)
+    _legend(ax)
+    shaded = bool(marks) and marks[0][2] is not None
+    _caption(fig, _curves_caption(sweep, fits, shaded))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return save_figure(fig, path)
+
+
+def _crossover_marks(crossover: dict) -> list[tuple[str, float, tuple[float, float] | None, str]]:
+    """`(legend label, tokens, interval in tokens or None, line style)` for each predicted crossover."""
+    marks = []
+    for key, style, what in (("on_gain", "--", "crossover"), ("within_forgetting", "-.", "within forgetting budget")):
+        entry = crossover.get(key)
+        if not isinstance(entry, dict) or entry.get("status") != "crossover":
+            continue
+        at = _num(entry.get("tokens"))
+        interval = (entry.get("interval") or {}).get("tokens")
+        interval = (_num(interval[0]), _num(interval[1])) if interval else None
+        shown = ""
+        if interval is not None:
+            high = "open-ended" if not math.isfinite(interval[1]) else _tokens(interval[1])
+            shown = f"\ninterval [{_tokens(interval[0])}, {high}]"
+        label = f"{what}:\n{entry['growth']} vs {entry['control']}\nat {_tokens(at)} tokens{shown}"
+        marks.append((label, at, interval, style))
+    return marks
+
+
+def _curves_caption(sweep: dict, fits: dict, shaded: bool) -> str:
+    crossover = sweep.get("crossover") or {}
+    texts = [e["text"] + "." for e in (crossover.get("on_gain"), crossover.get("within_forgetting"))
+             if isinstance(e, dict) and e.get("text")]  # fmt: skip
+    if not fits:
+        texts.append("No fitted curves in this sweep (a fit needs at least 3 budgets): lines join the measured points.")
+    flat = sorted(name for name, fit in fits.items() if (fit or {}).get("flat"))
+    if flat:
+        texts.append(f"Dotted: flat fits (no measurable learning over these budgets): {', '.join(flat)}.")
+    texts.append("Bars: intervals of the test loss." + (" Shaded: the bootstrap interval of the first crossover." if shaded else ""))
+    return " ".join(texts)
