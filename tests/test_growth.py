@@ -454,10 +454,9 @@ def test_exactness_check_can_be_skipped_and_is_not_recorded(monkeypatch):
     assert "verify" not in growth_record(model).history[0].config
 
 
-def test_exactness_check_judges_a_nan_model_on_its_finite_part():
-    # A model whose weights are already NaN is not made worse by growth: the check must not blame the
-    # growth for NaN that was there before (the probe and trainer name the real cause); a hook that
-    # adds NaN after growth is caught.
+def test_exactness_check_fails_a_nan_model_and_a_growth_that_adds_nan():
+    # NaN > tol is false, so a NaN output once passed the check and a broken model was grown and saved
+    # without a word (issue 30): a non-finite output before growing is refused, naming the parameter.
     import math
 
     from hf_depthgrow.growth.verify import GrowthNotExactError
@@ -465,8 +464,10 @@ def test_exactness_check_judges_a_nan_model_on_its_finite_part():
     model = tiny_model("llama")
     with torch.no_grad():
         model.model.layers[3].mlp.down_proj.weight.fill_(math.nan)
-    grow_depth(model, [1])
-    assert growth_record(model).native_indices == (1,)
+    message = r"not finite \(1 parameter\(s\) hold NaN or inf, e.g. model.layers.3.mlp.down_proj.weight\): a broken model is not grown"
+    with pytest.raises(GrowthNotExactError, match=message):
+        grow_depth(model, [1])
+    assert growth_record(model) is None and len(model.model.layers) == 4
     clean = tiny_model("llama")
     handle = clean.model.layers[0].register_forward_hook(lambda m, a, out: out * math.nan if len(clean.model.layers) > 4 else out)
     with pytest.raises(GrowthNotExactError, match="not exact: max \\|diff\\| nan"):

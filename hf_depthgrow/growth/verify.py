@@ -129,7 +129,7 @@ def reference(model: nn.Module, *, warn: bool = True) -> tuple[dict, torch.Tenso
     try:
         device = next(model.parameters()).device
         inputs = probe_inputs(model, device)
-        return inputs, run_probe(model, inputs)
+        output = run_probe(model, inputs)
     except Exception as err:  # a model we cannot run is grown unchecked, but not silently
         if not warn:
             return None
@@ -139,23 +139,32 @@ def reference(model: nn.Module, *, warn: bool = True) -> tuple[dict, torch.Tenso
             stacklevel=3,
         )
         return None
+    check_finite(model, output)
+    return inputs, output
+
+
+def check_finite(model: nn.Module, output: torch.Tensor) -> None:
+    """Raise `GrowthNotExactError` naming the NaN/inf parameters if the model's output before growing is not finite.
+
+    A NaN compares false with any tolerance, so the exactness check alone would call such a growth exact.
+    """
+    if bool(output.isfinite().all()):
+        return
+    names = [name for name, p in model.named_parameters() if p.is_floating_point() and not bool(p.isfinite().all())]
+    where = f"{len(names)} parameter(s) hold NaN or inf, e.g. {', '.join(names[:3])}" if names else "its parameters are finite"
+    raise GrowthNotExactError(
+        f"the model's output on a probe input is not finite ({where}): a broken model is not grown (nothing was "
+        "changed). Fix or reload the weights; verify=False skips this check."
+    )
 
 
 def check_exact(model: nn.Module, inputs: dict, before: torch.Tensor, dtype: torch.dtype) -> None:
-    """Raise `GrowthNotExactError` with the measured max |diff| if the grown model's output moved."""
+    """Raise `GrowthNotExactError` with the measured max |diff| if the grown model's output moved or is not finite."""
     after = run_probe(model, inputs)
     if after.shape != before.shape:
         raise GrowthNotExactError(f"the grown model's output shape {tuple(after.shape)} != the original's {tuple(before.shape)}")
-    # A model that already outputs NaN/inf (broken weights) is judged on its finite part: growth must not
-    # change it, and the caller's own non-finite checks name the real cause. A NaN that growth adds fails.
-    same_nonfinite = torch.equal(before.isfinite(), after.isfinite()) and torch.equal(
-        before[~before.isfinite()].nan_to_num(), after[~after.isfinite()].nan_to_num()
-    )
-    finite = before.isfinite()
-    diff = float((after[finite] - before[finite]).abs().max()) if finite.any() else 0.0
-    if not same_nonfinite:
-        diff = float("nan")
-    tol = TOLERANCES.get(dtype, 1e-2) * max(1.0, float(before[finite].abs().max()) if finite.any() else 1.0)
+    diff = float((after - before).abs().max()) if after.isfinite().all() else float("nan")
+    tol = TOLERANCES.get(dtype, 1e-2) * max(1.0, float(before.abs().max()))
     if not diff <= tol:  # NaN fails too
         raise GrowthNotExactError(
             f"the grown model is not exact: max |diff| {diff:.3g} > tolerance {tol:.3g} ({dtype}) on a probe input, so "
