@@ -189,6 +189,39 @@ def test_an_output_moved_aside_by_a_killed_overwrite_is_put_back(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
 
 
+def test_a_run_sigkilled_between_the_two_renames_is_undone_by_the_next(tmp_path):
+    """The real thing: a process killed (SIGKILL) after moving the old output aside, before moving the new one in."""
+    import signal
+
+    out = tmp_path / "o"
+    with staged_output(out) as tmp:
+        (tmp / "result.json").write_text("old")
+
+    def overwrite_and_die():
+        real_rename = Path.rename
+
+        def rename(self, target):
+            if self.name.startswith(".o.tmp-"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_rename(self, target)
+
+        Path.rename = rename
+        with command_scope("hf-depthgrow grow --overwrite"):
+            check_output_dir(out, overwrite=True)
+            with staged_output(out) as tmp:
+                (tmp / "result.json").write_text("new")
+
+    child = FORK.Process(target=overwrite_and_die)
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    assert not out.exists() and (tmp_path / f".o.old-{child.pid}").is_dir() and (tmp_path / f".o.tmp-{child.pid}").is_dir()
+    with pytest.warns(UserWarning, match="put back"):
+        check_output_dir(out, overwrite=True)
+    assert (out / "result.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+
+
 def test_leftovers_of_killed_runs_are_removed_only_when_provably_ours(tmp_path):
     out = tmp_path / "ck"
     out.mkdir()
@@ -246,3 +279,16 @@ def test_old_flag_spellings_warn_and_work(saved, tmp_path, capsys):
     assert build_parser().parse(["--data", "tweets"])[0].dataset == "tweets"
     assert main(["grow", "a", "--model", "b", "--positions", "1", "--output-dir", "x"]) == 2
     assert "model given twice" in capsys.readouterr().err
+
+
+def test_outside_a_command_the_folder_is_checked_again_under_the_lock(tmp_path):
+    """From Python each helper holds the lock only while it works: what another writer did in between is seen."""
+    out = tmp_path / "o"
+    check_output_dir(out, overwrite=False)
+    assert _leftover_locks(tmp_path) == []  # released at once outside a command
+    out.mkdir()
+    (out / "theirs.json").write_text("{}")  # another process wrote the folder meanwhile
+    with pytest.raises(FileExistsError, match="exists and is not empty"):
+        with staged_output(out):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"] and os.listdir(out) == ["theirs.json"]

@@ -354,8 +354,9 @@ def staged_output(path):
 
     out = _resolved(path)
     with _locked(out, path) as fresh:
-        if fresh and out in _CHECKED:
-            _check_contents(out, path, _CHECKED[out], {})
+        overwrite = _CHECKED.pop(out, None)  # one check, one write: a later staged_output replaces as before
+        if fresh and overwrite is not None:
+            _check_contents(out, path, overwrite, {})
         created = _make_parents(out)
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         try:
