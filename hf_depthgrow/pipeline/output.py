@@ -38,6 +38,17 @@ _CHECKED: dict[Path, bool] = {}  # output folder -> the `overwrite` it was check
 _SCOPE = {"depth": 0, "command": None}
 
 
+def _unlink_safe() -> bool:
+    # filelock >= 4 checks, once it holds a lock, that its file was not unlinked meanwhile (and then fails the
+    # attempt), so the holder may remove the file; with 3.x two processes could then hold "the" lock.
+    from filelock import __version__
+
+    return int(__version__.split(".")[0]) >= 4
+
+
+_UNLINK_SAFE = _unlink_safe()
+
+
 class OutputInUseError(OSError):
     """Another process holds the lock of the output folder (an input error: exit code 2 in the CLI)."""
 
@@ -195,14 +206,14 @@ class _Lock:
                 "output folder would lose one result: wait for it to finish or choose another output folder"
             ) from None
         try:
-            previous = _read_owner(self.out)
-            # Written before the recovery: were this run killed during it, the next one still knows whose leftovers they are.
+            previous = _read_owner(self.out)  # the record of a run that died holding the lock, if any
             earlier = previous.get("leftovers_of")
             dead = [p for p in [previous.get("pid"), *(earlier if isinstance(earlier, list) else [])] if isinstance(p, int)]
             if previous.get("host") not in (None, socket.gethostname()):
                 dead = []  # another machine's pids say nothing here
             command = _SCOPE["command"] or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
             record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "started": time.time()}
+            # Written before the recovery: were this run killed during it, the next one still knows whose leftovers they are.
             self._write_owner({**record, "leftovers_of": dead})
             _recover(self.out, set(dead))
             self._write_owner(record)
@@ -220,9 +231,9 @@ class _Lock:
         if self.lock is None or not self.lock.is_locked:
             return
         try:
-            # Removed while still held: filelock notices an unlinked lock file and a waiter tries again.
             _owner_file(self.out).unlink(missing_ok=True)
-            _lock_file(self.out).unlink(missing_ok=True)
+            if _UNLINK_SAFE:  # removed while still held: nothing of the lock stays beside the folder
+                _lock_file(self.out).unlink(missing_ok=True)
         finally:
             self.lock.release()
             _remove_empty(self.created)
