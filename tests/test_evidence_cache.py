@@ -89,6 +89,11 @@ def test_an_edited_or_damaged_entry_is_never_reused(tmp_path):
         entry = cache.load("paired_losses", PARTS)
         assert entry.meta["delta_r"] == 0.25 and torch.equal(entry.tensors["losses"], tensors["losses"])
     assert torch.equal(load_file(str(first / "tensors.safetensors"))["losses"], 1.5 * tensors["losses"])
+    # A store that finds a damaged entry in place (never read, or not movable then) replaces it the same way.
+    (folder / "digest.json").unlink()
+    with pytest.warns(UserWarning, match=f"the paired_losses entry {key[:12]} in place fails its digest; replacing it"):
+        assert cache.store("paired_losses", PARTS, {"task": "causal_lm", "delta_r": 0.25}, tensors) == key
+    assert len(_rejected(folder.parent)) == len(edits) + 1 and cache.load("paired_losses", PARTS).meta["delta_r"] == 0.25
 
 
 def test_unreadable_entries_are_skipped_with_a_warning(tmp_path):

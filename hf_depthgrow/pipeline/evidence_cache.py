@@ -309,8 +309,10 @@ class EvidenceCache:
                       "parts": parts, "tensors": names, "meta": meta}  # fmt: skip
             (tmp / _ENTRY).write_text(json.dumps(header, indent=1, sort_keys=True, allow_nan=False), encoding="utf-8")
             write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
-            if final.exists() and not _whole(final):  # an unverified entry `load` could not move aside: out of the way
-                _set_aside(final, key)
+            if final.exists() and not _whole(final):  # an unverified entry `load` did not move aside: out of the way
+                aside = _set_aside(final, key)
+                warnings.warn(f"evidence cache: the {kind} entry {key[:12]} in place fails its digest; replacing it "
+                              f"(the damaged entry is moved aside to {aside})", stacklevel=2)  # fmt: skip
             try:
                 os.rename(tmp, final)
             except OSError:

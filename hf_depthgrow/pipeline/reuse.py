@@ -14,7 +14,8 @@ Five kinds, each keyed by exactly what it depends on:
 - `stone_margin`: `Delta_R`, `f~_pop`'s margin over the original on the held-out split (the stones' key).
 
 An entry that is stored but cannot be turned back into what it held is skipped with a warning, like an
-unreadable one: the cache can make a run faster, never fail it. A probe read from the cache holds no gradients; where the stepping stones then miss (another position), the
+unreadable one or one that fails its digest (`EvidenceCache.load` checks every file's sha256 first, so an
+edited loss never reaches a report): the cache can make a run faster, never fail it or change its result. A probe read from the cache holds no gradients; where the stepping stones then miss (another position), the
 probe runs again, so the stones are always those a fresh run makes. `run.reused` names what was reused, in
 `summary.json` and on the log.
 """
