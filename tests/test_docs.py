@@ -88,3 +88,70 @@ def test_shared_examples_name_no_local_path(path):
     """The committed examples are what a reader sees of a run's outputs: cards, reports and summaries."""
     leaks = _LOCAL_PATH.findall(path.read_text(encoding="utf-8"))
     assert not leaks, f"{path.relative_to(ROOT)} names local paths {leaks}"
+
+
+# --------------------------------------------------------------------------- figures that surprise, explained where they appear
+
+
+def _eval_result(old, new, bound: float, level: float = 0.05):
+    from hf_depthgrow.evaluation.bounds import paired_intervals
+    from hf_depthgrow.evaluation.result import EvalResult
+
+    details = paired_intervals(old, new, delta=level, bound=bound, n_bootstrap=200, seed=0)
+    m, mean = len(old), sum(o - n for o, n in zip(old, new)) / len(old)
+    return EvalResult(
+        task="sequence_classification", mode="full", num_examples=m, num_tokens=m, loss_old=sum(old) / m, loss_new=sum(new) / m,
+        delta=mean, mean_delta=mean, per_example_old=list(old), per_example_new=list(new), example_ids=list(range(m)),
+        example_weights=[1.0] * m, level=level, loss_bound=bound, loss_bound_source="given",
+        intervals={k: (d["low"], d["high"]) for k, d in details.items()}, interval_details=details,
+        certified={k: d["certified"] for k, d in details.items()},
+    )  # fmt: skip
+
+
+def test_report_explains_a_bernstein_interval_wider_than_hoeffdings():
+    import numpy as np
+
+    from hf_depthgrow.evaluation.bounds import bernstein_half_width, hoeffding_half_width
+    from hf_depthgrow.evaluation.report import bernstein_crossover, render_markdown
+
+    rng = np.random.default_rng(0)
+    old = rng.uniform(1.0, 4.0, 16).tolist()
+    small = _eval_result(old, [x - 0.1 for x in rng.uniform(1.0, 4.0, 16)], bound=5.18)  # the issue's eval: m = 16, B = 5.18
+    details = small.interval_details
+    assert details["bernstein"]["half_width"] > details["hoeffding"]["half_width"] == pytest.approx(3.5175, abs=1e-4)
+    text = render_markdown(small)
+    note = next(line for line in text.splitlines() if line.startswith("Bernstein's interval is wider than Hoeffding's here"))
+    assert "7 (2B) ln(4/delta) / (3 (m-1)) = 7.062 at m = 16" in note and "only from m = 59 test examples on" in note
+    # The crossover is where the range term alone drops below Hoeffding's half-width, at any B.
+    m = bernstein_crossover(0.05)
+    for bound in (1.0, 10.8):
+        assert bernstein_half_width(np.zeros(m), 0.05, bound) < hoeffding_half_width(bound, m, 0.05)
+        assert bernstein_half_width(np.zeros(m - 1), 0.05, bound) >= hoeffding_half_width(bound, m - 1, 0.05)
+    # Many examples that vary little: Bernstein is the narrower, and the report says nothing.
+    old = rng.uniform(2.0, 2.2, 400).tolist()
+    large = _eval_result(old, [x - 0.05 for x in old], bound=5.18)
+    assert large.interval_details["bernstein"]["half_width"] < large.interval_details["hoeffding"]["half_width"]
+    assert "wider than Hoeffding" not in render_markdown(large)
+
+
+def test_probe_plot_and_report_say_what_the_threshold_is(tmp_path, monkeypatch):
+    import hf_depthgrow.plots as plots
+    from hf_depthgrow.probe import probe
+    from hf_depthgrow.testing import tiny_inputs, tiny_model
+
+    model = tiny_model("llama")
+    batches = [tiny_inputs(model, batch=2, seq=8, seed=s) for s in range(4)]
+    figures = []
+    real_save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, **kw: figures.append(fig) or real_save(fig, path, **kw))
+    for threshold, rule in ((None, "calibrated on certified gains"), (2.0, "z_threshold of this probe")):
+        result = probe(model, batches, positions=[1, 2], progress=False, **({} if threshold is None else {"z_threshold": threshold}))
+        plots.plot_probe(result, tmp_path / "probe.png")
+        legend = [t.get_text() for t in figures[-1].axes[1].get_legend().get_texts()]
+        assert f'"improvable" verdict: z > {result.z_threshold:g} ({rule})' in legend
+        verdict = next(line for line in result.summary().splitlines() if line.startswith("verdict: "))
+        assert f'"improvable" where z > {result.z_threshold:g}' in verdict
+    assert "calibrated against certified test gains" in probe(model, batches, positions=[1], progress=False).summary()
+    for page, needle in (("probe.md", '"improvable" verdict:\nz > -1 (calibrated on certified gains)'),
+                         ("evaluation.md", "Bernstein can be wider than Hoeffding at small m")):  # fmt: skip
+        assert " ".join(needle.split()) in " ".join((ROOT / "docs" / page).read_text(encoding="utf-8").split()), page

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
+
 from ..utils import json_safe, package_version
-from .bounds import INTERVALS
+from .bounds import INTERVALS, bernstein_half_width, hoeffding_half_width
 from .formatting import format_value, scrub_paths, table_cell
 from .result import EvalResult
 
@@ -84,7 +87,54 @@ def _interval_lines(r: EvalResult) -> list[str]:
         label = {"hoeffding": "Hoeffding (losses clipped to [0, B])", "bernstein": "empirical Bernstein (Maurer-Pontil)",
                  "bootstrap": f"paired bootstrap, percentile ({r.n_bootstrap}, seed {r.seed}; approximate)"}[name]
         lines.append(f"| {label} | {format_value(d['low'])} | {format_value(d['high'])} | {format_value(d['half_width'])} | {format_value(d['certified'])} |")
-    return lines
+    return lines + _bernstein_note(r)
+
+
+def _range_term(m: int, delta: float, bound: float) -> float:
+    """Bernstein's half-width at zero variance: its range term `7 (2B) ln(4/delta) / (3 (m-1))` alone."""
+    return bernstein_half_width(np.zeros(m), delta, bound)
+
+
+def bernstein_crossover(delta: float) -> int:
+    """The smallest `m` at which Bernstein's range term alone is narrower than Hoeffding's whole half-width.
+
+    Below it Bernstein is wider than Hoeffding whatever the variance (both scale with `B`, so `B` drops
+    out). The range term falls as `1/m`, Hoeffding as `1/sqrt(m)`: their ratio decreases, so bisect.
+
+    Example:
+        ```python
+        >>> bernstein_crossover(0.05)
+        59
+        ```
+    """
+    def wider(m: int) -> bool:
+        return _range_term(m, delta, 1.0) >= hoeffding_half_width(1.0, m, delta)
+
+    low, high = 2, 4
+    while wider(high):
+        low, high = high, high * 2
+    while high - low > 1:  # wider(low) or low == 2, not wider(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if wider(mid) else (low, mid)
+    return high
+
+
+def _bernstein_note(r: EvalResult) -> list[str]:
+    """Why Bernstein's interval is wider than Hoeffding's, where it is: a reader takes it for a bug."""
+    bern, hoef = r.interval_details.get("bernstein", {}), r.interval_details.get("hoeffding", {})
+    widths = (bern.get("half_width"), hoef.get("half_width"))
+    if not all(isinstance(w, (int, float)) and math.isfinite(w) for w in widths) or widths[0] <= widths[1] or r.num_examples < 2:
+        return []
+    m, B = r.num_examples, r.loss_bound
+    return [
+        "",
+        f"Bernstein's interval is wider than Hoeffding's here (half-width {format_value(widths[0])} against "
+        f"{format_value(widths[1])}) because of its range term, 7 (2B) ln(4/delta) / (3 (m-1)) = "
+        f"{format_value(_range_term(m, r.level, B))} at m = {m}, which shrinks as 1/m where Hoeffding's half-width shrinks "
+        f"as 1/sqrt(m). At delta = {r.level:g} Bernstein can be narrower only from m = {bernstein_crossover(r.level)} test "
+        "examples on (below that its range term alone is wider), and then only where the differences vary much less than "
+        "their range. Both intervals are valid; the narrower one is the better bound.",
+    ]
 
 
 def _route_lines(r: EvalResult) -> list[str]:

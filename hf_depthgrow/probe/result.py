@@ -18,7 +18,7 @@ import torch
 
 from ..utils import json_safe, package_version
 
-__all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "ProbeResult", "recommend"]
+__all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "ProbeResult", "recommend", "threshold_note"]
 
 VERDICT_IMPROVABLE = "improvable"
 VERDICT_NOT_OBSERVABLE = "not observable at this data size (deepest-model regime)"
@@ -134,8 +134,29 @@ class ProbeResult:
                 f"{self.z[i]:>7.2f}  {self.offdiag_share[i]:>7.3f} {self.stable_rank[i]:>7.1f} "
                 f"{self.near_singular_share[i]:>8.3f}  {self.verdict[i]}"
             )
+        lines.append(f"verdict: {threshold_note(self.z_threshold)}")
         lines.append(f"recommendation: {self.recommendation['reason']}")
         return "\n".join(lines)
+
+
+def threshold_note(z_threshold: float) -> str:
+    """What the z threshold of the verdict (and the dashed line of the probe plot) is, in one sentence.
+
+    Example:
+        ```python
+        >>> threshold_note(-1.0)[:40]
+        '"improvable" where z > -1: the default t'
+        ```
+    """
+    from .signal import Z_THRESHOLD  # signal imports this module
+
+    if z_threshold == Z_THRESHOLD:
+        return (
+            f'"improvable" where z > {z_threshold:g}: the default threshold, calibrated against certified test gains after '
+            "training a block on the scaling study's 54 cells (leave-one-task-out; docs/probe.md). It predicts what training "
+            "will realize; z itself is the strength of the first-order evidence (z > 2 was the one-sided test of it)."
+        )
+    return f'"improvable" where z > {z_threshold:g}, the z_threshold of this probe (the calibrated default is {Z_THRESHOLD:g}; docs/probe.md).'
 
 
 def recommend(positions: list[int], z: list[float], improvable: list[bool], top: int = 3) -> dict:
