@@ -295,3 +295,101 @@ def test_sft_trainer_trains_only_the_new_block_and_saves_a_reloadable_folder(tmp
     assert growth_record(reloaded) == record
     assert reloaded.config.depth_growth_fallback["selected"] == "new"
     torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ SFTTrainer(peft_config=DepthGrowConfig(...))
+
+
+def _sft_texts():
+    from datasets import Dataset
+
+    texts = ["the cat sat on the mat.", "a dog ran in the fog.", "we go to the sea now.", "so the end is near, is it."]
+    return texts, Dataset.from_dict({"text": texts * 8})
+
+
+def _peft_sft(trl, tmp_path, out: str, **overrides):
+    from hf_depthgrow.integrations.peft_method import DepthGrowConfig
+
+    _, train = _sft_texts()
+    # SFTConfig's defaults otherwise: bf16 on (also on CPU), activation checkpointing on.
+    settings = dict(output_dir=str(tmp_path / out), max_steps=4, per_device_train_batch_size=8, learning_rate=1e-2, use_cpu=True,
+                    report_to="none", save_strategy="steps", save_steps=2, logging_steps=1, max_length=32, seed=0, disable_tqdm=True)  # fmt: skip
+    config = trl.SFTConfig(**{**settings, **overrides})
+    return trl.SFTTrainer(model=tiny_llama(), args=config, train_dataset=train, processing_class=char_tokenizer(),
+                          peft_config=DepthGrowConfig(positions=[2]))  # fmt: skip
+
+
+def test_sft_trainer_with_a_depthgrow_peft_config_trains_the_new_block_saves_an_adapter_and_resumes(tmp_path):
+    trl = pytest.importorskip("trl")
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from hf_depthgrow.training.hf_integration import unwrap_autocast
+
+    assert trl.SFTConfig(output_dir=str(tmp_path / "d"), use_cpu=True).bf16  # the default this test runs with
+    trainer = _peft_sft(trl, tmp_path, "run")
+    peft_model = trainer.model
+    base_before = {n: p.detach().clone() for n, p in peft_model.named_parameters() if not p.requires_grad}
+    new_before = {n: p.detach().clone() for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert new_before and all(".layers.2." in n for n in new_before)  # only the new block trains
+    trainer.train()
+    for name, value in peft_model.named_parameters():
+        if name in base_before:
+            assert torch.equal(value, base_before[name]), name
+        elif not name.endswith(("o_proj.weight", "down_proj.weight")):  # zero-init outputs move; the rest after them
+            continue
+        else:
+            assert not torch.equal(value, new_before[name]), name
+    # Checkpoints hold the adapter only: the new block's tensors, no copy of the base.
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert not (checkpoint / "model.safetensors").exists()
+    assert {k.split(".layers.")[1].split(".")[0] for k in load_file(checkpoint / "adapter_model.safetensors")} == {"2"}
+
+    # bf16 training leaves accelerate's autocast wrapper on the model's forward: in memory it computes in bf16, so
+    # its logits differ from those of its saved float32 copy, which equal the in-memory ones under bf16 autocast.
+    trainer.save_model(str(tmp_path / "adapter"))
+    saved = PeftModel.from_pretrained(tiny_llama(), tmp_path / "adapter").eval()
+    peft_model.eval()
+    assert (logits(peft_model) - logits(saved)).abs().max().item() > 1e-3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(logits(saved).float(), logits(peft_model).float(), rtol=0, atol=0)
+    assert unwrap_autocast(peft_model) is peft_model
+    torch.testing.assert_close(logits(peft_model), logits(saved), rtol=0, atol=0)  # float32 again: exactly the saved copy
+
+    # Resuming from the step-2 checkpoint ends at the same weights as the straight run.
+    resumed = _peft_sft(trl, tmp_path, "resumed")
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    trained = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
+    for name, value in resumed.model.named_parameters():
+        if value.requires_grad:
+            torch.testing.assert_close(value, trained[name], rtol=0, atol=0)
+
+
+def test_fallback_callback_compares_float32_functions_after_bf16_training(tmp_path):
+    """With bf16 on, the callback's losses and the trained model in memory are those of the saved float32 model."""
+    trl = pytest.importorskip("trl")
+
+    texts, train = _sft_texts()
+    tok = char_tokenizer()
+    held_out = [{"input_ids": torch.tensor(ids), "labels": torch.tensor(ids)} for ids in tok(texts)["input_ids"]]
+    model = grow_depth(tiny_llama(), [2])
+    prepare_grown_model(model)
+    callback = FallbackCallback(held_out, batch_size=4)
+    config = trl.SFTConfig(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=8, learning_rate=1e-2,
+                           use_cpu=True, bf16=True, report_to="none", save_strategy="no", max_length=32, seed=0, disable_tqdm=True)  # fmt: skip
+    trl.SFTTrainer(model=model, args=config, train_dataset=train, processing_class=tok, callbacks=[callback]).train()
+    model.save_pretrained(str(tmp_path / "model"))
+    reloaded = load_pretrained(tmp_path / "model")
+    torch.testing.assert_close(logits(model), logits(reloaded), rtol=0, atol=0)
+    assert callback.result.losses["new"] == pytest.approx(_mean_row_loss(reloaded, held_out), rel=1e-6)
+
+
+def _mean_row_loss(model, rows) -> float:
+    """Token-weighted mean loss of `rows` in float32, one row at a time (no padding)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            out = model(input_ids=row["input_ids"][None], labels=row["labels"][None])
+            n = row["labels"].numel() - 1
+            total, count = total + out.loss.item() * n, count + n
+    return total / count

@@ -61,7 +61,8 @@ from .guards import NonFiniteTrainingLossError, nonfinite_weights
 from .selection import candidate_loss, initial_weights, pick, selected_model
 from .trainable import setup_trainable
 
-__all__ = ["FALLBACK_KEY", "FallbackCallback", "FallbackDecision", "keep_growth_on_save", "prepare_grown_model", "write_growth_files"]
+__all__ = ["FALLBACK_KEY", "FallbackCallback", "FallbackDecision", "keep_growth_on_save", "prepare_grown_model", "unwrap_autocast",
+           "write_growth_files"]
 
 FALLBACK_KEY = "depth_growth_fallback"  # the config key holding the fallback decision
 
@@ -214,6 +215,27 @@ class _Processes:
         return reduce(tensor, reduction=reduction)
 
 
+def unwrap_autocast(model: nn.Module) -> nn.Module:
+    """Remove the mixed-precision wrapper accelerate leaves on `model.forward` after training; the same model, in place.
+
+    With `bf16=True` or `fp16=True` (`SFTConfig`'s default is bf16, also on CPU), `Trainer` hands the model to
+    accelerate's `prepare`, which replaces `model.forward` by the same forward under `torch.autocast`. The wrapper
+    stays after `train()` returns: the weights are float32 and are saved exactly, but the model in memory keeps
+    computing its matrix products in bf16, so its logits differ from those of its own saved copy (0.17 on the tiny
+    Llama of tests/test_hf_trainer.py after 4 steps). This restores the plain forward; a later `trainer.evaluate()`
+    still autocasts through its own context manager.
+
+    Example:
+        ```python
+        >>> trainer.train()                          # SFTConfig(bf16=True)
+        >>> model = unwrap_autocast(trainer.model)   # float32 forward again: equal to the saved copy
+        ```
+    """
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model, keep_fp32_wrapper=False)
+
+
 def _zero_init_params(model: nn.Module) -> list[nn.Parameter]:
     """The parameters `grow_depth` zeroes (native residual output projections, adapter `W_out`): all zero means `f_old`."""
     record = growth_record(model)
@@ -297,6 +319,8 @@ class FallbackCallback(TrainerCallback):
         named = _require_grown(model, "FallbackCallback")
         if self._rows is None:
             raise ValueError("FallbackCallback: on_train_begin did not run; add the callback before trainer.train()")
+        # Under bf16/fp16 the forward still autocasts: the rule compares the float32 functions that get saved.
+        unwrap_autocast(model)
         device = next(model.parameters()).device
         acc = _Processes(device)
         bad = nonfinite_weights(named, acc)
