@@ -3,12 +3,16 @@
     hf-depthgrow compare                                   # SmolLM2 on Shakespeare, retention on Python docs
     hf-depthgrow compare --growth probe:1 interleave:2 top:1 --controls layers lora --max-steps 40
     hf-depthgrow compare --oracle-positions 0 10 20 30 --oracle-seeds 0 1 2   # also validate the probe
+    hf-depthgrow compare --budgets 10 20 40 80 160 --max-forgetting 0.05 --trials-dir runs/sweep-trials   # budgets as an axis
 
-Every arm trains with the same steps, batch size, data order, schedule and learning-rate grid (each
-arm's rate chosen on the held-out split) and is scored on the same test examples; with
+Every arm trains with the same steps, batch size, data order and schedule, its learning rate chosen on the
+held-out split from its kind's own grid (extended x3 past an edge), and is scored on the same test examples;
+with `--budgets` at every budget as if trained alone (a warmup-stable-decay schedule branched per budget); with
 `--retention-data` also on a general-domain set (forgetting). `--oracle-positions` adds the probe
 validation: one single-block arm per position and seed, and how well each predictor ranks them.
-Writes `compare.json`, `compare.md`, `compare.png` (and `probe_validation.*`) into `--output-dir`;
+Writes `compare.json`, `compare.md`, `compare.png`, `compare_frontier.png`, `compare_curves.png` (3+ budgets) and
+`probe_validation.*` into `--output-dir`; `--trials-dir` stores every finished trial: the same command again
+resumes, training only the trials not stored;
 with `--report-to tensorboard` (or `wandb`) the trackers' logs go to `<output-dir>/logs/` (or `--logging-dir`).
 
 Exit codes: 0 done; 2 bad input (one line on stderr, before anything loads or changes on disk).
@@ -48,6 +52,9 @@ class CompareScript:
     test_fraction: float = field(default=0.25, metadata={"help": "Share every arm is scored on."})
     oracle_positions: list[int] | None = field(default=None, metadata={"help": "Probe validation: one single-block arm per position."})
     oracle_seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Data-order seeds of the oracle sweep."})
+    trials_dir: str | None = field(
+        default=None, metadata={"help": "Store every finished trial here; the same command again resumes (reruns only what is missing)."}
+    )
     trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model."})
 
     def __post_init__(self):
@@ -57,6 +64,17 @@ class CompareScript:
             raise ValueError(f"oracle_positions needs at least 4 distinct positions >= 0, got {positions}")
         if not self.oracle_seeds or len(set(self.oracle_seeds)) != len(self.oracle_seeds):
             raise ValueError(f"oracle_seeds must be distinct and non-empty, got {self.oracle_seeds}")
+
+
+def _check_trials_dir(script: CompareScript) -> None:
+    """The trial store outlives the output folder (which --overwrite replaces): never inside it, never a file."""
+    if script.trials_dir is None:
+        return
+    trials, out = Path(script.trials_dir).resolve(), Path(script.output_dir).resolve()
+    if trials == out or out in trials.parents:
+        raise ValueError(f"trials_dir {script.trials_dir} lies inside output_dir {script.output_dir}, which --overwrite replaces: put it beside it")
+    if trials.exists() and not trials.is_dir():
+        raise ValueError(f"trials_dir {script.trials_dir} exists and is not a folder")
 
 
 def build_parser() -> ConfigParser:
@@ -113,6 +131,7 @@ def _run(argv: list[str]) -> int:
 
     script, cfg = build_parser().parse(argv)
     check_output_dir(script.output_dir, overwrite=script.overwrite, inputs={"model": script.model, "data": script.data})
+    _check_trials_dir(script)
     model, splits, retention = _load(script, cfg)
     depth = len(resolve_family(model)[1])
     if script.oracle_positions and max(script.oracle_positions) > depth:
@@ -120,7 +139,8 @@ def _run(argv: list[str]) -> int:
     # The comparison is on disk before the (longer) probe validation starts; tracker logs default to
     # <output_dir>/logs, written into the staged folder so that they move into place with it.
     with staged_output(script.output_dir) as tmp:
-        result = compare_plans(model, splits["train"], splits["held_out"], splits["test"], config=_logs(cfg, tmp), retention_data=retention)
+        result = compare_plans(model, splits["train"], splits["held_out"], splits["test"], config=_logs(cfg, tmp), retention_data=retention,
+                                trials_dir=script.trials_dir)  # fmt: skip
         if result.config["logging_dir"] and not cfg.logging_dir:
             result.config["logging_dir"] = "logs"  # relative to the output folder: the staged path is gone after the move
         result.save(tmp)

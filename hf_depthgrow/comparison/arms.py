@@ -81,6 +81,29 @@ def arm_name(spec) -> str:
 GROWTH_SPECS = "probe:N, interleave:N, top:N, bottom:N, random:N, at:k1,k2, or a plan/mergekit file"
 
 
+def check_control_spec(spec) -> None:
+    """A control is `layers`, `lora` (rank matched to the reference arm), `lora:R` (rank R), `full` or `original`.
+
+    Several LoRA ranks trace the controls' learning-vs-forgetting curve (`comparison.frontier`).
+
+    Example:
+        ```python
+        >>> check_control_spec("lora:64")
+        >>> check_control_spec("lora:0")
+        Traceback (most recent call last):
+        ValueError: control 'lora:0': lora:R needs an integer rank R >= 1
+        ```
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f"a control is a name, got {spec!r}")
+    head, sep, tail = spec.partition(":")
+    if head == "lora" and sep:
+        if not tail.isdigit() or int(tail) < 1:
+            raise ValueError(f"control {spec!r}: lora:R needs an integer rank R >= 1")
+    elif spec not in CONTROL_KINDS:
+        raise ValueError(f"unknown control arm {spec!r}: choose from {list(CONTROL_KINDS)} or lora:R (a LoRA of rank R)")
+
+
 def check_growth_spec(spec) -> None:
     """Check a growth spec's form before any model loads (ranges need the depth and are checked later).
 
@@ -233,7 +256,7 @@ def build_arms(
     Args:
         model: The base model (not grown).
         growth: Growth specs (see the module docstring); at least one.
-        controls: Any of `"layers"`, `"lora"`, `"full"`; `"original"` is always included.
+        controls: Any of `"layers"`, `"lora"`, `"lora:R"`, `"full"`; `"original"` is always included.
         reference: The growth arm the controls match (default: the first).
         probe_result: For `"probe:N"` specs.
         seed: Seeds `"random:N"` placements.
@@ -252,9 +275,8 @@ def build_arms(
     """
     if not growth:
         raise ValueError("a comparison needs at least one growth arm")
-    bad = [c for c in controls if c not in CONTROL_KINDS]
-    if bad:
-        raise ValueError(f"unknown control arm(s) {bad}: choose from {list(CONTROL_KINDS)}")
+    for c in controls:
+        check_control_spec(c)
     num_layers = len(resolve_family(model)[1])
     arms = [Arm("original", "original")]
     for spec in growth:
@@ -284,6 +306,9 @@ def _control(model: nn.Module, kind: str, ref: Arm, num_layers: int, suffixes) -
     if kind == "lora":
         rank, count = lora_rank_for(model, ref.trainable_parameters, suffixes)
         return Arm("lora", "lora", lora_r=rank, trainable_parameters=count, matched_to=ref.name)
+    if kind.startswith("lora:"):
+        rank = int(kind.partition(":")[2])
+        return Arm(kind, "lora", lora_r=rank, trainable_parameters=rank * lora_rank_for(model, 1, suffixes)[1])
     return Arm("full", "full", trainable_parameters=sum(p.numel() for p in model.parameters()))
 
 

@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass, field
 from ..evaluation.bounds import INTERVALS
 from ..evaluation.decisions import METHODS
 from ..training.tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_report_to
-from .arms import CONTROL_KINDS, check_growth_spec
+from ..training.schedules import SCHEDULERS, check_wsd
+from .arms import check_control_spec, check_growth_spec
+from .grids import DEFAULT_GRIDS
 
-SCHEDULERS = ("cosine", "linear", "constant")
 
 
 @dataclass
@@ -34,16 +35,41 @@ class CompareConfig:
         metadata={"help": "Control arms that add no depth: layers (matched parameters), lora (matched), full."},
     )
     reference: str | None = field(default=None, metadata={"help": "The growth arm the controls match (default: the first)."})
-    learning_rates: list[float] = field(
-        default_factory=lambda: [3e-4, 1e-3], metadata={"help": "The learning-rate grid every arm is trained with."}
+    learning_rates: list[float] | None = field(
+        default=None, metadata={"help": "One learning-rate grid for every arm (default: each kind's own grid, below)."}
     )
+    growth_learning_rates: list[float] = field(
+        default_factory=lambda: list(DEFAULT_GRIDS["growth"]), metadata={"help": "Learning-rate grid of the growth arms."}
+    )
+    lora_learning_rates: list[float] = field(default_factory=lambda: list(DEFAULT_GRIDS["lora"]), metadata={"help": "Grid of the lora controls."})
+    layers_learning_rates: list[float] = field(default_factory=lambda: list(DEFAULT_GRIDS["layers"]), metadata={"help": "Grid of the layers control."})
+    full_learning_rates: list[float] = field(default_factory=lambda: list(DEFAULT_GRIDS["full"]), metadata={"help": "Grid of the full control."})
+    lr_extensions: int = field(
+        default=2, metadata={"help": "Rates (x3 steps) an arm's grid may gain when its chosen rate is at an edge of the rates tried; 0: never."}
+    )
+    max_learning_rate: float = field(default=0.1, metadata={"help": "The largest rate a grid extension may try (the cap)."})
     successive_halving: bool = field(
-        default=True, metadata={"help": "Stop the worse half of an arm's learning rates (on held-out loss) at 1/4 and 1/2 of the steps."}
+        default=False,
+        metadata={"help": "Stop the worse half of an arm's learning rates (on held-out loss) at 1/4 and 1/2 of the steps (one budget only). "
+                          "Off by default: see docs/decisions.md for how often it kept the full grid's choice."},
+    )  # fmt: skip
+    max_steps: int = field(default=20, metadata={"help": "Optimizer steps of every arm (one budget; see budgets)."})
+    budgets: list[int] | None = field(
+        default=None, metadata={"help": "Budgets (optimizer steps, increasing): every arm is scored at each, as if trained alone (WSD schedule)."}
     )
-    max_steps: int = field(default=20, metadata={"help": "Optimizer steps of every arm."})
     batch_size: int = field(default=8, metadata={"help": "Examples per optimizer step (and per evaluation batch)."})
-    lr_scheduler: str = field(default="cosine", metadata={"help": "cosine, linear or constant.", "choices": list(SCHEDULERS)})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "Warm-up share of the steps."})
+    lr_scheduler: str = field(
+        default="auto", metadata={"help": "auto (cosine for one budget, wsd for several), cosine, linear, constant or wsd.", "choices": ["auto", *SCHEDULERS]}
+    )
+    warmup_ratio: float = field(default=0.1, metadata={"help": "Warm-up share of the smallest budget's steps."})
+    warmup_steps: int = field(default=0, metadata={"help": "Warm-up steps (instead of warmup_ratio; the same for every budget)."})
+    decay_ratio: float = field(default=0.2, metadata={"help": "wsd: each budget decays over its last share of steps."})
+    max_forgetting: float | None = field(
+        default=None, metadata={"help": "Forgetting budget EPS (nats): the verdict names the best-gain arm whose forgetting's upper bound stays within it."}
+    )
+    retention_selection_fraction: float = field(
+        default=0.5, metadata={"help": "Share of the retention set that chooses (frontier, arm within EPS); the rest is reported."}
+    )
     selection_max_examples: int | None = field(
         default=64, metadata={"help": "Training examples the fallback rule compares on (None: all)."}
     )
@@ -76,26 +102,26 @@ class CompareConfig:
             fail(f"growth must be a non-empty list of placement specs, got {self.growth!r}")
         for spec in self.growth:
             check_growth_spec(spec)
-        bad = [c for c in self.controls if c not in CONTROL_KINDS]
-        if bad:
-            fail(f"unknown control arm(s) {bad}: choose from {list(CONTROL_KINDS)}")
-        rates = self.learning_rates
-        if not rates or not all(isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r > 0 for r in rates):
-            fail(f"learning_rates must be a non-empty list of finite numbers > 0, got {rates!r}")
-        if len(set(rates)) != len(rates):
-            fail(f"learning_rates has repeated values: {rates}")
+        for spec in self.controls:
+            check_control_spec(spec)
+        for name in ("learning_rates", *(f"{k}_learning_rates" for k in DEFAULT_GRIDS)):
+            if name != "learning_rates" or self.learning_rates is not None:
+                self._check_grid(name)
         for name in ("max_steps", "batch_size", "n_bootstrap"):
             positive_int(name)
         if self.selection_max_examples is not None:
             positive_int("selection_max_examples")
-        if not isinstance(self.successive_halving, bool):
-            fail(f"successive_halving must be True or False, got {self.successive_halving!r}")
-        if self.lr_scheduler not in SCHEDULERS:
-            fail(f"lr_scheduler must be one of {SCHEDULERS}, got {self.lr_scheduler!r}")
-        if not isinstance(self.warmup_ratio, (int, float)) or not 0 <= self.warmup_ratio < 1:
-            fail(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        for name in ("successive_halving", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                fail(f"{name} must be True or False, got {getattr(self, name)!r}")
+        self._check_budgets()
+        self._check_extension()
         if not isinstance(self.delta, (int, float)) or not 0 < self.delta < 1:
             fail(f"delta must be in (0, 1), got {self.delta!r}")
+        if self.max_forgetting is not None and not (_number(self.max_forgetting) and self.max_forgetting >= 0):
+            fail(f"max_forgetting must be a number of nats >= 0, got {self.max_forgetting!r}")
+        if not _number(self.retention_selection_fraction) or not 0 < self.retention_selection_fraction < 1:
+            fail(f"retention_selection_fraction must be in (0, 1), got {self.retention_selection_fraction!r}")
         if self.method not in METHODS:
             fail(f"method must be one of {METHODS}, got {self.method!r}")
         if self.interval not in INTERVALS:
@@ -108,5 +134,79 @@ class CompareConfig:
         if not isinstance(self.project_name, str) or not self.project_name.strip():
             fail(f"project_name must be a non-empty string, got {self.project_name!r}")
 
+    def _check_grid(self, name: str) -> None:
+        rates = getattr(self, name)
+        if not isinstance(rates, (list, tuple)) or not rates or not all(_number(r) and r > 0 for r in rates):
+            raise ValueError(f"{name} must be a non-empty list of finite numbers > 0, got {rates!r}")
+        if len(set(rates)) != len(rates):
+            raise ValueError(f"{name} has repeated values: {list(rates)}")
+        setattr(self, name, sorted(float(r) for r in rates))
+
+    def _check_budgets(self) -> None:
+        b = self.budgets
+        if b is not None:
+            if not isinstance(b, (list, tuple)) or not b or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in b):
+                raise ValueError(f"budgets must be a non-empty list of step counts >= 1, got {b!r}")
+            if any(y <= x for x, y in zip(b, b[1:])):
+                raise ValueError(f"budgets must be strictly increasing, got {list(b)}")
+            self.budgets = list(b)
+        b = self.sweep
+        if self.lr_scheduler not in ("auto", *SCHEDULERS):
+            raise ValueError(f"lr_scheduler must be auto or one of {SCHEDULERS}, got {self.lr_scheduler!r}")
+        if len(b) > 1 and self.lr_scheduler not in ("auto", "wsd"):
+            raise ValueError(f"several budgets need lr_scheduler='wsd' (each budget decays as if trained alone), got {self.lr_scheduler!r}")
+        if len(b) > 1 and self.successive_halving:
+            raise ValueError("successive_halving stops rates at shares of one budget: use it with a single budget")
+        if not _number(self.warmup_ratio) or not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
+        if not _number(self.decay_ratio) or not 0 < self.decay_ratio <= 1:
+            raise ValueError(f"decay_ratio must be in (0, 1], got {self.decay_ratio!r}")
+        if self.scheduler == "wsd":
+            for budget in b:  # the smallest budget binds; the message names the budget
+                try:
+                    check_wsd(budget, self.warmup, self.decay_ratio)
+                except ValueError as e:
+                    raise ValueError(f"budget {budget} is too small for its warm-up: {e}") from None
+        elif self.warmup >= b[0]:
+            raise ValueError(f"the warm-up ({self.warmup} steps) must be shorter than the budget ({b[0]} steps)")
+
+    def _check_extension(self) -> None:
+        if not isinstance(self.lr_extensions, int) or isinstance(self.lr_extensions, bool) or self.lr_extensions < 0:
+            raise ValueError(f"lr_extensions must be an int >= 0, got {self.lr_extensions!r}")
+        if not _number(self.max_learning_rate) or self.max_learning_rate <= 0:
+            raise ValueError(f"max_learning_rate must be a finite number > 0, got {self.max_learning_rate!r}")
+        top = max(max(self.grid(kind)) for kind in DEFAULT_GRIDS)
+        if self.max_learning_rate < top:
+            raise ValueError(f"max_learning_rate ({self.max_learning_rate:g}) is below the grid's largest rate ({top:g}): the cap must not cut the grid")
+
+    @property
+    def sweep(self) -> list[int]:
+        """The budgets every arm is scored at: `budgets`, or `[max_steps]`."""
+        return list(self.budgets) if self.budgets is not None else [self.max_steps]
+
+    @property
+    def scheduler(self) -> str:
+        """The schedule every trial runs: `auto` is cosine for one budget and warmup-stable-decay for several."""
+        if self.lr_scheduler == "auto":
+            return "wsd" if len(self.sweep) > 1 else "cosine"
+        return self.lr_scheduler
+
+    @property
+    def warmup(self) -> int:
+        """Warm-up steps, the same for every budget (so every budget shares the stable phase)."""
+        return self.warmup_steps or math.ceil(self.warmup_ratio * self.sweep[0])
+
+    def grid(self, kind: str) -> list[float]:
+        """The learning-rate grid of an arm kind (`learning_rates` when set: one grid for every arm)."""
+        if self.learning_rates is not None:
+            return list(self.learning_rates)
+        return list(getattr(self, f"{kind}_learning_rates"))
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

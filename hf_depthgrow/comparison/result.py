@@ -10,6 +10,7 @@ import numpy as np
 
 from ..evaluation.formatting import format_value
 from ..utils import atomic_write_text, json_safe, write_json
+from .sweep_report import frontier_sentence, sweep_markdown, view_dict
 
 
 @dataclass
@@ -35,31 +36,60 @@ class ArmResult:
     trainable_parameters: int = 0
     test_per_example: np.ndarray | None = None
     retention_per_example: np.ndarray | None = None
+    retention_selection: np.ndarray | None = None
 
     @classmethod
-    def original(cls, arm, original: dict) -> "ArmResult":
+    def original(cls, arm, original: dict, parts=None) -> "ArmResult":
+        """The untrained original; `parts`: the retention set's `(selection, test)` indices."""
         test, weight = original["test"]
         ret = original.get("retention")
+        sel, ret_test = _retention_split(ret, parts)
         return cls(
             name=arm.name, kind=arm.kind, arm=arm.to_dict(), heldout_loss=original["heldout"],
-            test_loss=_weighted(test, weight), retention_loss=_weighted(*ret) if ret else None,
-            test_per_example=test, retention_per_example=ret[0] if ret else None,
+            test_loss=_weighted(test, weight), retention_loss=_weighted(*ret_test) if ret_test else None,
+            test_per_example=test, retention_per_example=ret_test[0] if ret_test else None, retention_selection=sel,
         )  # fmt: skip
 
     @classmethod
-    def trained(cls, arm, lr, res, tried, seconds, units, scored, eval_seconds) -> "ArmResult":
-        ret = scored.get("retention")
+    def scored(cls, arm, lr, score, tried, seconds, trainable, parts=None) -> "ArmResult":
+        """An arm at one budget from its chosen trial's `BudgetScore`; `seconds`: every rate of its grid."""
+        ret = (score.retention, score.retention_weight) if score.retention is not None else None
+        sel, ret_test = _retention_split(ret, parts)
         return cls(
-            name=arm.name, kind=arm.kind, arm=arm.to_dict(), learning_rate=lr, tried=tried, selected=res.selected,
-            heldout_loss=res.eval_loss_selected, test_loss=_weighted(*scored["test"]),
-            retention_loss=_weighted(*ret) if ret else None, train_seconds=seconds, eval_seconds=eval_seconds,
-            units_seen=units, trainable_parameters=res.num_trainable_parameters, test_per_example=scored["test"][0],
-            retention_per_example=ret[0] if ret else None,
+            name=arm.name, kind=arm.kind, arm=arm.to_dict(), learning_rate=lr, tried=tried, selected=score.selected,
+            heldout_loss=score.heldout_loss, test_loss=_weighted(score.test, score.test_weight),
+            retention_loss=_weighted(*ret_test) if ret_test else None, train_seconds=seconds, units_seen=score.units_seen,
+            trainable_parameters=trainable, test_per_example=score.test, retention_per_example=ret_test[0] if ret_test else None,
+            retention_selection=sel,
         )  # fmt: skip
 
     def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if not k.endswith("_per_example")}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if not k.endswith("_per_example") and k != "retention_selection"}
         return json_safe(out)
+
+
+def _retention_split(ret, parts):
+    """`(selection-part losses, (test-part losses, weights))` of retention losses; no split without `parts`."""
+    if ret is None:
+        return None, None
+    if parts is None:
+        return None, ret
+    sel, test = parts
+    return ret[0][sel], (ret[0][test], ret[1][test])
+
+
+@dataclass
+class BudgetView:
+    """A comparison at one budget: every arm at its rate chosen for that budget, the statistics, the frontier."""
+
+    steps: int
+    units_seen: int
+    arms: list[ArmResult]
+    statistics: dict
+    frontier: dict | None = None
+
+    def arm_result(self, name: str) -> ArmResult:
+        return next(a for a in self.arms if a.name == name)
 
 
 def _weighted(per: np.ndarray, weight: np.ndarray) -> float:
@@ -68,7 +98,7 @@ def _weighted(per: np.ndarray, weight: np.ndarray) -> float:
 
 @dataclass
 class CompareResult:
-    """What `compare_plans` returns; `save(folder)` writes `compare.json`, `compare.md` and `compare.png`.
+    """What `compare_plans` returns; `save(folder)` writes `compare.json`, `compare.md`, `compare.png` (and the sweep plots).
 
     Attributes:
         arms: `ArmResult`s, the original first.
@@ -77,6 +107,12 @@ class CompareResult:
             (each chosen by held-out loss, never by test loss).
         probe: The probe's positions, signal and z (when it ran or was given).
         seconds, num_examples, config: cost, sizes, settings.
+        views: One `BudgetView` per budget (`arms` and `statistics` are the largest budget's), each with the
+            frontier (`comparison.frontier`) when a retention set was given.
+        grids: Per arm, the learning-rate grid, the rates added by the extension rule and why it stopped.
+        halving_agreement: Per arm kind, how often successive halving (replayed from the full grid's held-out
+            curves) keeps the full grid's choice (`None` when halving ran).
+        curves: With 3+ budgets: learning-curve fits, the predicted crossover and the fit's validation.
     """
 
     arms: list[ArmResult]
@@ -85,6 +121,10 @@ class CompareResult:
     probe: dict | None = None
     seconds: dict = field(default_factory=dict)
     num_examples: dict = field(default_factory=dict)
+    views: list[BudgetView] = field(default_factory=list)
+    grids: dict = field(default_factory=dict)
+    halving_agreement: dict | None = None
+    curves: dict | None = None
 
     def arm(self, name: str) -> ArmResult:
         for a in self.arms:
@@ -94,6 +134,12 @@ class CompareResult:
 
     @property
     def verdict(self) -> str:
+        """Plain sentences: did growth beat the best control on gain (at the largest budget), and the frontier verdict."""
+        frontier = frontier_sentence(self.views[-1]) if self.views else None
+        return self.gain_verdict + (f". {frontier[0].upper()}{frontier[1:]}" if frontier else "")
+
+    @property
+    def gain_verdict(self) -> str:
         """One plain sentence: did growth beat the best control, and by how much."""
         stats = self.statistics
         best_growth, control = stats.get("best_growth"), stats.get("best_control")
@@ -132,7 +178,8 @@ class CompareResult:
         return json_safe({
             "verdict": self.verdict, "rows": self.rows(), "arms": [a.to_dict() for a in self.arms],
             "statistics": self.statistics, "probe": self.probe, "seconds": self.seconds,
-            "num_examples": self.num_examples, "config": self.config,
+            "num_examples": self.num_examples, "config": self.config, "budgets": [view_dict(v) for v in self.views],
+            "grids": self.grids, "halving_agreement": self.halving_agreement, "curves": self.curves,
         })
 
     def to_markdown(self) -> str:
@@ -143,7 +190,7 @@ class CompareResult:
             "# Comparison at an equal budget", "",
             f"**Verdict:** {self.verdict}.", "",
             f"Every arm: {self.config['max_steps']} optimizer steps of {self.config['batch_size']} examples, "
-            f"{self.config['lr_scheduler']} schedule, learning rate chosen on held-out from {self.config['learning_rates']}. "
+            f"{self._schedule_text()}, learning rate chosen on held-out from {self._grid_text()}. "
             f"Intervals: {self.config['interval']}, {level:.0%} family-wise ({method} over the arms). "
             "Deltas are `loss(reference) - loss(arm)`: positive = the arm is better; forgetting = retention loss "
             "of the arm minus the original's (positive = forgot).", "",
@@ -163,13 +210,38 @@ class CompareResult:
                   "evaluations included).", ""]
         lines.append(f"Best control (held-out): {self.statistics.get('best_control')}; best growth arm (held-out): {self.statistics.get('best_growth')}.")
         lines.append(f"Seconds: {', '.join(f'{k} {v:.1f}' for k, v in self.seconds.items())}.")
-        return "\n".join(lines) + "\n"
+        lines += ["", *sweep_markdown(self)]
+        return "\n".join(lines).rstrip() + "\n"
+
+    def _schedule_text(self) -> str:
+        budgets = self.config.get("budgets")
+        if budgets and len(budgets) > 1:
+            return f"budgets {budgets} (the table: the largest), warmup-stable-decay schedule decaying over the last {self.config['decay_ratio']:.0%} of each"
+        return f"{self.config['lr_scheduler']} schedule"
+
+    def _grid_text(self) -> str:
+        if self.config.get("learning_rates"):
+            return str(self.config["learning_rates"])
+        grids = {a.kind: self.config.get(f"{a.kind}_learning_rates") for a in self.arms if a.kind != "original"}
+        return "each kind's grid (" + "; ".join(f"{k} {v}" for k, v in grids.items()) + ")"
 
     def save(self, folder) -> dict[str, str]:
         """Write `compare.json`, `compare.md` and `compare.png` into `folder` (atomically); returns their paths."""
         from ..plots import plot_comparison
+        from .plots import plot_gain_forgetting, plot_learning_curves
 
-        return write_outputs(folder, "compare", self, plot_comparison)
+        paths = write_outputs(folder, "compare", self, plot_comparison)
+        sweep = self.sweep_dict()
+        if len(self.views) > 1 or (self.views and self.views[-1].frontier):
+            paths["frontier_plot"] = str(plot_gain_forgetting(sweep, Path(folder) / "compare_frontier.png"))
+        if self.curves:
+            paths["curves_plot"] = str(plot_learning_curves(sweep, Path(folder) / "compare_curves.png"))
+        return paths
+
+    def sweep_dict(self) -> dict:
+        """Per budget rows, the fits and the crossover: what the two sweep plots draw (JSON-ready)."""
+        crossover = (self.curves or {}).get("crossover") or {}
+        return json_safe({"budgets": [view_dict(v) for v in self.views], "fits": crossover.get("fits") or {}, "crossover": crossover})
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

@@ -1,18 +1,18 @@
-"""`compare_plans`: train every arm at the same budget, evaluate them paired, and certify across arms.
+"""`compare_plans`: train every arm at equal budgets, evaluate them paired, and certify across arms.
 
 Order of work, so a bad input costs nothing: every data set is read and checked against the model,
 every arm is resolved (placements, matched controls) and the config validated; only then does
 anything train. The original's per-example losses on the test and retention sets are computed once
-and shared by every arm; each arm then trains once per learning rate of the grid, keeps the rate with
-the lowest held-out loss (the test set is never used to choose), and is scored once on test and
-retention examples. Intervals are corrected for the number of arms (`evaluation.decisions`).
+and shared by every arm. The work is then a loop over trials (`comparison.trial`: one arm, one learning
+rate, scored at every budget) run by an engine (`comparison.engine`; stored and resumable with
+`trials_dir`, `comparison.store`): first each arm's own grid, then x3 extensions for arms whose choice
+sits at an edge (`comparison.grids`). One aggregation (`comparison.aggregate`) turns the trials into a
+`CompareResult`: per budget, each arm's rate chosen on held-out (the test set never chooses), intervals
+corrected for the number of arms (`evaluation.decisions`), the gain x forgetting frontier.
 """
 
 from __future__ import annotations
 
-import copy
-import gc
-import math
 import time
 
 import numpy as np
@@ -26,12 +26,14 @@ from ..evaluation.paired import eval_mode
 from ..losses import batch_example_losses
 from ..training import tracking
 from ..training.data_order import training_rows
-from .arms import Arm, build_arms, check_growth_count, grow_arm
+from .aggregate import aggregate, rungs_of
+from .arms import Arm, build_arms
 from .config import CompareConfig
-from .result import ArmResult, CompareResult
-
-CONTROLS = ("layers", "lora", "full")
-HALVING_RUNGS = (0.25, 0.5)  # shares of the steps where the worse half of an arm's learning rates stops
+from .engine import run_serial
+from .grids import best_rate, edge, extension
+from .result import CompareResult
+from .store import TrialStore, stored
+from .trial import TrialInputs, TrialResult, TrialSpec
 
 
 def _checked_rows(model: nn.Module, data, name: str, batch_size: int) -> list[dict]:
@@ -69,86 +71,54 @@ def _weighted(per: np.ndarray, weight: np.ndarray) -> float:
     return float((per * weight).sum() / max(weight.sum(), 1.0))
 
 
-def _train_config(arm: Arm, lr: float, cfg: CompareConfig):
-    from ..training.config import TrainConfig
-
-    mode = {"growth": "new", "layers": "layers", "lora": "lora", "full": "full"}[arm.kind]
-    extra = {"trainable_layers": arm.layers} if arm.kind == "layers" else {}
-    if arm.kind == "lora":
-        extra.update(lora_r=arm.lora_r, lora_alpha=2 * arm.lora_r, lora_target_modules=cfg.lora_target_modules)
-    return TrainConfig(
-        trainable=mode, learning_rate=lr, max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
-        lr_scheduler=cfg.lr_scheduler, warmup_ratio=cfg.warmup_ratio, seed=cfg.seed, fallback=True,
-        selection_max_examples=cfg.selection_max_examples, save_final_model=False, progress_bar=False,
-        logging_steps=max(1, cfg.max_steps), **_tracker_settings(cfg, f"{arm.name}-lr{lr:g}"), **extra,
-    )  # fmt: skip
-
-
-def _tracker_settings(cfg: CompareConfig, name: str) -> dict:
+def _tracker_settings(cfg: CompareConfig, name: str | None = None) -> dict:
     """Where a run of the comparison logs (`report_to`); the seed is in the name, as the probe validation reruns per seed."""
-    return {"report_to": cfg.report_to, "logging_dir": cfg.logging_dir, "project_name": cfg.project_name, "run_name": f"{name}-seed{cfg.seed}"}
+    out = {"report_to": cfg.report_to, "logging_dir": cfg.logging_dir, "project_name": cfg.project_name}
+    return out if name is None else {**out, "run_name": f"{name}-seed{cfg.seed}"}
 
 
-def _fresh_model(base: nn.Module, arm: Arm, grow_kwargs: dict | None) -> nn.Module:
-    if arm.kind == "growth":
-        grown = grow_arm(base, arm, grow_kwargs)
-        check_growth_count(arm, grown)
-        return grown
-    return copy.deepcopy(base)
+def _spec(arm: Arm, lr: float, cfg: CompareConfig) -> TrialSpec:
+    rungs = sorted({r for b in cfg.sweep for r in rungs_of(b)})
+    return TrialSpec(arm, float(lr), cfg.seed, tuple(cfg.sweep), warmup_steps=cfg.warmup, scheduler=cfg.scheduler,
+                     decay_ratio=cfg.decay_ratio, rungs=tuple(rungs))  # fmt: skip
 
 
-def _train_arm(base, arm: Arm, cfg: CompareConfig, train_rows, eval_rows, grow_kwargs, bar, shared: dict) -> tuple:
-    """Train `arm` at every learning rate of the grid; keep the run with the lowest held-out loss.
-
-    With `successive_halving`, every rate trains in step; at each rung (a share of the steps) the worse
-    half of the rates still running stops, judged on held-out loss. A stopped run is a prefix of the full
-    run (same schedule), so the survivor is exactly what training it alone would give. `shared` carries
-    the original's losses from the first run of the comparison to every later one.
-    """
-    from ..training.trainer import GrownTrainer
-
-    started = time.perf_counter()
-    trainers = {lr: GrownTrainer(_fresh_model(base, arm, grow_kwargs), _train_config(arm, lr, cfg), train_rows, eval_rows)
-                for lr in cfg.learning_rates}  # fmt: skip
-    tried = {lr: {} for lr in trainers}
-    for trainer in trainers.values():
-        # Every run starts from the original: its held-out loss and L_S(f_old) are taken once per comparison.
-        trainer.reuse_original_losses(shared.get("original"))
-        trainer.begin()
-        shared.setdefault("original", trainer.taken_original_losses())
-    alive = list(trainers)
-    rungs = [round(f * cfg.max_steps) for f in HALVING_RUNGS] if cfg.successive_halving else []
-    for rung in (r for r in rungs if 0 < r < cfg.max_steps):
-        if len(alive) < 2:
-            break
-        for lr in alive:
-            trainers[lr].run_steps(rung)
-            tried[lr].update(heldout_loss=trainers[lr].heldout_loss(), stopped_at=rung)
-        keep = sorted(alive, key=lambda lr: _finite_or_inf(tried[lr]["heldout_loss"]))[: math.ceil(len(alive) / 2)]
-        for lr in set(alive) - set(keep):
-            trainers.pop(lr).close()  # dropped: no selection, no final evaluation
-            bar.update(1)
-        alive = keep
-    results = {}
-    for lr in alive:
-        trainer = trainers.pop(lr)
-        trainer.run_steps(cfg.max_steps)
-        results[lr] = trainer.finish()
-        tried[lr] = {"heldout_loss": results[lr].eval_loss_selected, "stopped_at": cfg.max_steps, "selected": results[lr].selected}
-        bar.update(1)
-    best = min(results, key=lambda lr: _finite_or_inf(results[lr].eval_loss_selected))
-    units = {r.units_seen for r in results.values()}
-    if len(units) != 1:
-        raise RuntimeError(f"arm {arm.name}: the learning rates saw different amounts of data {sorted(units)}")
-    chosen = results.pop(best)
-    results.clear()
-    gc.collect()
-    # The arm's whole cost: every rate of the grid, until it stopped, with set-up and evaluations.
-    return best, chosen, tried, time.perf_counter() - started, units.pop()
+def _grid_state(trials: list[TrialResult], budgets: list[int]) -> tuple[list[float], list]:
+    """The rates an arm tried, and per budget whether its choice sits at an edge of them."""
+    rates = sorted(t.spec.learning_rate for t in trials)
+    edges = []
+    for b in budgets:
+        chosen = best_rate({t.spec.learning_rate: t.scores[b].heldout_loss for t in trials if b in t.scores})
+        edges.append(edge(rates, chosen))
+    return rates, edges
 
 
-def _finite_or_inf(x) -> float:
-    return x if x is not None and math.isfinite(x) else math.inf
+def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs, engine) -> tuple[list[TrialResult], dict]:
+    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap."""
+    from tqdm.auto import tqdm
+
+    specs = [_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind)]
+    grids = {arm.name: {"grid": cfg.grid(arm.kind), "added": [], "stopped": None} for arm in trained}
+    with tqdm(total=len(specs), desc="compare trials", disable=not cfg.progress, unit="trial") as bar:
+        trials = engine(specs, inputs, halving=cfg.successive_halving, bar=bar)
+        while True:
+            more = []
+            for arm in trained:
+                info = grids[arm.name]
+                if info["stopped"] is not None:
+                    continue
+                rates, edges = _grid_state([t for t in trials if t.spec.arm.name == arm.name], cfg.sweep)
+                rate, why = extension(rates, edges, added=len(info["added"]), limit=cfg.lr_extensions, cap=cfg.max_learning_rate)
+                if rate is None:
+                    info.update(stopped=why, rates=rates, edges=dict(zip(cfg.sweep, edges)))
+                else:
+                    info["added"].append(rate)
+                    more.append(_spec(arm, rate, cfg))
+            if not more:
+                break
+            bar.total += len(more)
+            trials += engine(more, inputs, halving=False, bar=bar)
+    return trials, grids
 
 
 def _probe_if_needed(model, cfg: CompareConfig, train_rows, probe_result, probe_max_batches: int | None):
@@ -173,6 +143,7 @@ def compare_plans(
     probe_result=None,
     probe_max_batches: int | None = 16,
     grow_kwargs: dict | None = None,
+    trials_dir=None,
     **kwargs,
 ) -> CompareResult:
     """Train growth arms and equal-budget controls, evaluate them paired, and say which beat what.
@@ -188,6 +159,8 @@ def compare_plans(
         probe_result: A `ProbeResult` for `"probe:N"` arms (else the probe runs on `train_data`).
         probe_max_batches: Batches the probe reads when it runs here.
         grow_kwargs: `grow_depth` keyword arguments of the growth arms (`block`, `init`, ...).
+        trials_dir: A folder where every finished trial is stored (`comparison.store`): running the same
+            comparison again reuses each verified stored trial and trains only the others (resume).
 
     Returns:
         `CompareResult`: per arm the chosen learning rate, held-out, test and retention losses, paired
@@ -220,75 +193,35 @@ def compare_plans(
     if probe_result is not None:
         tracking.log_probe_run(probe_result, **_tracker_settings(cfg, "probe"))
     result = _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs,
-                       probe_result=probe_result, probe_seconds=probe_seconds, started=started)
+                       probe_result=probe_result, probe_seconds=probe_seconds, started=started, trials_dir=trials_dir)
     logged = tracking.tracking_run(config=cfg.to_dict(), **_tracker_settings(cfg, "compare"))
     logged.log_comparison(result, cfg.max_steps)
     logged.finish()
     return result
 
 
-def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs, *, probe_result, probe_seconds, started):
-    from tqdm.auto import tqdm
-
+def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs, *, probe_result, probe_seconds, started, trials_dir):
     t0 = time.perf_counter()
     original = {"test": example_losses(model, test_rows, cfg.batch_size)}
     if retention_rows is not None:
         original["retention"] = example_losses(model, retention_rows, cfg.batch_size)
     original["heldout"] = _weighted(*example_losses(model, eval_rows, cfg.batch_size))
     shared_seconds = time.perf_counter() - t0
-    results = [ArmResult.original(arms[0], original)]
+    inputs = TrialInputs(
+        base=model, train_rows=train_rows, eval_rows=eval_rows, test_rows=test_rows, retention_rows=retention_rows,
+        batch_size=cfg.batch_size, selection_max_examples=cfg.selection_max_examples, lora_target_modules=cfg.lora_target_modules,
+        grow_kwargs=grow_kwargs, original=original, tracking=_tracker_settings(cfg),
+    )  # fmt: skip
     trained = [a for a in arms if a.kind != "original"]
-    shared: dict = {}
-    with tqdm(total=len(trained) * len(cfg.learning_rates), desc="compare arms", disable=not cfg.progress, unit="run") as bar:
-        for arm in trained:
-            bar.set_postfix_str(arm.name)
-            lr, res, tried, seconds, units = _train_arm(model, arm, cfg, train_rows, eval_rows, grow_kwargs, bar, shared)
-            t_eval = time.perf_counter()
-            scored = {"test": example_losses(res.model, test_rows, cfg.batch_size)}
-            if retention_rows is not None:
-                scored["retention"] = example_losses(res.model, retention_rows, cfg.batch_size)
-            results.append(ArmResult.trained(arm, lr, res, tried, seconds, units, scored, time.perf_counter() - t_eval))
-            del res
-            gc.collect()
-    units = {r.units_seen for r in results if r.kind != "original"}
-    if len(units) > 1:
-        raise RuntimeError(f"the arms saw different amounts of data {sorted(units)}: the budget was not equal")
-    stats = _statistics(results, original, cfg)
-    return CompareResult(
-        arms=results, config=cfg.to_dict(), statistics=stats, probe=_probe_summary(probe_result),
-        seconds={"total": time.perf_counter() - started, "probe": probe_seconds, "original_losses": shared_seconds},
-        num_examples={"train": len(train_rows), "heldout": len(eval_rows), "test": len(test_rows),
-                      "retention": len(retention_rows) if retention_rows is not None else 0},
-    )  # fmt: skip
-
-
-def _corrected(diffs: dict, cfg: CompareConfig) -> dict | None:
-    if not diffs:
-        return None
-    return corrected_intervals(
-        diffs, delta=cfg.delta, method=cfg.method, kind=cfg.interval, loss_bound=cfg.loss_bound,
-        n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
-    )  # fmt: skip
-
-
-def _statistics(results: list[ArmResult], original: dict, cfg: CompareConfig) -> dict:
-    """Corrected paired intervals: every trained arm vs the original, growth vs the best control, forgetting."""
-    trained = [r for r in results if r.kind != "original"]
-    base_test = original["test"][0]
-    stats = {"vs_original": _corrected({r.name: base_test - r.test_per_example for r in trained}, cfg)}
-    controls = [r for r in trained if r.kind in CONTROLS]
-    growth = [r for r in trained if r.kind == "growth"]
-    best = min(controls, key=lambda r: r.heldout_loss) if controls else None
-    stats["best_control"] = best.name if best else None
-    stats["vs_best_control"] = _corrected({r.name: best.test_per_example - r.test_per_example for r in growth}, cfg) if best else None
-    if "retention" in original:
-        base_ret = original["retention"][0]
-        stats["retention"] = _corrected({r.name: base_ret - r.retention_per_example for r in trained}, cfg)
-    # An arm whose fallback rule kept the original is the original, not growth: it is the best growth arm
-    # only when every growth arm fell back (its held-out loss may still be a rounding below a real one's).
-    kept = [r for r in growth if r.selected != "old"] or growth
-    stats["best_growth"] = min(kept, key=lambda r: r.heldout_loss).name if kept else None
-    return stats
+    engine = stored(run_serial, TrialStore(trials_dir, inputs) if trials_dir is not None else None)
+    trials, grids = _train_arms(trained, cfg, inputs, engine)
+    extra = {
+        "probe": _probe_summary(probe_result),
+        "seconds": {"total": time.perf_counter() - started, "probe": probe_seconds, "original_losses": shared_seconds},
+        "num_examples": {"train": len(train_rows), "heldout": len(eval_rows), "test": len(test_rows),
+                         "retention": len(retention_rows) if retention_rows is not None else 0},
+    }  # fmt: skip
+    return aggregate(arms, trials, original, cfg, grids=grids, extra=extra)
 
 
 def _probe_summary(probe_result) -> dict | None:

@@ -13,7 +13,7 @@ from .tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_logging_dir, check
 TRAINABLE = ("new", "new+lora", "full", "layers", "lora")
 # Modes that train a model without new blocks (the control arms of `hf_depthgrow.comparison`).
 UNGROWN_MODES = ("full", "layers", "lora")
-SCHEDULERS = ("cosine", "linear", "constant")
+from .schedules import SCHEDULERS
 MIXED_PRECISION = ("no", "fp16", "bf16")
 PREFIX_CACHE = ("auto", "memory", "disk", "off")
 CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -72,8 +72,9 @@ class TrainConfig:
     learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon:
         AdamW over the trainable parameters only (no optimizer state for frozen ones). Biases and
         norm weights get no weight decay.
-    lr_scheduler (`str`): `"cosine"`, `"linear"` or `"constant"`, after `warmup_steps` (or
-        `warmup_ratio` of the steps) of linear warm-up.
+    lr_scheduler (`str`): `"cosine"`, `"linear"`, `"constant"` or `"wsd"` (warmup-stable-decay: the peak
+        rate held, then a cosine decay over the last `decay_ratio` of the steps), after `warmup_steps`
+        (or `warmup_ratio` of the steps) of linear warm-up.
     max_steps (`int`): optimizer steps; `-1` derives them from `num_train_epochs`.
     per_device_train_batch_size, gradient_accumulation_steps: the global batch is
         `per_device_train_batch_size * num_processes * gradient_accumulation_steps` examples.
@@ -162,7 +163,8 @@ class TrainConfig:
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
-    lr_scheduler: str = field(default="cosine", metadata={"help": "cosine, linear or constant.", "choices": list(SCHEDULERS)})
+    lr_scheduler: str = field(default="cosine", metadata={"help": "cosine, linear, constant or wsd (warmup-stable-decay).", "choices": list(SCHEDULERS)})
+    decay_ratio: float = field(default=0.2, metadata={"help": "wsd: the decay's share of the steps (the rest after warm-up is stable)."})
     warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps."})
     warmup_ratio: float = field(default=0.0, metadata={"help": "Warm-up as a share of the steps (if warmup_steps is 0)."})
     max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; -1: from num_train_epochs."})
@@ -283,6 +285,11 @@ class TrainConfig:
             _require(_is_num(getattr(self, name)) and 0 <= getattr(self, name) < 1, f"{name} must be a number in [0, 1), got {getattr(self, name)!r}")
         _require(_is_num(self.adam_epsilon) and self.adam_epsilon > 0, f"adam_epsilon must be a finite number > 0, got {self.adam_epsilon!r}")
         _require(_is_num(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, f"warmup_ratio must be a number in [0, 1), got {self.warmup_ratio!r}")
+        _require(_is_num(self.decay_ratio) and 0 < self.decay_ratio <= 1, f"decay_ratio must be a number in (0, 1], got {self.decay_ratio!r}")
+        if self.lr_scheduler == "wsd" and _is_int(self.max_steps) and self.max_steps > 0 and _is_int(self.warmup_steps):
+            from .schedules import check_wsd
+
+            check_wsd(self.max_steps, self.warmup_steps or math.ceil(self.warmup_ratio * self.max_steps), self.decay_ratio)
         _require(not (self.warmup_steps and self.warmup_ratio), "set warmup_steps or warmup_ratio, not both")
         _require(_is_num(self.lora_dropout) and 0 <= self.lora_dropout < 1, f"lora_dropout must be a number in [0, 1), got {self.lora_dropout!r}")
         _require(

@@ -55,6 +55,7 @@ from .guards import guard_output_dir, nonfinite_stop, run_fingerprint
 from .original_losses import OriginalLosses, check_reuse, losses_key
 from .prefix_cache import PrefixCache, build_caches, shares_prefix
 from .result import FINAL_MODEL, TrainResult, initial_result, write_outputs
+from .schedules import build_scheduler
 from .selection import candidate_loss, initial_weights, pick, selected_model, stone_cache, unpack_stone
 from .tracking import NO_TRACKING, make_accelerator, trainer_tracking
 from .trainable import layer_parameters, lora_target_names, make_optimizer, set_train_mode, setup_trainable
@@ -184,7 +185,10 @@ class GrownTrainer:
             return self._accelerator
         if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":  # accelerate launch with a DeepSpeed config
             return deepspeed_accelerator(mixed_precision=self.config.mixed_precision, timeout_s=self.config.ddp_timeout)
-        return make_accelerator(self.config.mixed_precision, self.config.ddp_timeout)
+        from .sharding import launched_fsdp_accelerator  # accelerate launch with an FSDP config: on CPU, not DDP
+
+        sharded = launched_fsdp_accelerator(mixed_precision=self.config.mixed_precision, timeout_s=self.config.ddp_timeout)
+        return sharded or make_accelerator(self.config.mixed_precision, self.config.ddp_timeout)
 
     def _setup_accelerator(self) -> None:
         from accelerate.utils import DistributedType, set_seed
@@ -212,8 +216,6 @@ class GrownTrainer:
             )
 
     def _setup_optimization(self) -> None:
-        from transformers import get_scheduler
-
         cfg, acc = self.config, self.accelerator
         trainable = setup_trainable(self.model, cfg)
         self.trainable_named, self.train_modules, self.peft_model = trainable.named, trainable.train_modules, trainable.peft_model
@@ -225,10 +227,9 @@ class GrownTrainer:
         self.order = DataOrder(len(self.train_dataset), cfg.per_device_train_batch_size, acc.num_processes, cfg.seed)
         accum = cfg.gradient_accumulation_steps
         self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.num_train_epochs * self.order.batches_per_epoch / accum))
-        warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * self.total_steps)
-        sched_name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
+        self.warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * self.total_steps)
         # Not passed to `prepare`: accelerate's wrapper steps a scheduler once per process.
-        self.scheduler = get_scheduler(sched_name, optimizer, num_warmup_steps=warmup, num_training_steps=self.total_steps)
+        self.scheduler = build_scheduler(cfg.lr_scheduler, optimizer, warmup=self.warmup, total=self.total_steps, decay_ratio=cfg.decay_ratio)
         self.wrapped, self.optimizer = acc.prepare(self.model, optimizer)
         if self.sharded:
             acc.register_for_checkpointing(self.scheduler)
@@ -416,6 +417,13 @@ class GrownTrainer:
         loss = self._dataset_loss(self.eval_dataset, self.eval_rows, cache=self.eval_cache, desc=f"held-out loss (step {self._step})")
         self._set_train_mode(True)
         self.tracking.log_eval(self._step, loss)
+        return loss
+
+    def selection_loss(self) -> float:
+        """`L_S` of the model as it is now, on the fallback rule's training rows; training mode is restored afterwards."""
+        self._set_train_mode(False)
+        loss = self._dataset_loss(self.train_dataset, self.selection_rows, which="new", cache=self.train_cache, desc=f"train loss (step {self._step})")
+        self._set_train_mode(True)
         return loss
 
     def close(self) -> None:

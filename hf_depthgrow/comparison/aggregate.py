@@ -1,0 +1,183 @@
+"""One aggregation from trial results to a `CompareResult`: choices on held-out, statistics on test, per budget.
+
+Reads only `TrialResult`s and the original's losses, so trials run in this process, on another engine, or
+read back from storage all give the same result. Per budget and arm, the learning rate is the one with the
+lowest held-out loss at that budget; the arm's row is that trial's score. Then, per budget: the corrected
+paired intervals (`runner`'s statistics), the frontier and the control curve (`frontier`), the arm within
+the forgetting budget; across budgets: learning-curve fits and the predicted crossover (`crossover`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from ..evaluation.decisions import corrected_intervals
+from . import frontier as fr
+from .grids import best_rate, halving_survivor
+from .result import ArmResult, BudgetView, CompareResult
+from .trial import HALVING_RUNGS, TrialResult
+
+CONTROLS = ("layers", "lora", "full")
+
+
+def rungs_of(budget: int) -> list[int]:
+    """The steps where a run of `budget` steps records its held-out loss (and halving may stop a rate)."""
+    return [r for r in (round(f * budget) for f in HALVING_RUNGS) if 0 < r < budget]
+
+
+def retention_parts(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(selection, test)` indices of a retention set of `n` examples (seeded; both parts non-empty)."""
+    if n < 2:
+        raise ValueError(f"the retention set needs at least 2 examples (a selection part and a test part), got {n}")
+    order = np.random.default_rng(seed + 7919).permutation(n)
+    cut = min(max(1, round(fraction * n)), n - 1)
+    return np.sort(order[:cut]), np.sort(order[cut:])
+
+
+def _corrected(diffs: dict, cfg) -> dict | None:
+    if not diffs:
+        return None
+    return corrected_intervals(diffs, delta=cfg.delta, method=cfg.method, kind=cfg.interval, loss_bound=cfg.loss_bound,
+                               n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)  # fmt: skip
+
+
+def statistics(results: list[ArmResult], original: ArmResult, cfg) -> dict:
+    """Corrected paired intervals: every trained arm vs the original, growth vs the best control, forgetting."""
+    trained = [r for r in results if r.kind != "original"]
+    stats = {"vs_original": _corrected({r.name: original.test_per_example - r.test_per_example for r in trained}, cfg)}
+    controls = [r for r in trained if r.kind in CONTROLS]
+    growth = [r for r in trained if r.kind == "growth"]
+    best = min(controls, key=lambda r: r.heldout_loss) if controls else None
+    stats["best_control"] = best.name if best else None
+    stats["vs_best_control"] = _corrected({r.name: best.test_per_example - r.test_per_example for r in growth}, cfg) if best else None
+    if original.retention_per_example is not None:
+        stats["retention"] = _corrected({r.name: original.retention_per_example - r.retention_per_example for r in trained}, cfg)
+    # An arm whose fallback rule kept the original is the original, not growth: it is the best growth arm
+    # only when every growth arm fell back (its held-out loss may still be a rounding below a real one's).
+    kept = [r for r in growth if r.selected != "old"] or growth
+    stats["best_growth"] = min(kept, key=lambda r: r.heldout_loss).name if kept else None
+    return stats
+
+
+def _arm_row(arm, trials: list[TrialResult], budget: int, parts) -> ArmResult:
+    """The arm at `budget`: the trial whose held-out loss there is lowest (every rate tried listed in `tried`)."""
+    scored = {t.spec.learning_rate: t for t in trials if budget in t.scores}
+    lr = best_rate({r: t.scores[budget].heldout_loss for r, t in scored.items()})
+    lr = lr if lr is not None else min(scored)
+    tried = {}
+    for t in trials:
+        s = t.scores.get(budget)
+        if s is not None:
+            tried[t.spec.learning_rate] = {"heldout_loss": s.heldout_loss, "stopped_at": budget, "selected": s.selected}
+        elif t.stopped_at is not None:
+            tried[t.spec.learning_rate] = {"heldout_loss": t.heldout_at(t.stopped_at), "stopped_at": t.stopped_at}
+    score = scored[lr].scores[budget]
+    return ArmResult.scored(arm, lr, score, tried, sum(t.seconds for t in trials), scored[lr].trainable_parameters, parts)
+
+
+def _halving_agreement(by_arm: dict, budgets: list[int]) -> dict:
+    """Per arm kind: how often successive halving's survivor (replayed from the held-out curves) is the full grid's choice."""
+    counts = defaultdict(lambda: {"agree": 0, "of": 0})
+    for arm, trials in by_arm.values():
+        full = [t for t in trials if t.stopped_at is None]
+        if len(full) < 2 or len(full) != len(trials):
+            continue  # halving ran for real, or a single rate: nothing to replay
+        for b in budgets:
+            final = {t.spec.learning_rate: t.scores[b].heldout_loss for t in full}
+            rungs = [{t.spec.learning_rate: t.heldout_at(r) for t in full} for r in rungs_of(b)]
+            if any(math.isnan(v) for rung in rungs for v in rung.values()):
+                continue
+            c = counts[arm.kind]
+            c["of"] += 1
+            c["agree"] += int(halving_survivor(rungs, final) == best_rate(final))
+    return {k: {**v, "share": v["agree"] / v["of"]} for k, v in counts.items()}
+
+
+def _frontier(view: BudgetView, original: ArmResult, cfg, ret_sel_base: np.ndarray) -> dict:
+    """The frontier (held-out gain, retention selection-part forgetting), the arm within eps, and the control curve."""
+    trained = [a for a in view.arms if a.kind != "original"]
+    sel_gain = {a.name: original.heldout_loss - a.heldout_loss for a in trained}
+    sel_forget = {a.name: a.retention_selection - ret_sel_base for a in trained}
+    points = {n: (sel_gain[n], float(sel_forget[n].mean())) for n in sel_gain} | {"original": (0.0, 0.0)}
+    bounds = _corrected({n: -f for n, f in sel_forget.items()}, cfg)  # forgetting's upper bound = -(low of -forgetting)
+    high = {n: -bounds["arms"][n]["low"] for n in sel_forget}
+    out = {"frontier": fr.pareto(points), "selection": {n: {"gain": sel_gain[n], "forgetting": points[n][1], "forgetting_high": high[n]}
+                                                      for n in sel_gain}}  # fmt: skip
+    out["best_gain"] = max(sel_gain, key=lambda n: sel_gain[n])
+    if cfg.max_forgetting is not None:
+        out["max_forgetting"] = cfg.max_forgetting
+        out["best_within"] = fr.best_within(sel_gain, high, cfg.max_forgetting)
+    controls = [a.name for a in trained if a.kind in CONTROLS]
+    growth = [a.name for a in trained if a.kind == "growth"]
+    gain = {a.name: original.test_per_example - a.test_per_example for a in trained}
+    forget = {a.name: a.retention_per_example - original.retention_per_example for a in trained}
+    out["control_curve"] = fr.off_curve(gain, forget, controls, growth, delta=cfg.delta, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
+    return out
+
+
+def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: dict, extra: dict) -> CompareResult:
+    """A `CompareResult` from every trial of a comparison (see the module docstring).
+
+    Args:
+        arms: The resolved arms, the original first.
+        trials: Every trial's result (any order).
+        original: The original's per-example test losses and weights (`test`), retention losses (`retention`),
+            held-out loss (`heldout`).
+        cfg: The `CompareConfig`.
+        grids: Per arm, the rates tried and why the grid stopped growing.
+        extra: `probe`, `seconds`, `num_examples` of the `CompareResult`.
+    """
+    budgets = cfg.sweep
+    by_arm = {a.name: (a, [t for t in trials if t.spec.arm.name == a.name]) for a in arms if a.kind != "original"}
+    parts = None
+    if original.get("retention") is not None:
+        parts = retention_parts(len(original["retention"][0]), cfg.retention_selection_fraction, cfg.seed)
+    base = ArmResult.original(arms[0], original, parts)
+    views = []
+    for b in budgets:
+        rows = [base] + [_arm_row(arm, ts, b, parts) for arm, ts in by_arm.values()]
+        units = {r.units_seen for r in rows[1:]}
+        if len(units) > 1:
+            raise RuntimeError(f"the arms saw different amounts of data at {b} steps {sorted(units)}: the budget was not equal")
+        view = BudgetView(steps=b, units_seen=units.pop() if units else 0, arms=rows, statistics=statistics(rows, base, cfg))
+        if parts is not None:
+            view.frontier = _frontier(view, base, cfg, original["retention"][0][parts[0]])
+        views.append(view)
+    result = CompareResult(arms=views[-1].arms, config=cfg.to_dict(), statistics=views[-1].statistics, views=views, grids=grids, **extra)
+    if not cfg.successive_halving:
+        result.halving_agreement = _halving_agreement(by_arm, budgets)
+    if len(views) >= 3:
+        result.curves = learning_curves(views, original["test"][1], cfg)
+    return result
+
+
+def learning_curves(views: list[BudgetView], weight: np.ndarray, cfg) -> dict | None:
+    """Fits of test loss against tokens per arm, the predicted crossover (on gain, and within EPS) and its validation."""
+    from .crossover import predict_crossover, validate_fit
+
+    last = views[-1]
+    trained = [a for a in last.arms if a.kind != "original"]
+    growth, controls = [a.name for a in trained if a.kind == "growth"], [a.name for a in trained if a.kind in CONTROLS]
+    tokens = [v.units_seen for v in views]
+    losses = {a.name: [v.arm_result(a.name).test_per_example for v in views] for a in trained}
+    weights = {name: [weight] * len(views) for name in losses}
+    boot = {"n_bootstrap": min(cfg.n_bootstrap, 500), "seed": cfg.seed}
+    out = {"validation": validate_fit(tokens, losses, weights, **boot)}
+    out["validation_text"] = out["validation"].get("summary") or f"fit validation skipped: {out['validation'].get('reason')}"
+    if not growth or not controls:
+        return out
+    within = best_within = None
+    if last.frontier and cfg.max_forgetting is not None:
+        sel = last.frontier["selection"]
+        within = [c for c in controls if sel[c]["forgetting_high"] <= cfg.max_forgetting]
+        best_within = min(within, key=lambda c: last.arm_result(c).heldout_loss) if within else None
+    cross = predict_crossover(tokens, losses, weights, growth=growth, controls=controls, best_growth=last.statistics["best_growth"],
+                              best_control=last.statistics["best_control"], controls_within=within,
+                              best_control_within=best_within, **boot)  # fmt: skip
+    out.update(crossover=cross, crossover_text=cross["on_gain"]["text"])
+    if cross.get("within_forgetting"):
+        out["within_text"] = f"within forgetting {cfg.max_forgetting:g} nats: {cross['within_forgetting']['text']}"
+    return out

@@ -1,0 +1,246 @@
+"""The trial unit of every sweep: one arm at one learning rate and seed, trained once, scored at every budget.
+
+`run_trial(spec, inputs)` turns a `TrialSpec` into a `TrialResult`; `compare_plans` is a loop over trials
+plus one aggregation (`comparison.aggregate`), so an engine that runs trials elsewhere gives the same result.
+
+A trial trains on the warmup-stable-decay schedule of its largest budget. At the end of each smaller
+budget's stable phase it branches that budget's decay (`training.branching`), scores it and carries on;
+each budget is therefore the run that budget would be if trained alone. With one budget and a cosine
+schedule it is simply that run. At every budget the fallback rule picks between the trained model and
+the original on training loss; the result holds the held-out loss, the pick, and the per-example test
+and retention losses of what was picked. The held-out loss is also taken at `spec.rungs` (a quarter and
+a half of each budget): the held-out curve, from which successive halving's choice can be replayed.
+
+`trial_steps` is the same trial as a generator that pauses at each rung with `(step, held-out loss)`:
+sending `False` stops the trial there (successive halving), anything else continues.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch import nn
+
+from ..utils import json_safe
+from .arms import Arm, check_growth_count, grow_arm
+
+HALVING_RUNGS = (0.25, 0.5)  # shares of a budget where the held-out loss is recorded (and halving may stop a rate)
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One trial: an arm, a learning rate, a seed (the data order) and the budgets (optimizer steps) it is scored at.
+
+    Example:
+        ```python
+        >>> TrialSpec(arm, 1e-3, seed=0, budgets=(20, 40, 80)).name
+        'probe:1@lr0.001@seed0'
+        ```
+    """
+
+    arm: Arm
+    learning_rate: float
+    seed: int
+    budgets: tuple[int, ...]
+    warmup_steps: int = 0
+    scheduler: str = "cosine"
+    decay_ratio: float = 0.2
+    rungs: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm.name}@lr{self.learning_rate:g}@seed{self.seed}"
+
+    def to_dict(self) -> dict:
+        return json_safe({"arm": self.arm.to_dict(), "learning_rate": self.learning_rate, "seed": self.seed,
+                          "budgets": list(self.budgets), "warmup_steps": self.warmup_steps, "scheduler": self.scheduler,
+                          "decay_ratio": self.decay_ratio, "rungs": list(self.rungs)})  # fmt: skip
+
+
+@dataclass
+class BudgetScore:
+    """A trial at one budget: what the fallback rule picked and its losses (per-example on test and retention)."""
+
+    steps: int
+    units_seen: int
+    heldout_loss: float
+    selected: str
+    train_losses: dict
+    test: np.ndarray
+    test_weight: np.ndarray
+    retention: np.ndarray | None
+    retention_weight: np.ndarray | None
+    seconds: float
+
+
+@dataclass
+class TrialResult:
+    """What a trial returns: a `BudgetScore` per budget reached, the held-out curve, and the cost.
+
+    `stopped_at` is the rung where successive halving stopped the trial (then `scores` is empty).
+    """
+
+    spec: TrialSpec
+    scores: dict[int, BudgetScore] = field(default_factory=dict)
+    heldout_curve: list[tuple[int, float]] = field(default_factory=list)
+    stopped_at: int | None = None
+    trainable_parameters: int = 0
+    seconds: float = 0.0
+
+    def heldout_at(self, step: int) -> float:
+        """The held-out loss recorded at `step` (a rung or a budget's end); `nan` if it was not recorded."""
+        for s, loss in self.heldout_curve:
+            if s == step:
+                return loss
+        return math.nan
+
+
+@dataclass
+class TrialInputs:
+    """What every trial of a comparison shares: the base model, the rows, the settings, the original's losses.
+
+    `original` holds the original's per-example test (and retention) losses and held-out loss (what a budget
+    where the fallback rule kept the original scores), and `losses`, the `OriginalLosses` every trainer reuses.
+    """
+
+    base: nn.Module
+    train_rows: list
+    eval_rows: list
+    test_rows: list
+    retention_rows: list | None
+    batch_size: int
+    selection_max_examples: int | None
+    lora_target_modules: list[str] | None
+    grow_kwargs: dict | None
+    original: dict
+    tracking: dict = field(default_factory=dict)
+
+
+def train_config(spec: TrialSpec, inputs: TrialInputs):
+    """The `TrainConfig` of a trial: its arm's trainable set, rate and seed, on the schedule of its largest budget."""
+    from ..training.config import TrainConfig
+
+    arm = spec.arm
+    mode = {"growth": "new", "layers": "layers", "lora": "lora", "full": "full"}[arm.kind]
+    extra = {"trainable_layers": arm.layers} if arm.kind == "layers" else {}
+    if arm.kind == "lora":
+        extra.update(lora_r=arm.lora_r, lora_alpha=2 * arm.lora_r, lora_target_modules=inputs.lora_target_modules)
+    total = max(spec.budgets)
+    return TrainConfig(
+        trainable=mode, learning_rate=spec.learning_rate, max_steps=total, per_device_train_batch_size=inputs.batch_size,
+        lr_scheduler=spec.scheduler, warmup_steps=spec.warmup_steps, decay_ratio=spec.decay_ratio, seed=spec.seed,
+        fallback=True, selection_max_examples=inputs.selection_max_examples, save_final_model=False, progress_bar=False,
+        logging_steps=total, **inputs.tracking, run_name=f"{spec.arm.name}-lr{spec.learning_rate:g}-seed{spec.seed}", **extra,
+    )  # fmt: skip
+
+
+def fresh_model(base: nn.Module, arm: Arm, grow_kwargs: dict | None) -> nn.Module:
+    """The model an arm trains: a grown copy for growth arms, a plain copy for the controls."""
+    import copy
+
+    if arm.kind == "growth":
+        grown = grow_arm(base, arm, grow_kwargs)
+        check_growth_count(arm, grown)
+        return grown
+    return copy.deepcopy(base)
+
+
+def _events(spec: TrialSpec) -> list[tuple[int, str, int]]:
+    """`(step, what, budget)` in the order the trunk reaches them: rungs, then branch points, then the end."""
+    from ..training.schedules import stable_end
+
+    total = max(spec.budgets)
+    events = [(r, "rung", 0) for r in sorted(set(spec.rungs)) if 0 < r < total]
+    events += [(stable_end(b, spec.decay_ratio), "branch", b) for b in spec.budgets if b < total]
+    events.append((total, "end", total))
+    order = {"rung": 0, "branch": 1, "end": 2}
+    return sorted(events, key=lambda e: (e[0], order[e[1]], e[2]))
+
+
+def trial_steps(spec: TrialSpec, inputs: TrialInputs):
+    """The trial as a generator: yields `(step, held-out loss)` at each rung, returns the `TrialResult`.
+
+    Send `False` at a rung to stop the trial there (it returns with `stopped_at` set and no scores).
+    """
+    from ..training.branching import restore_branch_point, retarget, save_branch_point
+    from ..training.trainer import GrownTrainer
+
+    started = time.perf_counter()
+    if len(spec.budgets) > 1 and spec.scheduler != "wsd":
+        raise ValueError(f"a trial scored at several budgets needs lr_scheduler='wsd', not {spec.scheduler!r}")
+    trainer = GrownTrainer(fresh_model(inputs.base, spec.arm, inputs.grow_kwargs), train_config(spec, inputs),
+                           inputs.train_rows, inputs.eval_rows, original_losses=inputs.original.get("losses"))  # fmt: skip
+    result = TrialResult(spec)
+    try:
+        trainer.begin()
+        result.trainable_parameters = trainer.num_trainable
+        # Every trial starts from the original: its held-out loss and L_S(f_old) are taken once, by the first trial.
+        inputs.original.setdefault("losses", trainer.taken_original_losses())
+        for step, what, budget in _events(spec):
+            trainer.run_steps(step)
+            if what == "rung":
+                loss = trainer.heldout_loss() if not trainer.stopped else math.inf
+                result.heldout_curve.append((step, loss))
+                if (yield step, loss) is False:
+                    result.stopped_at = step
+                    break
+            elif what == "branch":
+                point = save_branch_point(trainer)
+                retarget(trainer, budget)
+                trainer.run_steps(budget)
+                result.scores[budget] = _score(trainer, budget, inputs, started, result)
+                restore_branch_point(trainer, point)
+            else:
+                result.scores[budget] = _score(trainer, budget, inputs, started, result)
+    finally:
+        trainer.close()
+        del trainer
+        gc.collect()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def run_trial(spec: TrialSpec, inputs: TrialInputs) -> TrialResult:
+    """Run a trial to its end (no early stop) and return its `TrialResult`.
+
+    Example:
+        ```python
+        >>> result = run_trial(TrialSpec(arm, 3e-3, seed=0, budgets=(8, 16), scheduler="wsd"), inputs)
+        >>> sorted(result.scores), result.scores[8].selected
+        ([8, 16], 'new')
+        ```
+    """
+    steps = trial_steps(spec, inputs)
+    try:
+        next(steps)
+        while True:
+            steps.send(True)
+    except StopIteration as done:
+        return done.value
+
+
+def _score(trainer, budget: int, inputs: TrialInputs, started: float, result: TrialResult) -> BudgetScore:
+    """The fallback rule's pick at this budget, and its held-out, test and retention losses."""
+    from ..training.selection import pick
+    from .runner import example_losses
+
+    old = trainer.baseline["old"]
+    new = math.nan if trainer.nonfinite is not None else trainer.selection_loss()
+    losses = {"new": new, "old": old}
+    selected = pick(losses, exclude=("new",) if trainer.nonfinite is not None else ())[0]
+    original = inputs.original
+    if selected == "old":  # the original's own losses, computed once for every trial
+        heldout, (test, weight), retention = original["heldout"], original["test"], original.get("retention")
+    else:
+        heldout = trainer.heldout_loss()
+        test, weight = example_losses(trainer.model, inputs.test_rows, inputs.batch_size)
+        retention = example_losses(trainer.model, inputs.retention_rows, inputs.batch_size) if inputs.retention_rows else None
+    result.heldout_curve.append((budget, heldout))
+    ret, ret_weight = retention if retention is not None else (None, None)
+    return BudgetScore(steps=budget, units_seen=trainer.units_seen, heldout_loss=heldout, selected=selected, train_losses=losses,
+                       test=test, test_weight=weight, retention=ret, retention_weight=ret_weight,
+                       seconds=time.perf_counter() - started)  # fmt: skip
