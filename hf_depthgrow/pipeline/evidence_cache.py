@@ -278,7 +278,7 @@ class EvidenceCache:
             return Entry(key, entry["meta"], tensors)
         except UnverifiedEntryError as err:
             aside = _set_aside(folder, key)
-            where = f"moved aside to {aside}" if aside else "left in place (it could not be moved)"
+            where = f"moved aside to {aside}" if aside else "not moved: a read-only cache, or another run moved it first"
             warnings.warn(f"evidence cache: not reusing the {kind} entry {key[:12]}: {err}; computing it afresh "
                           f"(the damaged entry is {where})", stacklevel=2)  # fmt: skip
             return None
@@ -289,7 +289,8 @@ class EvidenceCache:
     def store(self, kind: str, parts: dict, meta: dict, tensors: dict | None = None) -> str | None:
         """Write an entry atomically; returns its key, or `None` (off, or it could not write: then with a warning).
 
-        An entry already in place is kept as it is (an identical key holds identical evidence).
+        An entry already in place that passes its digest is kept as it is (an identical key holds identical
+        evidence); one that fails it is moved aside, with a warning, and replaced.
         """
         if not self.enabled:
             return None
@@ -310,9 +311,9 @@ class EvidenceCache:
             (tmp / _ENTRY).write_text(json.dumps(header, indent=1, sort_keys=True, allow_nan=False), encoding="utf-8")
             write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
             if final.exists() and not _whole(final):  # an unverified entry `load` did not move aside: out of the way
-                aside = _set_aside(final, key)
-                warnings.warn(f"evidence cache: the {kind} entry {key[:12]} in place fails its digest; replacing it "
-                              f"(the damaged entry is moved aside to {aside})", stacklevel=2)  # fmt: skip
+                if aside := _set_aside(final, key):
+                    warnings.warn(f"evidence cache: the {kind} entry {key[:12]} in place fails its digest; replacing it "
+                                  f"(the damaged entry is moved aside to {aside})", stacklevel=2)  # fmt: skip
             try:
                 os.rename(tmp, final)
             except OSError:
