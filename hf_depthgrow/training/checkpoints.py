@@ -7,10 +7,11 @@ accelerate writes the state (`save_state`: sharded files, or the DeepSpeed engin
 the trainable set and its partitioned optimizer state) into the same temp folder.
 
 A checkpoint is resumed only if it is consistent with itself: `digest.json`, written last at save, holds
-the sha256 of every other file and is checked before anything is read (`verify_digest`); `global_step` must
+the sha256 of every other file and is checked before the run's set-up (`verify_digest`); `global_step` must
 match the folder's name, lie within `max_steps` and agree with the micro-batch count, the history, and the
 step counts of the scheduler and the optimizer (`check_state`, `check_counts`). Anything else is refused
-with `CheckpointIntegrityError`, one line naming what contradicts what, before a weight is touched.
+with `CheckpointIntegrityError`, one line naming what contradicts what, before a weight is touched (sharded:
+the scheduler's count is checked once the engine has loaded its state).
 """
 
 from __future__ import annotations
