@@ -94,3 +94,53 @@ def umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# ------------------------------------------------------------------ the command a process is running
+
+_COMMAND = {"depth": 0, "line": None, "at_end": []}
+
+
+@contextmanager
+def command_scope(command: str | None = None):
+    """Mark the block as one command: what registers with `at_command_end` inside it runs when it ends.
+
+    Every `hf-depthgrow` command runs in one; the output folders it locks stay locked until it ends
+    (`hf_depthgrow.pipeline.output`). Kept here, away from the heavy packages, so `--help` stays fast.
+
+    Args:
+        command: The command line, recorded beside a locked output folder so that a second writer can name it.
+
+    Example:
+        ```python
+        >>> with command_scope("hf-depthgrow grow ..."):
+        ...     check_output_dir("runs/x", overwrite=False)  # locked until the block ends
+        ```
+    """
+    outer = _COMMAND["line"]
+    _COMMAND["depth"] += 1
+    _COMMAND["line"] = command or outer
+    try:
+        yield
+    finally:
+        _COMMAND["depth"] -= 1
+        _COMMAND["line"] = outer
+        if not _COMMAND["depth"]:
+            callbacks, _COMMAND["at_end"] = _COMMAND["at_end"], []
+            for callback in reversed(callbacks):
+                callback()
+
+
+def in_command() -> bool:
+    """Whether a `command_scope` is open."""
+    return _COMMAND["depth"] > 0
+
+
+def command_line() -> str | None:
+    """The command line given to the open `command_scope` (`None` outside one)."""
+    return _COMMAND["line"]
+
+
+def at_command_end(callback) -> None:
+    """Call `callback()` when the open `command_scope` ends."""
+    _COMMAND["at_end"].append(callback)

@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import os
+import pickle
 import shlex
 import sys
 
 # Problems with what the user typed or pointed at: one line, no traceback (HF_DEPTHGROW_TRACEBACK=1 shows it).
 INPUT_ERRORS = (ValueError, TypeError, OSError, ImportError)
+# Torch's words for a device string it cannot parse or a device this machine does not have.
+_DEVICE_ERRORS = ("device string", "Torch not compiled with CUDA", "invalid device ordinal", "no NVIDIA driver")
+
+
+def _input_error_message(err: BaseException) -> str | None:
+    """The one-line message for an input error, or `None` for anything else (a bug: it keeps its traceback).
+
+    Besides `INPUT_ERRORS`: a pickle that `torch.load(weights_only=True)` refused (a hand-made or malicious
+    checkpoint file; it was never run) and a device this machine cannot use (`--device tpu:7`), which torch
+    raises as `UnpicklingError` and `RuntimeError`/`AssertionError`.
+    """
+    text = " ".join(str(err).split())
+    if isinstance(err, INPUT_ERRORS):
+        return text or type(err).__name__
+    if isinstance(err, pickle.UnpicklingError):
+        return (
+            "refused to load a pickle file that holds more than tensors (loading it could run code; it was not run): "
+            "only files this tool wrote, or safetensors, are loaded"
+        )
+    if isinstance(err, (RuntimeError, AssertionError)) and any(words in text for words in _DEVICE_ERRORS):
+        return f"unusable device: {text}"
+    return None
 
 
 def run_command(name: str, body, argv: list[str] | None) -> int:
@@ -19,17 +42,17 @@ def run_command(name: str, body, argv: list[str] | None) -> int:
         ...     return run_command("grow", _grow, argv)
         ```
     """
-    from ..pipeline.output import command_scope
+    from ..utils import command_scope
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         # Output folders locked during the command stay locked until it ends (the holder record names it).
         with command_scope(f"hf-depthgrow {name} " + shlex.join(argv)):
             return int(body(argv) or 0)
-    except INPUT_ERRORS as err:
-        if os.environ.get("HF_DEPTHGROW_TRACEBACK", "").lower() in ("1", "true", "yes"):
+    except Exception as err:
+        message = _input_error_message(err)
+        if message is None or os.environ.get("HF_DEPTHGROW_TRACEBACK", "").lower() in ("1", "true", "yes"):
             raise
-        message = " ".join(str(err).split()) or type(err).__name__
         print(f"hf-depthgrow {name}: {message}", file=sys.stderr)
         # A full disk is the machine's state, not bad input: exit code 1, so that scripts can tell them apart.
         return 1 if isinstance(err, OSError) and err.errno in (28, 122) else 2  # ENOSPC, EDQUOT

@@ -29,13 +29,14 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..utils import at_command_end, atomic_write_text, command_line, command_scope, in_command
+
 MARKER = ".hf_depthgrow_run"
 
 __all__ = ["MARKER", "OutputInUseError", "check_output_dir", "command_scope", "staged_output"]
 
 _HELD: dict[Path, "_Lock"] = {}  # output folders this process holds the lock of
 _CHECKED: dict[Path, bool] = {}  # output folder -> the `overwrite` it was checked with
-_SCOPE = {"depth": 0, "command": None}
 
 
 def _unlink_safe() -> bool:
@@ -116,45 +117,20 @@ def check_output_dir(path, *, overwrite: bool, inputs: dict | None = None) -> Pa
 
 
 @contextmanager
-def command_scope(command: str | None = None):
-    """Hold every output lock taken inside the block until it ends (`hf-depthgrow` runs each command in one).
-
-    Args:
-        command: The command line, recorded beside a locked folder so that a second writer can name it.
-
-    Example:
-        ```python
-        >>> with command_scope("hf-depthgrow grow ..."):
-        ...     check_output_dir("runs/x", overwrite=False)  # held until the block ends
-        ```
-    """
-    outer = _SCOPE["command"]
-    _SCOPE["depth"] += 1
-    _SCOPE["command"] = command or outer
-    try:
-        yield
-    finally:
-        _SCOPE["depth"] -= 1
-        _SCOPE["command"] = outer
-        if not _SCOPE["depth"]:
-            for out in list(_HELD):
-                _HELD.pop(out).release()
-
-
-@contextmanager
 def _locked(out: Path, path):
     """Hold `out`'s lock in the block (and after it, inside a command scope); yield whether it was taken here."""
     if out in _HELD:
         yield False
         return
-    lock = _Lock(out).acquire(path)
-    _HELD[out] = lock
+    _HELD[out] = _Lock(out).acquire(path)
     try:
         yield True
     except BaseException:
         _HELD.pop(out).release()
         raise
-    if not _SCOPE["depth"]:
+    if in_command():
+        at_command_end(lambda: _HELD.pop(out).release())
+    else:
         _HELD.pop(out).release()
 
 
@@ -211,7 +187,7 @@ class _Lock:
             dead = [p for p in [previous.get("pid"), *(earlier if isinstance(earlier, list) else [])] if isinstance(p, int)]
             if previous.get("host") not in (None, socket.gethostname()):
                 dead = []  # another machine's pids say nothing here
-            command = _SCOPE["command"] or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+            command = command_line() or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
             record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "started": time.time()}
             # Written before the recovery: were this run killed during it, the next one still knows whose leftovers they are.
             self._write_owner({**record, "leftovers_of": dead})
