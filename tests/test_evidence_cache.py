@@ -139,6 +139,23 @@ def test_writers_of_one_key_at_once_leave_one_whole_entry(tmp_path):
     assert torch.equal(entry.tensors["w"], tensors["w"])
 
 
+def test_a_writer_that_loses_the_rename_keeps_the_winners_entry(tmp_path, monkeypatch):
+    """The race made certain: the entry appears after the loser's first look, before its rename."""
+    import hf_depthgrow.pipeline.evidence_cache as module
+
+    cache = EvidenceCache(tmp_path)
+    key = cache.store("probe", PARTS, {"x": "winner"})
+    real, looks = module._whole, []
+    monkeypatch.setattr(module, "_whole", lambda folder: bool(looks.append(folder)) or (len(looks) > 1 and real(folder)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.store("probe", PARTS, {"x": "loser"}) == key
+    assert len(looks) == 3  # the first look, the check before the rename, the check after the rename failed
+    monkeypatch.undo()
+    assert cache.load("probe", PARTS).meta == {"x": "winner"}
+    assert [p.name for p in (tmp_path / "probe").iterdir()] == [key]
+
+
 def test_a_reader_never_sees_a_half_written_entry(tmp_path, monkeypatch):
     import hf_depthgrow.pipeline.evidence_cache as module
 
