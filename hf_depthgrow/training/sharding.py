@@ -22,11 +22,15 @@ Entry points:
 - `fsdp2_accelerator`: an `accelerate.Accelerator` on accelerate's FSDP2 path, also on CPU
   processes (gloo), so that `GrownTrainer` trains, checkpoints (sharded, via `save_state`),
   resumes and applies the fallback rule on a sharded model. accelerate 1.16 honours an FSDP
-  plugin only for GPU-like device types and silently runs DDP on CPU processes.
+  plugin only for GPU-like device types and silently runs DDP on CPU processes;
+- `launched_fsdp_accelerator`: what `GrownTrainer` uses when `accelerate launch --config_file fsdp.yaml`
+  started it on CPU processes: `fsdp2_accelerator` with the plugin the launcher's `FSDP_*` variables
+  describe, so that the launch shards for real instead of running DDP.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -218,8 +222,7 @@ def fsdp2_accelerator(
         raise ValueError("fsdp2_accelerator runs FSDP2 only (fsdp_version: 2)")
     handlers = [InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s))]
     # Without a GPU-like device, accelerate makes CPU processes a process group only when asked (cpu=True).
-    device = getattr(torch, "accelerator", None)  # torch >= 2.6; CUDA alone before
-    cpu = not (device.is_available() if device is not None else torch.cuda.is_available())
+    cpu = not _gpu_like_available()
     acc = Accelerator(mixed_precision=mixed_precision, fsdp_plugin=plugin, kwargs_handlers=handlers, cpu=cpu)
     if acc.distributed_type == DistributedType.FSDP:
         return acc  # GPUs: accelerate took the plugin itself
@@ -234,3 +237,45 @@ def fsdp2_accelerator(
     # Every later `AcceleratorState()` copies PartialState's fields over its own: set both.
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     return acc
+
+
+def _gpu_like_available() -> bool:
+    device = getattr(torch, "accelerator", None)  # torch >= 2.6; CUDA alone before
+    return device.is_available() if device is not None else torch.cuda.is_available()
+
+
+def launched_fsdp_accelerator(*, mixed_precision: str | None = None, timeout_s: int = 1800):
+    """FSDP2 for a process that `accelerate launch` started with an FSDP config on CPU, else `None`.
+
+    `accelerate launch --config_file recipes/accelerate_configs/fsdp.yaml` tells its processes to shard through
+    `ACCELERATE_USE_FSDP=true` and the `FSDP_*` variables. On GPUs accelerate builds that FSDP state itself
+    (`None` here: nothing to do). On CPU processes accelerate 1.16 ignores it and runs DDP without a word; this
+    returns `fsdp2_accelerator(plugin=FullyShardedDataParallelPlugin())` instead, whose plugin reads the same
+    variables, so the launch shards as its config says.
+
+    Args:
+        mixed_precision: The run's setting; `None` takes the launcher's (`ACCELERATE_MIXED_PRECISION`, default `"no"`).
+        timeout_s: Timeout of the process group's collectives.
+
+    Raises:
+        `ValueError`: the config asks for FSDP1 (`fsdp_version: 1`; this project ships FSDP2), or the launch
+        gave a single process.
+
+    Example:
+        ```python
+        >>> # accelerate launch --config_file recipes/accelerate_configs/fsdp.yaml --use_cpu --num_processes 2 script.py
+        >>> launched_fsdp_accelerator(mixed_precision="no").distributed_type
+        <DistributedType.FSDP: 'FSDP'>
+        ```
+    """
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" or _gpu_like_available():
+        return None
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables the launcher set
+    if plugin.fsdp_version != 2:
+        raise ValueError(f"the launch config asks for FSDP{plugin.fsdp_version}; on CPU processes hf_depthgrow shards "
+                         "with FSDP2 only: set fsdp_version: 2 (recipes/accelerate_configs/fsdp.yaml)")  # fmt: skip
+    if mixed_precision is None:
+        mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    return fsdp2_accelerator(mixed_precision=mixed_precision, timeout_s=timeout_s, plugin=plugin)
