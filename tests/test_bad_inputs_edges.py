@@ -197,3 +197,110 @@ def test_a_rope_block_beyond_max_position_embeddings_is_warned_not_refused(tiny_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_data(str(root / "sample.txt"), model=model, tokenizer=tok, block_size=128, max_examples=2)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One line instead of a traceback: disk full, a pickle in a checkpoint, a device this machine lacks, a bad seed
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _full_disk_writers():
+    from safetensors import SafetensorError
+
+    return {
+        "OSError": lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")),
+        # What safetensors raises for the same thing: its Rust io::Error, as text.
+        "SafetensorError": lambda *a, **k: (_ for _ in ()).throw(
+            SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+        ),
+    }
+
+
+@pytest.mark.parametrize("raised", ["OSError", "SafetensorError"])
+def test_a_full_disk_on_save_says_no_space_left_and_leaves_the_old_save(tmp_path, monkeypatch, raised):
+    import transformers.modeling_utils
+
+    from hf_depthgrow import grow_depth, save_pretrained
+    from hf_depthgrow.hub.serialization import NoSpaceError
+
+    model = grow_depth(tiny_model("llama"), [1])
+    save_pretrained(model, tmp_path / "grown")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "grown").iterdir()}
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", _full_disk_writers()[raised])
+    with pytest.raises(NoSpaceError) as caught:
+        save_pretrained(model, tmp_path / "grown")
+    target = tmp_path / "grown"
+    assert str(caught.value) == (
+        f"no space left on {target}: the save was rolled back and what was there is unchanged; free some space and save again"
+    )
+    assert caught.value.errno == 28
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grown"]  # no temp folder left beside it
+
+
+def test_a_full_disk_on_grow_is_one_line_naming_the_folder(tmp_path, monkeypatch, capsys):
+    import transformers.modeling_utils
+
+    monkeypatch.chdir(tmp_path)
+    tiny_model("llama").save_pretrained("model")
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", _full_disk_writers()["SafetensorError"])
+    code = main(["grow", "--model", "model", "--positions", "1", "--output-dir", "grown"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "SafetensorError" not in err
+    assert err.strip().splitlines()[-1].startswith("hf-depthgrow grow: no space left on ")
+    assert code == 1  # the machine's state, not bad input (cli.common)
+    assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+def _evil_pickle(path: Path) -> Path:
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {path.parent / 'PWNED'}",))
+
+    path.write_bytes(pickle.dumps(Evil()))
+    return path
+
+
+def test_a_pickle_refused_by_torch_load_is_one_line_and_never_runs(tmp_path, capsys):
+    from hf_depthgrow.cli.common import run_command
+
+    evil = _evil_pickle(tmp_path / "optimizer.pt")
+    code = run_command("train", lambda argv: torch.load(evil, weights_only=True), [])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err == (
+        "hf-depthgrow train: refused to load a pickle file that holds more than tensors (loading it could run code; it was "
+        "not run): only files this tool wrote, or safetensors, are loaded\n"
+    )
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("device", ["tpu:7", "cuda:99"])
+def test_a_device_this_machine_cannot_use_is_one_line(device, capsys):
+    from hf_depthgrow.cli.common import run_command
+
+    if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.device_count() > 99:
+        pytest.skip("this machine has that device")
+    code = run_command("probe", lambda argv: tiny_model("llama").to(device), [])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("hf-depthgrow probe: unusable device: ")
+
+
+def test_a_real_bug_keeps_its_traceback():
+    from hf_depthgrow.cli.common import run_command
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_command("probe", lambda argv: (_ for _ in ()).throw(RuntimeError("shape mismatch")), [])
+
+
+def test_a_negative_seed_is_refused_naming_the_setting():
+    from hf_depthgrow.evaluation.checks import check_level
+    from hf_depthgrow.pipeline.config import RunConfig
+
+    with pytest.raises(ValueError, match=r"^seed must be >= 0, got -1$"):
+        RunConfig(model="m", data="shakespeare", output_dir="o", seed=-1)
+    with pytest.raises(ValueError, match=r"^seed must be >= 0, got -1$"):
+        check_level(0.05, 100, -1)  # evaluate_delta / compare_models, and so `hf-depthgrow eval --seed -1`

@@ -79,12 +79,14 @@ def prepare_batches(models: dict[str, nn.Module], data, batch_size: int, example
     return batches, all_ids
 
 
-def check_level(delta: float, n_bootstrap: int) -> None:
-    """`delta` in (0, 1) and at least one bootstrap resample."""
+def check_level(delta: float, n_bootstrap: int, seed: int = 0) -> None:
+    """`delta` in (0, 1), at least one bootstrap resample, and a seed numpy accepts (>= 0)."""
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
         raise ValueError(f"delta (the allowed failure probability) must be in (0, 1), got {delta!r}")
     if n_bootstrap < 1:
         raise ValueError(f"n_bootstrap must be >= 1, got {n_bootstrap}")
+    if seed < 0:  # numpy's own error ("expected non-negative integer") names no setting
+        raise ValueError(f"seed must be >= 0, got {seed}")
 
 
 def check_same_head(model_a: nn.Module, model_b: nn.Module) -> None:

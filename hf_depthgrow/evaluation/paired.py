@@ -314,7 +314,7 @@ def evaluate_delta(
         >>> result.delta, result.intervals["bernstein"], result.verdict
         ```
     """
-    check_level(delta, n_bootstrap)
+    check_level(delta, n_bootstrap, seed)
     started = time.perf_counter()
     index = _prefix_index(model)
     batches, ids = prepare_batches({"the model": model}, data, batch_size, example_ids)
@@ -367,7 +367,7 @@ def compare_models(
         >>> print(result.verdict)
         ```
     """
-    check_level(delta, n_bootstrap)
+    check_level(delta, n_bootstrap, seed)
     check_same_head(model_a, model_b)
     started = time.perf_counter()
     batches, ids = prepare_batches({"model_a": model_a, "model_b": model_b}, data, batch_size, example_ids)

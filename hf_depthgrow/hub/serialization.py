@@ -25,6 +25,7 @@ so loading through hf_depthgrow stays quiet and exact.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -44,6 +45,24 @@ from ..utils import umask
 
 ADAPTER_WEIGHTS = "depthgrow_adapters.safetensors"
 ADAPTER_CONFIG = "depthgrow_adapters.json"
+
+
+class NoSpaceError(OSError):
+    """A save ran out of disk space; the partial save was removed and the target is as it was."""
+
+    def __init__(self, path: Path):
+        super().__init__(errno.ENOSPC, f"no space left on {path}: the save was rolled back and what was there is unchanged; free some space and save again")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _no_space(err: BaseException) -> bool:
+    """ENOSPC, as an OSError or as the message of safetensors' `SafetensorError` (its Rust io::Error: StorageFull)."""
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    text = str(err)
+    return type(err).__name__ == "SafetensorError" and any(s in text for s in ("No space left", "StorageFull", "os error 28"))
 
 
 def _adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -251,8 +270,10 @@ def save_pretrained(
             tokenizer.save_pretrained(str(tmp))
         _finish_tmp(tmp)
         _commit(tmp, path)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _no_space(err):
+            raise NoSpaceError(path) from err
         raise
     finally:
         _ACTIVE.discard(str(tmp))

@@ -147,6 +147,8 @@ class RunConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        if self.seed < 0:  # numpy refuses it much later, without naming the setting
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.push_to_hub is not None and not self.push_to_hub.strip():
             raise ValueError("push_to_hub needs a repo id such as 'me/grown-smollm2'")
         if self.loss_bound is not None:
