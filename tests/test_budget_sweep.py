@@ -87,7 +87,8 @@ def test_branching_needs_a_wsd_run(setting):
 
 def _inputs(base, rows, **kw) -> TrialInputs:
     original = {"test": example_losses(base, rows["test"], 4), "retention": example_losses(base, rows["ret"], 4)}
-    original["heldout"] = float(np.average(*example_losses(base, rows["eval"], 4)))
+    per, weight = example_losses(base, rows["eval"], 4)
+    original["heldout"] = float(np.average(per, weights=weight))
     return TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=rows["ret"],
                        batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=original, **kw)  # fmt: skip
 
@@ -241,3 +242,50 @@ def test_one_budget_keeps_its_schedule_and_defaults():
     assert cfg.grid("growth") == [1e-3, 3e-3, 1e-2] and cfg.grid("full") == [3e-5, 1e-4, 3e-4]
     assert CompareConfig(learning_rates=[1e-3, 3e-4]).grid("lora") == [3e-4, 1e-3]  # one shared grid when given
     assert CompareConfig(budgets=[10, 20, 40]).scheduler == "wsd"
+
+
+# --------------------------------------------------------------------------- stored trials: resume, verification
+
+
+def test_stored_trials_resume_without_training_and_a_tampered_one_is_rerun(setting, tmp_path, monkeypatch):
+    import hf_depthgrow.comparison.trial as engine  # run_trial drives trial_steps
+
+    base, rows = setting
+    kw = dict(retention_data=rows["ret"], growth=["top:1"], controls=["layers"], budgets=[4, 8], learning_rates=[1e-3, 3e-3],
+              lr_extensions=0, batch_size=4, progress=False, n_bootstrap=100, trials_dir=tmp_path / "trials")  # fmt: skip
+    first = compare_plans(base, rows["train"], rows["eval"], rows["test"], **kw)
+    entries = sorted((tmp_path / "trials" / "trials").iterdir())
+    assert len(entries) == 4 and all((e / "digest.json").is_file() for e in entries)
+    real = engine.trial_steps
+    monkeypatch.setattr(engine, "trial_steps", lambda *a, **k: pytest.fail("a stored trial was trained again"))
+    again = compare_plans(base, rows["train"], rows["eval"], rows["test"], **kw)
+    assert again.to_dict()["budgets"] == first.to_dict()["budgets"]
+    # An edited result is never reused: one warning, and only that trial runs again.
+    from safetensors.torch import load_file, save_file
+
+    victim = entries[0] / "tensors.safetensors"
+    tensors = load_file(victim)
+    save_file({k: v * 1.5 for k, v in tensors.items()}, victim)
+    calls = []
+    monkeypatch.setattr(engine, "trial_steps", lambda *a, **k: calls.append(a[0].name) or real(*a, **k))
+    with pytest.warns(UserWarning, match="does not match its sha256"):
+        third = compare_plans(base, rows["train"], rows["eval"], rows["test"], **kw)
+    assert len(calls) == 1 and third.to_dict()["budgets"] == first.to_dict()["budgets"]
+    # Another model's trials are never taken for this one's.
+    other = tiny_model("llama", seed=1)
+    calls.clear()
+    compare_plans(other, rows["train"], rows["eval"], rows["test"], **kw)
+    assert len(calls) == 4
+
+
+def test_cli_refuses_bad_budgets_and_a_trials_dir_inside_the_output(tmp_path, capsys):
+    from hf_depthgrow.cli import main
+
+    out = tmp_path / "out"
+    for extra, message in ((["--budgets", "20", "10"], "strictly increasing"), (["--max-forgetting", "-1"], "max_forgetting"),
+                           (["--growth-learning-rates", "1e-3", "--max-learning-rate", "1e-4"], "below the grid"),
+                           (["--trials-dir", str(out / "trials")], "lies inside output_dir")):  # fmt: skip
+        assert main(["compare", "--output-dir", str(out), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("hf-depthgrow compare: ") and "\n" not in err and message in err
+        assert not out.exists()

@@ -131,7 +131,7 @@ def compared():
     result = compare_plans(
         model, data["train"], data["eval"], data["test"], retention_data=data["ret"],
         growth=["top:1", "at:2", "bottom:1"], controls=["layers", "lora"], learning_rates=[1e-3, 5e-3],
-        max_steps=6, progress=False, n_bootstrap=300,
+        max_steps=6, progress=False, n_bootstrap=300, successive_halving=True, lr_extensions=0,
     )  # fmt: skip
     return model, data, before, result
 
@@ -154,8 +154,8 @@ def test_successive_halving_keeps_the_run_it_would_have_trained_alone():
     """The survivor of halving is bit-identical to training that rate alone (same schedule, same data order)."""
     model = tiny_model("llama")
     rows = {name: lm_rows(model, n, seed) for name, n, seed in (("train", 24, 0), ("eval", 8, 1), ("test", 8, 2))}
-    kw = dict(growth=["at:2"], controls=[], max_steps=8, progress=False, n_bootstrap=100)
-    halved = compare_plans(model, rows["train"], rows["eval"], rows["test"], learning_rates=[1e-4, 5e-3], **kw)
+    kw = dict(growth=["at:2"], controls=[], max_steps=8, progress=False, n_bootstrap=100, lr_extensions=0)
+    halved = compare_plans(model, rows["train"], rows["eval"], rows["test"], learning_rates=[1e-4, 5e-3], successive_halving=True, **kw)
     chosen = halved.arm("at:2").learning_rate
     alone = compare_plans(model, rows["train"], rows["eval"], rows["test"], learning_rates=[chosen], **kw)
     np.testing.assert_array_equal(halved.arm("at:2").test_per_example, alone.arm("at:2").test_per_example)
@@ -189,11 +189,15 @@ def test_retention_is_wired_for_every_arm(compared):
     model, data, _, result = compared
     from hf_depthgrow.comparison import example_losses
 
+    from hf_depthgrow.comparison.aggregate import retention_parts
+
     per, _ = example_losses(model, data["ret"], 8)
+    selection, test = retention_parts(len(per), 0.5, 0)  # the test part is reported; the selection part chooses
     retention = result.statistics["retention"]["arms"]
     assert set(retention) == {a.name for a in result.arms[1:]}
     for arm in result.arms[1:]:
-        assert retention[arm.name]["mean"] == pytest.approx(float(np.mean(per - arm.retention_per_example)), abs=1e-12)
+        assert retention[arm.name]["mean"] == pytest.approx(float(np.mean(per[test] - arm.retention_per_example)), abs=1e-12)
+        assert len(arm.retention_selection) == len(selection)
     assert "forgetting" in result.to_markdown()
 
 
@@ -269,7 +273,7 @@ def test_cli_bad_arm_is_one_line_and_writes_nothing(lm_dir, tmp_path, capsys):
     assert err.startswith("hf-depthgrow compare: ") and "\n" not in err and "middle:1" in err
     assert not out.exists()
     assert main(_argv(lm_dir, out, "--controls", "dropout")) == 2
-    assert "unknown control arm(s) ['dropout']" in capsys.readouterr().err
+    assert "unknown control arm 'dropout'" in capsys.readouterr().err
     assert main(_argv(lm_dir, out, "--oracle-positions", "0", "1", "1")) == 2
     assert "oracle_positions needs at least 4 distinct positions" in capsys.readouterr().err
     assert main(_argv(lm_dir, out, "--oracle-positions", "0", "1", "2", "9")) == 2  # the tiny Llama has 4 layers
@@ -315,10 +319,11 @@ def test_classifier_retention_is_labelled_with_the_originals_decisions(lm_dir):
 
 
 def test_an_arm_that_fell_back_to_the_original_is_not_the_best_growth_arm():
-    from hf_depthgrow.comparison.runner import _statistics
+    from hf_depthgrow.comparison.aggregate import statistics
 
     rng = np.random.default_rng(0)
     base = rng.normal(3.0, 0.1, 20)
+    original = ArmResult(name="original", kind="original", arm={}, test_per_example=base)
 
     def arm(name, kind, selected, heldout, gain):
         return ArmResult(name=name, kind=kind, arm={}, selected=selected, heldout_loss=heldout, test_per_example=base - gain)
@@ -326,7 +331,7 @@ def test_an_arm_that_fell_back_to_the_original_is_not_the_best_growth_arm():
     # As on MiniLM: the arm that fell back ties with the original and sits a rounding below the trained one.
     results = [arm("fell_back", "growth", "old", 0.83327255507, 0.0), arm("trained", "growth", "new", 0.83327255567, 0.01),
                arm("lora", "lora", "new", 0.9, 0.005)]  # fmt: skip
-    stats = _statistics(results, {"test": (base, None)}, CompareConfig(growth=["top:1"], controls=["lora"]))
+    stats = statistics(results, original, CompareConfig(growth=["top:1"], controls=["lora"]))
     assert stats["best_growth"] == "trained" and stats["best_control"] == "lora"
     everything_fell_back = [arm("a", "growth", "old", 0.8, 0.0), arm("b", "growth", "old", 0.7, 0.0)]
-    assert _statistics(everything_fell_back, {"test": (base, None)}, CompareConfig(growth=["top:1"], controls=[]))["best_growth"] == "b"
+    assert statistics(everything_fell_back, original, CompareConfig(growth=["top:1"], controls=[]))["best_growth"] == "b"

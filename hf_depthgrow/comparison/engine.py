@@ -22,24 +22,25 @@ def _finite(x) -> float:
 
 def _halving(specs: list[TrialSpec], inputs: TrialInputs) -> list[TrialResult]:
     """An arm's rates in step; at each rung the better half (held-out loss; ties: the smaller rate) goes on."""
+    by_name = {s.name: s for s in specs}
     done, paused = {}, OrderedDict()
     for spec in specs:
         steps = trial_steps(spec, inputs)
         try:
-            paused[spec] = (steps, next(steps))
+            paused[spec.name] = (steps, next(steps))
         except StopIteration as end:
-            done[spec] = end.value
+            done[spec.name] = end.value
     while paused:
-        ranked = sorted(paused, key=lambda s: (_finite(paused[s][1][1]), s.learning_rate))
+        ranked = sorted(paused, key=lambda n: (_finite(paused[n][1][1]), by_name[n].learning_rate))
         keep = set(ranked[: math.ceil(len(ranked) / 2)])
         going = OrderedDict()
-        for spec, (steps, _) in paused.items():
+        for name, (steps, _) in paused.items():
             try:
-                going[spec] = (steps, steps.send(spec in keep))
+                going[name] = (steps, steps.send(name in keep))
             except StopIteration as end:
-                done[spec] = end.value
+                done[name] = end.value
         paused = going
-    return [done[s] for s in specs]
+    return [done[s.name] for s in specs]
 
 
 def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = False, bar=None) -> list[TrialResult]:
@@ -67,7 +68,7 @@ def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = F
     results = {}
     for group in by_arm.values():
         for spec, result in zip(group, _halving(group, inputs)):
-            results[spec] = result
+            results[spec.name] = result
             if bar is not None:
                 bar.update(1)
-    return [results[s] for s in specs]
+    return [results[s.name] for s in specs]

@@ -35,9 +35,12 @@ def best_rate(heldout: dict[float, float]) -> float | None:
 
 
 def edge(rates: Iterable[float], chosen: float | None) -> str | None:
-    """`"low"` / `"high"` when `chosen` is the smallest / largest rate tried (of at least one), else `None`."""
+    """`"low"` / `"high"` when `chosen` is the smallest / largest of two or more rates tried, else `None`.
+
+    A single rate is the user's choice, not a grid: it has no edge to extend.
+    """
     rates = sorted(rates)
-    if chosen is None or len(rates) < 1:
+    if chosen is None or len(rates) < 2:
         return None
     if chosen == rates[-1]:
         return "high"

@@ -116,13 +116,13 @@ def stored(engine, store: TrialStore | None):
         return engine
 
     def run(specs, inputs, *, halving=False, bar=None):
-        found = {s: store.load(s) for s in specs}
+        found = {s.name: store.load(s) for s in specs}
         if halving:
-            for name in {s.arm.name for s in specs}:
-                group = [s for s in specs if s.arm.name == name]
-                if any(found[s] is None for s in group):
-                    found.update({s: None for s in group})
-        todo = [s for s in specs if found[s] is None]
+            for arm in {s.arm.name for s in specs}:
+                group = [s.name for s in specs if s.arm.name == arm]
+                if any(found[n] is None for n in group):
+                    found.update({n: None for n in group})
+        todo = [s for s in specs if found[s.name] is None]
         if bar is not None:
             bar.update(len(specs) - len(todo))
         # Stored as each finishes (an arm's group with halving): a killed sweep keeps every trial it completed.
@@ -130,7 +130,7 @@ def stored(engine, store: TrialStore | None):
         for group in groups:
             for spec, result in zip(group, engine(group, inputs, halving=halving, bar=bar)):
                 store.save(result)
-                found[spec] = result
-        return [found[s] for s in specs]
+                found[spec.name] = result
+        return [found[s.name] for s in specs]
 
     return run

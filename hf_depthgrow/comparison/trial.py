@@ -233,13 +233,15 @@ def _score(trainer, budget: int, inputs: TrialInputs, started: float, result: Tr
     losses = {"new": new, "old": old}
     selected = pick(losses, exclude=("new",) if trainer.nonfinite is not None else ())[0]
     original = inputs.original
+    trained_heldout = trainer.heldout_loss() if trainer.nonfinite is None else math.inf  # logged at every budget
     if selected == "old":  # the original's own losses, computed once for every trial
         heldout, (test, weight), retention = original["heldout"], original["test"], original.get("retention")
     else:
-        heldout = trainer.heldout_loss()
+        heldout = trained_heldout
         test, weight = example_losses(trainer.model, inputs.test_rows, inputs.batch_size)
         retention = example_losses(trainer.model, inputs.retention_rows, inputs.batch_size) if inputs.retention_rows else None
     result.heldout_curve.append((budget, heldout))
+    trainer.tracking.log({**{f"selection/loss_{k}": v for k, v in losses.items()}, "eval/loss_selected": heldout}, budget)
     ret, ret_weight = retention if retention is not None else (None, None)
     return BudgetScore(steps=budget, units_seen=trainer.units_seen, heldout_loss=heldout, selected=selected, train_losses=losses,
                        test=test, test_weight=weight, retention=ret, retention_weight=ret_weight,
