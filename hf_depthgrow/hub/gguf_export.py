@@ -1,8 +1,9 @@
 """Write a natively grown decoder as a llama.cpp GGUF file, with the `gguf` package's `GGUFWriter`.
 
 A natively grown model is an ordinary checkpoint of its family, so its GGUF is the family's: `block_count` is the
-grown depth, tensors carry llama.cpp's names and layout (Q/K rows permuted as `convert_hf_to_gguf.py` does), and the
-vocabulary is copied from the source GGUF or built from the tokenizer. Adapter blocks run as forward hooks, which
+grown depth, tensors carry llama.cpp's names and layout (as `convert_hf_to_gguf.py` writes the family: Llama and
+Mistral with Q/K rows permuted, Qwen2 with its q/k/v biases, Gemma 2 with norms stored as 1 + w; `gguf_names.FAMILIES`),
+and the vocabulary is copied from the source GGUF or built from the tokenizer. Adapter blocks run as forward hooks, which
 llama.cpp cannot express: an adapter-grown model is refused.
 
 Types (`dtype=`): `"f32"`, `"f16"`, `"bf16"`, the block types `gguf.quants` can write (`"q8_0"`, `"q4_0"`, `"q4_1"`,
@@ -104,7 +105,7 @@ def check_exportable(model, tokenizer=None, path=None, *, dtype: str = "f16", so
         ```python
         >>> check_exportable(tiny_model("bert"), dtype="f16")
         Traceback (most recent call last):
-        ValueError: model_type 'bert' cannot be exported to GGUF here (supported: ['llama'])
+        ValueError: model_type 'bert' cannot be exported to GGUF here (supported: ['gemma2', 'llama', 'mistral', 'qwen2'])
         ```
     """
     if dtype not in DTYPES:
