@@ -297,7 +297,7 @@ def _metadata(writer, model, tokenizer, header: GGUFHeader | None, name: str | N
         _add_entries(writer, _hf_vocabulary(tokenizer, model.config.vocab_size))
     record = growth_record(model)
     source_name = header.value("general.name") if header is not None else None
-    # transformers reloads a "llama" GGUF as Mistral only when the name says so (the same function either way).
+    # Without a source name the family names the model ("model" for llama, as before).
     stem = source_name or ("model" if model.config.model_type == "llama" else model.config.model_type)
     default = f"{stem} (depth-grown)" if record is not None else stem
     writer.add_name(name or default)
