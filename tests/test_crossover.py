@@ -67,6 +67,15 @@ def test_rising_losses_are_flat_and_said_so():
     assert fit.flat and "not as a falling power law" in fit.message
 
 
+def test_a_parameter_on_its_bound_is_said():
+    # Straight in log D: no floor in sight, so E runs to its lower bound 0 and the message says so.
+    fit = fit_learning_curve(TOKENS, 5.0 - 0.3 * np.log2(TOKENS / TOKENS[0]))
+    assert not fit.flat and "E at its lower bound 0: extrapolation is uncertain" in fit.message
+    # Flattened already: E sits on the smallest measured loss.
+    fit = fit_learning_curve(TOKENS, [4.0, 3.0, 2.9, 2.85, 2.84])
+    assert "E at its upper bound 2.84" in fit.message
+
+
 def _crossover(losses, **kwargs):
     kwargs.setdefault("n_bootstrap", 60)
     return predict_crossover(
@@ -165,10 +174,15 @@ def test_validation_error_is_predicted_minus_measured():
     assert row["error"] == pytest.approx(-0.05, abs=1e-6)
     low, high = row["interval"]
     assert low < row["predicted"] < high and row["inside"] == (low <= row["measured"] <= high)
+    low, high = row["error_interval"]  # replicate predictions minus replicate measurements
+    assert low < row["error"] < high and row["error_covers_zero"] == (low <= 0 <= high)
     assert out["arms"]["probe:1"]["error"] == pytest.approx(0.0, abs=1e-6) and out["arms"]["probe:1"]["inside"]
     assert out["fit_tokens"] == TOKENS[:-1].tolist() and out["predicted_tokens"] == TOKENS[-1]
     assert out["summary"].startswith("fit on the first 4 budgets, predicting 163,840 tokens: largest |error| 0.0500")
-    assert out["summary"].endswith(f"for {int(row['inside']) + 1} of 2 arms")
+    covered = int(row["error_covers_zero"]) + int(out["arms"]["probe:1"]["error_covers_zero"])
+    assert out["summary"].endswith(
+        f"interval of the prediction for {int(row['inside']) + 1} of 2 arms; the interval of the error covers 0 for {covered} of 2"
+    )
 
 
 def test_validation_needs_four_budgets():
