@@ -393,3 +393,20 @@ def _mean_row_loss(model, rows) -> float:
             n = row["labels"].numel() - 1
             total, count = total + out.loss.item() * n, count + n
     return total / count
+
+
+def test_fallback_callback_works_on_the_peft_config_route(tmp_path):
+    """`SFTTrainer(peft_config=DepthGrowConfig(...), callbacks=[FallbackCallback(...)])`: the callback gets the
+    `PeftModel` and applies the rule to the grown model inside it (it failed on the PeftModel before)."""
+    trl = pytest.importorskip("trl")
+
+    texts, _ = _sft_texts()
+    held_out = [{"input_ids": torch.tensor(ids), "labels": torch.tensor(ids)} for ids in char_tokenizer()(texts)["input_ids"]]
+    callback = FallbackCallback(held_out, batch_size=4)
+    trainer = _peft_sft(trl, tmp_path, "run", save_strategy="no")
+    trainer.add_callback(callback)
+    trainer.train()
+    assert callback.result.selected == "new" and callback.result.losses["new"] < callback.result.losses["old"]
+    # f_old is exactly the untouched base model; the decision is in the grown model's config.
+    assert callback.result.losses["old"] == pytest.approx(_mean_row_loss(tiny_llama(), held_out), rel=1e-6)
+    assert trainer.model.get_base_model().config.depth_growth_fallback["selected"] == "new"

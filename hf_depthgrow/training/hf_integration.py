@@ -77,6 +77,18 @@ def _require_grown(model: nn.Module, who: str) -> list[tuple[str, nn.Parameter]]
     return named
 
 
+def _grown_model(model: nn.Module) -> nn.Module:
+    """The grown transformers model: `model` itself, or the one inside a `depthgrow` PEFT model (grown in place).
+
+    `SFTTrainer(peft_config=DepthGrowConfig(...))` hands callbacks the `PeftModel`; its base model is the grown
+    model, with the very parameters the trainer optimises.
+    """
+    config = getattr(model, "peft_config", None)
+    if isinstance(config, dict) and config and all(getattr(c, "peft_type", None) == "DEPTHGROW" for c in config.values()):
+        return model.get_base_model()
+    return model
+
+
 # ------------------------------------------------------------------ preparing and saving
 
 
@@ -290,6 +302,7 @@ class FallbackCallback(TrainerCallback):
         self._initial: dict[str, torch.Tensor] | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        model = _grown_model(model)
         named = _require_grown(model, "FallbackCallback")
         new_ids = {id(p) for _, p in named}
         extra = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in new_ids]
@@ -316,11 +329,12 @@ class FallbackCallback(TrainerCallback):
                 )
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        # Under bf16/fp16 the forward still autocasts: the rule compares the float32 functions that get saved.
+        unwrap_autocast(model)
+        model = _grown_model(model)
         named = _require_grown(model, "FallbackCallback")
         if self._rows is None:
             raise ValueError("FallbackCallback: on_train_begin did not run; add the callback before trainer.train()")
-        # Under bf16/fp16 the forward still autocasts: the rule compares the float32 functions that get saved.
-        unwrap_autocast(model)
         device = next(model.parameters()).device
         acc = _Processes(device)
         bad = nonfinite_weights(named, acc)
