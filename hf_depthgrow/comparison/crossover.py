@@ -8,7 +8,9 @@ Each arm's test loss at each budget (tokens `D`) is fitted by bounded nonlinear 
 - **Bounds.** `0 <= E <= min(loss)` (an irreducible loss cannot exceed a measured one), `alpha` in
   `(0, 3]`, `|log a| <= 40`: a flat curve drives `a` to its lower bound, a finite fit that predicts a
   constant, flagged `flat`.
-- **Starts.** A grid of exponents; for each, `E` and `a` enter linearly and are solved exactly first.
+- **Starts.** For each of 64 exponents, `E` and `a` enter linearly and are solved exactly (in closed form);
+  `least_squares` starts from the best of them, and for a full-sample fit also from exponents spread over
+  the range. The exact start matters where `E` and `a` trade off along a shallow valley.
 
 Uncertainty comes from a percentile bootstrap over *test examples*: each replicate resamples the example
 indices once and applies them to every arm and budget (the examples are the same for all: pairing is kept),
@@ -224,6 +226,8 @@ class _Sweep:
                 raise ValueError(f"arm {arm!r} has {L.shape[1]} test examples, another arm {n}: they must be the same examples")
             n = L.shape[1]
             self.lw[arm], self.w[arm] = L * W, W
+            if not np.all(self.curve(arm) > 0):  # the fit bounds E by [0, min(loss)]
+                raise ValueError(f"arm {arm!r}: the test loss must be > 0 at every budget, got {self.curve(arm).tolist()}")
         self.num_examples = n or 0
 
     def _stack(self, arm, what, per_budget) -> np.ndarray:
@@ -325,7 +329,9 @@ def predict_crossover(
         raise ValueError(f"horizon must be > 1 (a multiple of the largest budget), got {horizon}")
     _check_names(growth, controls, best_growth, best_control, controls_within, best_control_within)
     sweep = _Sweep(tokens, losses, weights, growth + controls)
-    curves = {arm: _check_curve(sweep.tokens, sweep.curve(arm))[1] for arm in growth + controls}
+    if len(sweep.tokens) < 3:
+        raise ValueError(f"a learning curve needs at least 3 budgets to fit E, A and alpha, got {len(sweep.tokens)}")
+    curves = {arm: sweep.curve(arm) for arm in growth + controls}
     d = np.log(sweep.tokens)
     log_g = float(d.mean())
     fitted = {arm: _fit(d - log_g, curves[arm], log_g) for arm in curves}
