@@ -43,6 +43,7 @@ from ..growth import adapter
 from ..growth.engine import check_positions
 from ..growth.families import resolve_family
 from ..losses import example_losses, is_causal_lm, labels_of, model_inputs
+from .placement_rules import PLACEMENT_RULES, adept_scores, midas_scores
 from .result import ProbeResult
 from .signal import NO_SUPERVISION
 
@@ -51,8 +52,9 @@ __all__ = ["PREDICTORS", "block_influence", "layer_gradient_norms", "predictor_s
 PREDICTORS = ("signal", "z", "gradient_norm", "block_influence", "depth", "lookahead")
 # Keyword arguments `predictor_scores` hands on, and to which predictors.
 _OPTIONS = {
-    "batch_size": {"signal", "z", "gradient_norm", "block_influence", "lookahead"},
-    "max_batches": {"signal", "z", "gradient_norm", "block_influence"},
+    "batch_size": {"signal", "z", "gradient_norm", "block_influence", "lookahead", "adept"},
+    "max_batches": {"signal", "z", "gradient_norm", "block_influence", "adept"},
+    "retention_data": {"adept"},
     "steps": {"lookahead"},
     "learning_rate": {"lookahead"},
     "seed": {"lookahead"},
@@ -303,13 +305,13 @@ def _route(which, kwargs: dict) -> tuple[list[str], dict[str, dict]]:
     if isinstance(which, str):
         which = (which,)
     which = list(dict.fromkeys(which))
-    unknown = [w for w in which if w not in PREDICTORS]
+    unknown = [w for w in which if w not in PREDICTORS + PLACEMENT_RULES]  # the rules run only when named
     if unknown or not which:
-        raise ValueError(f"unknown predictor(s) {unknown or which}; valid names: {', '.join(PREDICTORS)}")
+        raise ValueError(f"unknown predictor(s) {unknown or which}; valid names: {', '.join(PREDICTORS + PLACEMENT_RULES)}")
     bad = sorted(set(kwargs) - set(_OPTIONS))
     if bad:
         raise ValueError(f"unknown option(s) {bad}; predictor_scores takes {', '.join(sorted(_OPTIONS))}")
-    return which, {name: {k: v for k, v in kwargs.items() if name in _OPTIONS[k]} for name in PREDICTORS}
+    return which, {name: {k: v for k, v in kwargs.items() if name in _OPTIONS[k]} for name in PREDICTORS + PLACEMENT_RULES}
 
 
 def predictor_scores(model: nn.Module, data, positions: Iterable[int] | None, *, eval_data=None,
@@ -327,7 +329,8 @@ def predictor_scores(model: nn.Module, data, positions: Iterable[int] | None, *,
         positions: Candidate positions, 0 <= k <= L; `None`: 0..L.
         eval_data: Held-out data for `lookahead`.
         probe_result: A `ProbeResult` covering every position, for `signal` and `z`.
-        which: Names among `PREDICTORS`: `signal`, `z`, `gradient_norm`, `block_influence`, `depth`, `lookahead`.
+        which: Names among `PREDICTORS`: `signal`, `z`, `gradient_norm`, `block_influence`, `depth`, `lookahead`;
+            or the literature's rules `adept`, `midas` (`placement_rules`; `adept` needs `retention_data=`).
         kwargs: `batch_size` (every predictor that reads data), `max_batches` (all but `lookahead`, which
             trains on all of `data`), `steps`, `learning_rate`, `seed`, `progress` (`lookahead`).
 
@@ -367,6 +370,8 @@ def predictor_scores(model: nn.Module, data, positions: Iterable[int] | None, *,
         "block_influence": lambda o: block_influence(model, data, positions, **o),
         "depth": lambda o: [float(k) for k in positions],
         "lookahead": lambda o: _lookahead(model, data, positions, eval_data, o),
+        "adept": lambda o: adept_scores(model, positions, **o),  # placement_rules: needs retention_data=
+        "midas": lambda o: midas_scores(model, positions),
     }
     for name in which:
         if name in runners:
