@@ -366,14 +366,18 @@ def export_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f16"
 
 
 def _disk_full(err: OSError, path: Path, nbytes: int) -> OSError:
-    """`err` as "no space left on <folder>" (errno ENOSPC) when the disk filled up, else `err` itself.
+    """`err` as a `NoSpaceError` "no space left on <folder>" (errno ENOSPC) when the disk filled up, else `err` itself.
 
     numpy's `tofile`, which `GGUFWriter` writes tensors with, reports a full disk as a short write with no errno
     ("2048 requested and 336 written"); a short write to a regular file means the file system is out of space.
     """
+    from .serialization import NoSpaceError  # the error every save raises for a full disk
+
     short_write = err.errno is None and re.fullmatch(r"\d+ requested and \d+ written", str(err)) is not None
     if err.errno not in (errno.ENOSPC, errno.EDQUOT) and not short_write:
         return err
     free = shutil.disk_usage(path.parent).free
-    return OSError(errno.ENOSPC, f"no space left on {path.parent} (the GGUF needs about {nbytes / 1e6:.1f} MB, "
-                                 f"{free / 1e6:.1f} MB free): nothing was written")  # fmt: skip
+    out = NoSpaceError(path.parent)
+    out.strerror = (f"no space left on {path.parent} (the GGUF needs about {nbytes / 1e6:.1f} MB, {free / 1e6:.1f} MB free): "
+                    f"nothing was written{' and the existing file is unchanged' if path.exists() else ''}")  # fmt: skip
+    return out
