@@ -3,6 +3,7 @@ model's positions, non-finite weights, and the settings and faults that used to 
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import warnings
@@ -304,3 +305,70 @@ def test_a_negative_seed_is_refused_naming_the_setting():
         RunConfig(model="m", data="shakespeare", output_dir="o", seed=-1)
     with pytest.raises(ValueError, match=r"^seed must be >= 0, got -1$"):
         check_level(0.05, 100, -1)  # evaluate_delta / compare_models, and so `hf-depthgrow eval --seed -1`
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A mergekit plan's model: must be the model being grown, and is never stored as a local path
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _plan(path: Path, model: str) -> Path:
+    path.write_text(
+        f"merge_method: passthrough\nslices:\n- sources:\n  - model: {model}\n    layer_range: [0, 2]\n"
+        f"- sources:\n  - model: {model}\n    layer_range: [1, 4]\n"
+    )
+    return path
+
+
+@pytest.fixture
+def two_saved_models(tmp_path):
+    tiny_model("llama").save_pretrained(tmp_path / "models" / "tiny-a")
+    tiny_model("llama", seed=1).save_pretrained(tmp_path / "models" / "tiny-b")
+    tiny_model("llama", hidden_size=64).save_pretrained(tmp_path / "models" / "wider")
+    return tmp_path / "models"
+
+
+def test_a_plan_for_another_model_is_refused_before_any_change(two_saved_models, tmp_path):
+    from hf_depthgrow import grow_depth
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(two_saved_models / "tiny-a")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for other in (str(two_saved_models / "tiny-b"), "someone/tiny-b"):
+        plan = _plan(tmp_path / "plan.yaml", other)
+        with pytest.raises(ValueError, match=rf"^this mergekit config copies layers of '{other}', but the model being grown is "):
+            grow_depth(model, str(plan), block="native")
+    assert model.config.num_hidden_layers == 4 and all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_a_plan_naming_the_model_by_hub_id_folder_or_copy_is_accepted(two_saved_models, tmp_path):
+    import shutil
+
+    from hf_depthgrow import grow_depth
+
+    shutil.copytree(two_saved_models / "tiny-a", tmp_path / "copy-of-a")
+    for named in ("me/tiny-a", "ME/Tiny-A", str(two_saved_models / "tiny-a"), str(tmp_path / "copy-of-a")):
+        model = transformers.AutoModelForCausalLM.from_pretrained(two_saved_models / "tiny-a")
+        grow_depth(model, str(_plan(tmp_path / "plan.yaml", named)), block="native")
+        assert model.config.num_hidden_layers == 5, named
+
+
+def test_an_unnamed_model_is_checked_against_a_local_folders_config(two_saved_models, tmp_path):
+    from hf_depthgrow import grow_depth
+
+    model = tiny_model("llama")  # built in memory: no name to compare
+    with pytest.raises(ValueError, match="copies layers of .*wider', but the model being grown is 'an unnamed LlamaForCausalLM'"):
+        grow_depth(model, str(_plan(tmp_path / "plan.yaml", str(two_saved_models / "wider"))), block="native")
+    grow_depth(model, str(_plan(tmp_path / "plan.yaml", "my/model")), block="native")  # a Hub id: nothing to compare
+    assert model.config.num_hidden_layers == 5
+
+
+def test_a_plans_local_path_is_never_stored_in_config_json(two_saved_models, tmp_path):
+    from hf_depthgrow import grow_depth, save_pretrained
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(two_saved_models / "tiny-a")
+    grow_depth(model, str(_plan(tmp_path / "plan.yaml", str(two_saved_models / "tiny-a"))), block="native")
+    save_pretrained(model, tmp_path / "grown")
+    config = (tmp_path / "grown" / "config.json").read_text()
+    record = json.loads(config)["depth_growth"]
+    assert record["history"][0]["config"]["placement"]["spec"]["slices"][0]["sources"][0]["model"] == "tiny-a"
+    assert str(tmp_path) not in config

@@ -140,7 +140,7 @@ def grow_depth(
     spec, stack = target.spec, target.stack
     check_growable(model, stack, target.config, target.count_key)
     num_layers = len(stack)
-    entries = resolve_positions(positions, num_layers, probe_result=probe_result)
+    entries = resolve_positions(positions, num_layers, probe_result=probe_result, model=model)
     sorted_positions = [e.at for e in entries]
     kind = resolve_block_kind(cfg, spec, target.config)
     custom = [e for e in entries if not e.is_default]

@@ -59,7 +59,7 @@ class PlacementEntry:
         return self.copy_from is None and self.init is None
 
 
-def resolve_positions(spec, num_layers: int, *, probe_result=None) -> list[PlacementEntry]:
+def resolve_positions(spec, num_layers: int, *, probe_result=None, model=None) -> list[PlacementEntry]:
     """Any placement spec as explicit entries, sorted by position (stable: a plan's order within a position is kept).
 
     Presets, for a model of L layers and N new blocks (1 <= N <= L, at most doubling the depth):
@@ -72,6 +72,7 @@ def resolve_positions(spec, num_layers: int, *, probe_result=None) -> list[Place
     A plan is a list of `{"at": k, "copy_from": j, "init": "copy"|"random"}` (only `at` required) or a
     dict `{"plan": [...]}`; a mergekit passthrough config (`slices:` of one model) is read as the plan
     that yields the same layer order. A string ending in `.yaml`/`.yml`/`.json` is read as a file.
+    Its `model:` must be `model` (the one being grown; see `check_plan_model`): the copies are of its layers.
 
     Raises:
         ValueError: naming what is wrong with the spec.
@@ -95,7 +96,7 @@ def resolve_positions(spec, num_layers: int, *, probe_result=None) -> list[Place
                 raise ValueError(f"a plan dict holds only the key 'plan', got also {extra}")
             return _plan(spec["plan"], num_layers)
         if "slices" in spec or "models" in spec or "merge_method" in spec:
-            return _mergekit(spec, num_layers)
+            return _mergekit(spec, num_layers, model)
         raise ValueError(f"a placement dict needs the key 'plan' or mergekit 'slices', got keys {sorted(spec)}")
     if isinstance(spec, (list, tuple)) and any(isinstance(item, dict) for item in spec):
         return _plan(spec, num_layers)
@@ -145,10 +146,94 @@ def check_placement(spec: str) -> object:
 
 
 def describe(spec) -> object:
-    """The spec as plain JSON data, for the growth record (a file is stored by its contents)."""
+    """The spec as plain JSON data, for the growth record (a file is stored by its contents).
+
+    A mergekit config's local paths (`model: /home/me/models/llama`) are stored as the folder's name: the
+    record goes into config.json and so into every pushed copy, where a path says nothing but the machine's layout.
+    """
     if isinstance(spec, (str, Path)) and str(spec).lower().endswith((".yaml", ".yml", ".json")):
         spec = load_plan(spec)
-    return json.loads(json.dumps(spec if isinstance(spec, (str, dict, list, tuple)) else list(spec)))
+    plain = json.loads(json.dumps(spec if isinstance(spec, (str, dict, list, tuple)) else list(spec)))
+    return _without_local_paths(plain) if isinstance(plain, dict) and "slices" in plain else plain
+
+
+def _is_local_path(text: str) -> bool:
+    if text.startswith(("/", "./", "../", "~")) or Path(text).is_absolute():
+        return True
+    return "/" in text.strip("/") and Path(text).expanduser().exists()  # a relative folder "models/llama"
+
+
+def _without_local_paths(value):
+    if isinstance(value, dict):
+        return {k: _without_local_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_local_paths(v) for v in value]
+    if isinstance(value, str) and _is_local_path(value):
+        return Path(value.rstrip("/")).expanduser().name or value
+    return value
+
+
+# Config keys that fix the shape of every layer: equal in two configs, a plan's layer ranges mean the same layers.
+_IDENTITY_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size")
+
+
+def _last_name(name: str) -> str:
+    # Hub id "org/name", a Hub-cache snapshot ".../models--org--name/snapshots/<rev>", or a folder: its name.
+    cached = re.search(r"models--[^/]+--([^/]+)/snapshots/", name)
+    return (cached.group(1) if cached else Path(name.rstrip("/")).name).lower()
+
+
+def _same_embedding(folder: Path, model) -> bool:
+    """Whether `folder`'s safetensors hold `model`'s input embedding (one tensor read; `True` where none can be
+    read: the config alone then decides). Two fine-tunes of one base share a config, never their embeddings."""
+    from safetensors import safe_open
+
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(emb, "weight", None)
+    name = next((n for n, p in model.named_parameters() if p is weight), None)
+    files = sorted(folder.glob("*.safetensors"))
+    if weight is None or name is None or not files:
+        return True
+    suffix = name.split(".", 1)[-1]  # "embed_tokens.weight" of "model.embed_tokens.weight": saved keys may differ in prefix
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            key = next((k for k in f.keys() if k == name or k.endswith("." + suffix) or k == suffix), None)
+            if key is not None:
+                theirs = f.get_tensor(key)
+                return theirs.shape == weight.shape and bool((theirs.float() == weight.detach().float().cpu()).all())
+    return True
+
+
+def check_plan_model(named, model) -> None:
+    """Refuse a mergekit plan whose `model:` is not `model`: every copy is of `model`'s own layers, so a plan
+    written for another model would silently copy the wrong ones.
+
+    The same model is: the same name or folder (`samefile`), the same last name (a Hub id `org/Name` and a local
+    `.../name` or Hub-cache folder of it, case-insensitively), or a local folder whose `config.json` agrees with
+    `model`'s on every shape key (`_IDENTITY_KEYS`) and whose saved input embedding is `model`'s (a copy saved
+    under another name). A model built in memory has no name; it is then checked against a local folder only.
+    """
+    if named is None:
+        return
+    if not isinstance(named, str) or not named.strip():
+        raise ValueError(f"mergekit config: model must be a model name or folder, got {named!r}")
+    own = str(getattr(model.config, "_name_or_path", "") or "")
+    folder = Path(named).expanduser()
+    if own and (named.rstrip("/") == own.rstrip("/") or _last_name(named) == _last_name(own)):
+        return
+    if own and folder.exists() and Path(own).expanduser().exists() and folder.samefile(Path(own).expanduser()):
+        return
+    if (folder / "config.json").is_file():
+        theirs = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        if all(theirs.get(k) == getattr(model.config, k, None) for k in _IDENTITY_KEYS) and _same_embedding(folder, model):
+            return
+    elif not own:
+        return  # an unnamed in-memory model and a Hub id: nothing to compare without downloading
+    raise ValueError(
+        f"this mergekit config copies layers of {named!r}, but the model being grown is "
+        f"{own or 'an unnamed ' + type(model).__name__!r}: a passthrough plan is grown from the model's own "
+        "layers, so it must name that model (its Hub id or folder)."
+    )
 
 
 def _count(name: str, text: str, num_layers: int) -> int:
@@ -220,7 +305,7 @@ def _plan(plan, num_layers: int) -> list[PlacementEntry]:
     return sorted(entries, key=lambda e: e.at)
 
 
-def _mergekit(config: dict, num_layers: int) -> list[PlacementEntry]:
+def _mergekit(config: dict, num_layers: int, model=None) -> list[PlacementEntry]:
     method = config.get("merge_method", "passthrough")
     if method != "passthrough" or "models" in config:
         raise ValueError(
@@ -248,6 +333,9 @@ def _mergekit(config: dict, num_layers: int) -> list[PlacementEntry]:
         raise ValueError(f"this mergekit config uses several models ({sorted(map(str, models))}): only layers of the model being grown can be copied")
     if not layers:
         raise ValueError("mergekit config has no slices: nothing to grow")
+    (named,) = models
+    if model is not None:
+        check_plan_model(named, model)
     return _copies_of(layers, num_layers)
 
 
