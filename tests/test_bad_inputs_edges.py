@@ -82,6 +82,15 @@ def test_run_with_a_fifo_as_data_is_one_line_exit_2_and_writes_nothing(tiny_lm, 
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_the_input_checks_refuse_a_fifo_before_a_model_loads(tmp_path):
+    from hf_depthgrow.pipeline.checks import check_data_source
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(ValueError, match=r"^retention data path .*pipe is a named pipe \(FIFO\), not a regular file or folder$"):
+        check_data_source(str(tmp_path / "pipe"), "retention data")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
 def test_special_files_inside_a_data_folder_are_skipped(tiny_lm, tmp_path):
     root, model, tok = tiny_lm
     folder = tmp_path / "corpus"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data.sources import EMBEDDED_SOURCES
+from ..data.text_files import check_data_path
 from ..hub.loading import check_model_source
 from .output import check_output_dir
 
@@ -27,7 +28,10 @@ def check_data_source(source: str, what: str = "data") -> None:
     """
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    if source in EMBEDDED_SOURCES or Path(source).expanduser().exists():
+    if source in EMBEDDED_SOURCES:
+        return
+    if Path(source).expanduser().exists():
+        check_data_path(Path(source).expanduser(), what)  # a FIFO or device: refused before the model loads
         return
     looks_local = source.startswith((".", "/", "~")) or source.count("/") > 1 or source.lower().endswith(_DATA_SUFFIXES)
     try:
