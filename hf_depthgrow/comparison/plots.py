@@ -251,8 +251,8 @@ def plot_learning_curves(sweep: dict, path) -> Path:
     if original and math.isfinite(original[0]):
         ax.axhline(original[0], color="0.5", ls=(0, (1, 2)), lw=1, label="original (untrained)")
     ax.axvline(d_max, color="0.7", lw=0.8)
-    ax.text(d_max, 0.02, "largest budget measured ", transform=ax.get_xaxis_transform(), fontsize=7, rotation=90,
-            ha="right", va="bottom", color="0.4")  # fmt: skip
+    ax.text(d_max, 0.98, "largest budget measured ", transform=ax.get_xaxis_transform(), fontsize=7, rotation=90,
+            ha="right", va="top", color="0.4")  # fmt: skip
     for i, (label, at, interval, style) in enumerate(marks):
         ax.axvline(at, color="black", ls=style, lw=1.2, label=label)
         if interval is not None and i == 0:  # one band: two overlapping ones read as one darker one
@@ -291,12 +291,18 @@ def _crossover_marks(crossover: dict) -> list[tuple[str, float, tuple[float, flo
 
 def _curves_caption(sweep: dict, fits: dict, shaded: bool) -> str:
     crossover = sweep.get("crossover") or {}
-    texts = [e["text"] + "." for e in (crossover.get("on_gain"), crossover.get("within_forgetting"))
-             if isinstance(e, dict) and e.get("text")]  # fmt: skip
+    texts = []
+    for key, prefix in (("on_gain", "On gain: "), ("within_forgetting", "Within the forgetting budget: ")):
+        entry = crossover.get(key)
+        if isinstance(entry, dict) and entry.get("text"):
+            texts.append(f"{prefix}{entry['text']}.")
     if not fits:
         texts.append("No fitted curves in this sweep (a fit needs at least 3 budgets): lines join the measured points.")
     flat = sorted(name for name, fit in fits.items() if (fit or {}).get("flat"))
     if flat:
         texts.append(f"Dotted: flat fits (no measurable learning over these budgets): {', '.join(flat)}.")
-    texts.append("Bars: intervals of the test loss." + (" Shaded: the bootstrap interval of the first crossover." if shaded else ""))
+    if any(arm.get("test_interval") for b in sweep["budgets"] for arm in b["arms"].values()):
+        texts.append("Bars: intervals of the test loss.")
+    if shaded:
+        texts.append("Shaded: the bootstrap interval of the first crossover.")
     return " ".join(texts)
