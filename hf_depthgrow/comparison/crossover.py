@@ -61,14 +61,7 @@ class LearningCurveFit:
     flat: bool
 
     def predict(self, D):
-        """Test loss predicted at `D` tokens (a scalar or an array).
-
-        Example:
-            ```python
-            >>> fit.predict([1e5, 1e6])
-            array([...])
-            ```
-        """
+        """Test loss predicted at `D` tokens: a float for a scalar, an array for an array."""
         D = np.asarray(D, dtype=np.float64)
         out = self.E + self.A * D ** (-self.alpha)
         return float(out) if out.ndim == 0 else out
@@ -316,7 +309,8 @@ def predict_crossover(
         A JSON-ready dict: `fits` (`{arm: LearningCurveFit.to_dict()}`), `on_gain` (the crossover of
         `best_growth` against `best_control`: `status` "crossover" / "none" / "ahead" / "unfit", `tokens`,
         `multiple`, `interval`, `share_with_crossover`, `share_ahead`, `text`), `within_forgetting` (the same
-        against `best_control_within`, or `None`), and the settings. An interval's upper end is `"inf"`
+        against `best_control_within`; `{"status": "no_control", "text"}` when `controls_within` is empty;
+        `None` without `controls_within`), and the settings. An interval's upper end is `"inf"`
         when some replicates predict no crossover within the horizon (`open_ended`).
 
     Raises:
