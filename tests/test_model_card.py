@@ -649,3 +649,10 @@ def test_an_adapters_only_push_names_its_base_by_hub_id_or_is_refused(tmp_path, 
     assert json.loads(uploaded[ADAPTER_CONFIG])["base_model"] == "HuggingFaceTB/SmolLM2-135M"
     assert ModelCard(uploaded["README.md"].decode()).data.base_model == "HuggingFaceTB/SmolLM2-135M"
     assert all(_leaks(data.decode(), tmp_path) == [] for name, data in uploaded.items() if name.endswith((".json", ".md")))
+
+
+def test_card_says_why_bernstein_is_wider_than_hoeffding_where_it_is():
+    wide = {**EVALUATION, "intervals": {"hoeffding": [-3.52, 3.52], "bernstein": [-7.07, 7.07]}, "num_examples": 16}
+    text = render_model_card(full_info(evaluation=wide)).text
+    assert "Bernstein's interval is wider than Hoeffding's" in text and "narrower only from 59 test examples on" in text
+    assert "wider than Hoeffding" not in render_model_card(full_info()).text  # EVALUATION: Bernstein the narrower

@@ -162,6 +162,24 @@ def _auto_verdict(intervals: dict, certified: dict) -> str:
     return "No certified difference: every interval contains 0."
 
 
+def _bernstein_line(intervals: dict, confidence) -> list[str]:
+    """Why Bernstein's interval is wider than Hoeffding's, where it is: a reader takes it for a bug."""
+    from ..evaluation.report import bernstein_crossover
+
+    def finite(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    width = {n: hi - lo for n, (lo, hi) in intervals.items() if finite(lo) and finite(hi)}
+    if width.get("bernstein", -math.inf) <= width.get("hoeffding", math.inf):
+        return []
+    level = 1 - confidence if finite(confidence) and 0 < confidence < 1 else 0.05
+    return [
+        "Bernstein's interval is wider than Hoeffding's: at this number of test examples its range term, which shrinks as "
+        f"1/m where Hoeffding's half-width shrinks as 1/sqrt(m), dominates (at confidence {1 - level:.0%} Bernstein can be "
+        f"narrower only from {bernstein_crossover(level)} test examples on). Both are valid bounds."
+    ]
+
+
 def evaluation_section(evaluation) -> dict | None:
     if evaluation is None:
         return None
@@ -199,6 +217,7 @@ def evaluation_section(evaluation) -> dict | None:
         lines.append(f"Test data: {e['data']}.")
     for warning in e.get("warnings") or []:
         lines.append(f"Warning: {warning}")
+    lines += _bernstein_line(intervals, confidence)
     return {
         "verdict": e.get("verdict") or _auto_verdict(intervals, certified),
         "confidence": f"{confidence:.0%}" if isinstance(confidence, (int, float)) else (confidence or ""),
