@@ -70,7 +70,7 @@ def test_random_arms_are_seeded_and_bottom_and_at_resolve():
     "growth, controls, message",
     [
         ([], ["layers"], "at least one growth arm"),
-        (["top:1"], ["dropout"], "unknown control arm(s) ['dropout']"),
+        (["top:1"], ["dropout"], "unknown control arm 'dropout'"),
         (["top:1", "top:1"], ["layers"], "arm names must be unique"),
         (["random:9"], [], "random:N needs 1 <= N <= 4"),
         (["at:x"], [], "at: takes comma-separated layer positions"),
@@ -208,7 +208,8 @@ def test_compare_writes_json_markdown_and_plot(compared, tmp_path):
     assert saved["verdict"] == result.verdict and len(saved["rows"]) == 6
     assert (tmp_path / "out" / "compare.png").stat().st_size > 10_000
     assert "| layers | layers |" in (tmp_path / "out" / "compare.md").read_text()
-    assert set(paths) == {"json", "markdown", "plot"}
+    assert set(paths) == {"json", "markdown", "plot", "frontier_plot"}  # with a retention set: the gain x forgetting plane
+    assert (tmp_path / "out" / "compare_frontier.png").stat().st_size > 10_000
 
 
 def _result_with(stats_vs_control: dict) -> CompareResult:

@@ -56,7 +56,7 @@ SUBSTITUTIONS = {
         "block_size=128": "block_size=16",
         "max_examples=512": "max_examples=48",
         "max_examples=64": "max_examples=8",
-        "max_steps=40": "max_steps=2",
+        "budgets=[10, 20, 40, 80]": "budgets=[2, 4], lr_extensions=0, n_bootstrap=100",
     },
     2: {
         "grow_depth(model, [15],": "grow_depth(model, [2],",  # the tiny Llama has 4 layers
@@ -239,10 +239,12 @@ def test_readme_compare_block(fake_load_model, tmp_path, monkeypatch):
     ns = run_block(code, fresh_namespace(), "README.md block 2")
 
     result = ns["result"]
-    assert [a.name for a in result.arms] == ["original", "probe:1", "interleave:2", "top:1", "layers", "lora"]
-    assert result.num_examples["retention"] == 8 and result.statistics["best_control"] in ("layers", "lora")
-    assert result.verdict.startswith(("growth beat", "growth did NOT beat"))
-    assert (tmp_path / "runs" / "compare" / "compare.json").is_file()
+    assert [a.name for a in result.arms] == ["original", "probe:1", "interleave:2", "layers", "lora", "lora:48", "full"]
+    assert result.num_examples["retention"] == 8 and result.statistics["best_control"] in ("layers", "lora", "lora:48", "full")
+    assert result.verdict.startswith(("growth beat", "growth did NOT beat")) and "the best within forgetting 0.05 nats" in result.verdict
+    assert [v.steps for v in result.views] == [2, 4]
+    assert (tmp_path / "runs" / "compare" / "compare.json").is_file() and (tmp_path / "runs" / "compare" / "compare_frontier.png").is_file()
+    assert len(list((tmp_path / "runs" / "compare-trials" / "trials").iterdir())) == 6 * 3  # every trial stored: resumable
 
 
 @pytest.mark.real_model

@@ -206,6 +206,7 @@ def test_compare_logs_every_arm_the_probe_and_the_corrected_deltas(tmp_path):
     result = compare_plans(
         model, lm_rows(24), lm_rows(8, seed=1), lm_rows(12, seed=2), growth=["probe:1", "top:1"], controls=["layers"], batch_size=4,
         learning_rates=[1e-3, 5e-3], max_steps=4, progress=False, n_bootstrap=100, report_to="tensorboard", logging_dir=str(tmp_path),
+        lr_extensions=0,
     )  # fmt: skip
     runs = sorted(p.name for p in tmp_path.iterdir())
     expected = [f"{arm}-lr{lr}-seed0" for arm in ("layers", "probe:1", "top:1") for lr in ("0.001", "0.005")]
@@ -217,7 +218,7 @@ def test_compare_logs_every_arm_the_probe_and_the_corrected_deltas(tmp_path):
         assert close(compared[f"compare/{arm.name}/test_loss"][0][1], arm.test_loss)
         assert close(compared[f"compare/{arm.name}/delta_vs_original"][0][1], row["mean"])
         assert close(compared[f"compare/{arm.name}/delta_vs_original_low"][0][1], row["low"])
-    # Each learning rate's run: held-out losses up to where successive halving stopped it; the survivor's end.
+    # Each learning rate's run: held-out losses up to where it stopped (the budget, or a halving rung); the selection at the end.
     for arm in result.arms[1:]:
         for lr, tried in arm.tried.items():
             logged = scalars(tmp_path / f"{arm.name}-lr{lr:g}-seed0")

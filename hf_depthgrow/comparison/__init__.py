@@ -1,25 +1,37 @@
 """Evidence that decides: growth plans against equal-budget controls, paired, corrected across arms.
 
 Modules by job: `arms` (growth placements and the controls matched to them), `config` (CompareConfig),
-`runner` (`compare_plans`: train every arm at one budget, score them on the same examples), `result`
-(CompareResult: table, verdict, JSON/Markdown/plot).
+`grids` (each arm kind's learning-rate grid and its extension), `trial` (the trial unit: one arm at one
+rate, scored at every budget), `engine` (where trials run), `store` (stored, verified trials: resume),
+`aggregate` (trials to a CompareResult), `frontier` (gain x forgetting), `crossover` (learning-curve fits),
+`runner` (`compare_plans`), `result` and `sweep_report` (CompareResult: tables, verdicts, JSON/Markdown/plots),
+`plots` (the sweep's figures), `validation` (the probe against an oracle sweep).
 """
 
+from .aggregate import aggregate
 from .arms import CONTROL_KINDS, Arm, build_arms, lora_rank_for, matched_layers, resolve_growth
 from .config import CompareConfig
-from .result import ArmResult, CompareResult
+from .result import ArmResult, BudgetView, CompareResult
 from .runner import compare_plans, example_losses
+from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, run_trial
 
 __all__ = [
     "CONTROL_KINDS",
     "Arm",
     "ArmResult",
+    "BudgetScore",
+    "BudgetView",
     "CompareConfig",
     "CompareResult",
+    "TrialInputs",
+    "TrialResult",
+    "TrialSpec",
+    "aggregate",
     "build_arms",
     "compare_plans",
     "example_losses",
     "lora_rank_for",
     "matched_layers",
     "resolve_growth",
+    "run_trial",
 ]

@@ -142,7 +142,7 @@ def validate_probe(
         train_data, eval_data, test_data: as for `compare_plans` (the look-ahead predictor scores on `eval_data`).
         positions: Candidate insertion points (at least 4; an even grid or every gap).
         seeds: Data orders; realized gains are averaged over them.
-        learning_rate: The rate of every oracle arm (default: the largest of `config.learning_rates`).
+        learning_rate: The rate of every oracle arm (default: the largest of the config's growth grid).
         config: Budget and statistics (`CompareConfig`; its `growth`/`controls` are ignored here).
         probe_result: A `ProbeResult` covering `positions` (else the probe runs on `train_data`).
         predictors: Names `hf_depthgrow.probe.baselines.predictor_scores` knows; `random` and `bottom` are added.
@@ -166,7 +166,7 @@ def validate_probe(
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and non-empty, got {seeds}")
     cfg = config or CompareConfig()
-    lr = float(learning_rate if learning_rate is not None else max(cfg.learning_rates))
+    lr = float(learning_rate if learning_rate is not None else max(cfg.grid("growth")))
     started = time.perf_counter()
     if probe_result is None and any(p in ("signal", "z") for p in predictors):
         from ..probe.signal import probe
