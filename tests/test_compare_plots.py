@@ -12,7 +12,13 @@ import pytest
 from PIL import Image
 
 from hf_depthgrow.comparison.crossover import predict_crossover
-from hf_depthgrow.comparison.plots import _lower_envelope, plot_gain_forgetting, plot_learning_curves
+from hf_depthgrow.comparison.plots import (
+    _curves_caption,
+    _loss_interval,
+    _lower_envelope,
+    plot_gain_forgetting,
+    plot_learning_curves,
+)
 
 STEPS = (20, 40, 80)
 TOKENS = [512 * s for s in STEPS]
@@ -119,6 +125,26 @@ def test_optional_parts_missing_or_partial(tmp_path, full_sweep):
     del sweep["crossover"]["within_forgetting"]
     check_png(plot_gain_forgetting(sweep, tmp_path / "frontier.png"))
     check_png(plot_learning_curves(sweep, tmp_path / "curves.png"))
+
+
+def test_the_comparisons_own_rows_draw(tmp_path, full_sweep):
+    # compare's per-budget rows carry no test_interval, and give the original a zero gain and forgetting: the loss
+    # bars then come from each gain's interval (paired with the original), and the caption says so.
+    sweep = copy.deepcopy(full_sweep)
+    for budget in sweep["budgets"]:
+        for arm in budget["arms"].values():
+            del arm["test_interval"]
+        budget["arms"]["original"].update(gain={"mean": 0.0, "low": 0.0, "high": 0.0}, forgetting={"mean": 0.0, "low": 0.0, "high": 0.0})
+    check_png(plot_gain_forgetting(sweep, tmp_path / "frontier.png"))
+    check_png(plot_learning_curves(sweep, tmp_path / "curves.png"))
+    gain = sweep["budgets"][0]["arms"]["lora"]["gain"]
+    assert _loss_interval(sweep["budgets"][0]["arms"]["lora"], ORIGINAL, used := set()) == pytest.approx(
+        (ORIGINAL - gain["high"], ORIGINAL - gain["low"])
+    )
+    assert used == {"gain"}
+    caption = _curves_caption(sweep, sweep["fits"], False, used)
+    assert caption.startswith("On gain: " + sweep["crossover"]["on_gain"]["text"])
+    assert "Within the forgetting budget: " in caption and "gain's interval carried to the test loss" in caption
 
 
 def test_an_existing_file_is_replaced(tmp_path, full_sweep):

@@ -80,8 +80,12 @@ def _error(mean: float, low: float, high: float) -> list[list[float]]:
     return [[below if math.isfinite(below) else 0.0], [above if math.isfinite(above) else 0.0]]
 
 
-def _caption(fig, text: str) -> None:
-    fig.text(0.01, 0.01, "\n".join(textwrap.wrap(text, 130)), fontsize=7.5, va="bottom", ha="left", color="0.25")
+def _caption_and_layout(fig, text: str) -> None:
+    """`text` wrapped under the axes, and the layout tightened above it (the room grows with its lines)."""
+    lines = textwrap.wrap(text, 130)
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7.5, va="bottom", ha="left", color="0.25")
+    line = 7.5 * 1.25 / 72 / fig.get_figheight()  # one caption line, as a fraction of the figure's height
+    fig.tight_layout(rect=(0, 0.015 + line * (len(lines) + 0.5), 1, 1))
 
 
 def _lower_envelope(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
@@ -147,19 +151,20 @@ def plot_gain_forgetting(sweep: dict, path) -> Path:
         if xs:
             ax.plot(xs, ys, "-", marker=styles[name]["marker"], color=colour, lw=1.4, alpha=0.8, label=name, zorder=2)
     _control_curve(ax, budgets[-1], controls)
+    if any(a.get("kind") == "original" and isinstance(a.get("forgetting"), dict) for a in budgets[-1]["arms"].values()):
+        ax.plot(0.0, 0.0, "*", color="0.35", ms=11, ls="none", label="original", zorder=4)
     ax.axhline(0, color="0.6", lw=0.7)
     ax.axvline(0, color="0.6", lw=0.7)
     ax.set_xlabel("gain vs the original (nats on the test set)  →  better")
     ax.set_ylabel("forgetting (nats on the retention set)  ↓  better")
     ax.set_title("gain x forgetting across budgets", fontsize=10)
     _legend(ax)
-    _caption(fig, (
+    _caption_and_layout(fig, (
         "Better is right (more gain) and down (less forgetting). Each arm's path joins its budgets (marker labels: "
         f"{'training steps' if budgets[0].get('steps') is not None else 'tokens'}); bars: intervals. A black ring: on "
         "the gain x forgetting frontier at that budget. Dashed: the control curve at the largest budget (controls "
         "that no other control beats on both axes); a growth arm below it forgets less at matched gain."
     ))  # fmt: skip
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return save_figure(fig, path)
 
 
@@ -200,9 +205,8 @@ def _gain_by_budget(fig, ax, sweep: dict, styles: dict, names: list[str], path) 
     ax.set_ylabel("gain vs the original (nats on the test set)  ↑  better")
     ax.set_title("gain across budgets (forgetting not measured)", fontsize=10)
     _legend(ax)
-    _caption(fig, "No retention set was given, so forgetting was not measured and the gain x forgetting plane "
+    _caption_and_layout(fig, "No retention set was given, so forgetting was not measured and the gain x forgetting plane "
              "cannot be drawn: this shows gain alone (higher is better), with its intervals.")  # fmt: skip
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return save_figure(fig, path)
 
 
@@ -232,12 +236,15 @@ def plot_learning_curves(sweep: dict, path) -> Path:
     grid = np.geomspace(tokens.min(), max(end, d_max), 300)
     fig = new_figure(figsize=(9.6, 5.8), dpi=110)
     ax = fig.add_subplot()
-    for name in growth + controls:
-        rows = [(t, b["arms"][name]) for t, b in zip(tokens, budgets) if name in b["arms"]]
-        loss = np.array([_num(a.get("test_loss")) for _, a in rows])
-        low, high = (np.array([_num((a.get("test_interval") or [None, None])[i]) for _, a in rows]) for i in (0, 1))
+    bars, names = set(), growth + controls
+    for i, name in enumerate(names):
+        # Measured points are nudged apart along x (a few percent, log scale) so the arms' bars do not hide each other.
+        nudge = 1.025 ** (i - (len(names) - 1) / 2)
+        rows = [(t * nudge, b["arms"][name], _original_loss(b)) for t, b in zip(tokens, budgets) if name in b["arms"]]
+        loss = np.array([_num(a.get("test_loss")) for _, a, _ in rows])
+        low, high = np.array([_loss_interval(a, orig, bars) for _, a, orig in rows]).reshape(-1, 2).T
         err = np.nan_to_num(np.stack([loss - low, high - loss]), nan=0.0).clip(min=0.0)
-        ax.errorbar([t for t, _ in rows], loss, yerr=err, fmt=styles[name]["marker"], color=styles[name]["color"],
+        ax.errorbar([r[0] for r in rows], loss, yerr=err, fmt=styles[name]["marker"], color=styles[name]["color"],
                     capsize=2, ms=5, zorder=3, label=name)  # fmt: skip
         fit = fits.get(name) or {}
         params = [_num(fit.get(k)) for k in ("E", "A", "alpha")]
@@ -246,10 +253,9 @@ def plot_learning_curves(sweep: dict, path) -> Path:
             style = ":" if fit.get("flat") else "-"
             ax.plot(grid, E + A * grid ** (-alpha), style, color=styles[name]["color"], lw=1.3, alpha=0.85, zorder=2)
         else:  # no fit: join the measured points, thinly, so each arm still reads as one curve
-            ax.plot([t for t, _ in rows], loss, "-", color=styles[name]["color"], lw=0.8, alpha=0.6, zorder=2)
-    original = [_num(a.get("test_loss")) for a in budgets[0]["arms"].values() if a.get("kind") == "original"]
-    if original and math.isfinite(original[0]):
-        ax.axhline(original[0], color="0.5", ls=(0, (1, 2)), lw=1, label="original (untrained)")
+            ax.plot([r[0] for r in rows], loss, "-", color=styles[name]["color"], lw=0.8, alpha=0.6, zorder=2)
+    if math.isfinite(_original_loss(budgets[0])):
+        ax.axhline(_original_loss(budgets[0]), color="0.5", ls=(0, (1, 2)), lw=1, label="original (untrained)")
     ax.axvline(d_max, color="0.7", lw=0.8)
     ax.text(d_max, 0.98, "largest budget measured ", transform=ax.get_xaxis_transform(), fontsize=7, rotation=90,
             ha="right", va="top", color="0.4")  # fmt: skip
@@ -265,8 +271,7 @@ def plot_learning_curves(sweep: dict, path) -> Path:
     ax.set_title("learning curves: measured (points), fitted L(D) = E + A·D^-alpha (lines)", fontsize=10)
     _legend(ax)
     shaded = bool(marks) and marks[0][2] is not None
-    _caption(fig, _curves_caption(sweep, fits, shaded))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    _caption_and_layout(fig, _curves_caption(sweep, fits, shaded, bars))
     return save_figure(fig, path)
 
 
@@ -289,7 +294,24 @@ def _crossover_marks(crossover: dict) -> list[tuple[str, float, tuple[float, flo
     return marks
 
 
-def _curves_caption(sweep: dict, fits: dict, shaded: bool) -> str:
+def _original_loss(budget: dict) -> float:
+    losses = [_num(a.get("test_loss")) for a in budget["arms"].values() if a.get("kind") == "original"]
+    return losses[0] if losses else math.nan
+
+
+def _loss_interval(arm: dict, original: float, used: set) -> tuple[float, float]:
+    """The arm's test-loss interval: `test_interval` when the sweep gives one, else its gain's interval carried
+    to the loss (`original - gain`: paired with the original on the same examples). `used` collects which."""
+    if arm.get("test_interval"):
+        used.add("test")
+        return _num(arm["test_interval"][0]), _num(arm["test_interval"][1])
+    _, low, high = _interval(arm.get("gain"))
+    if math.isfinite(original) and math.isfinite(low) and math.isfinite(high):
+        used.add("gain")
+    return original - high, original - low
+
+
+def _curves_caption(sweep: dict, fits: dict, shaded: bool, bars: set) -> str:
     crossover = sweep.get("crossover") or {}
     texts = []
     for key, prefix in (("on_gain", "On gain: "), ("within_forgetting", "Within the forgetting budget: ")):
@@ -301,8 +323,10 @@ def _curves_caption(sweep: dict, fits: dict, shaded: bool) -> str:
     flat = sorted(name for name, fit in fits.items() if (fit or {}).get("flat"))
     if flat:
         texts.append(f"Dotted: flat fits (no measurable learning over these budgets): {', '.join(flat)}.")
-    if any(arm.get("test_interval") for b in sweep["budgets"] for arm in b["arms"].values()):
+    if "test" in bars:
         texts.append("Bars: intervals of the test loss.")
+    elif "gain" in bars:
+        texts.append("Bars: each gain's interval carried to the test loss (paired with the original).")
     if shaded:
         texts.append("Shaded: the bootstrap interval of the first crossover.")
     return " ".join(texts)
