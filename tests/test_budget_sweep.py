@@ -170,7 +170,7 @@ def swept(setting):
     before = {n: p.detach().clone() for n, p in base.named_parameters()}
     result = compare_plans(
         base, rows["train"], rows["eval"], rows["test"], retention_data=rows["ret"], growth=["top:1"],
-        controls=["layers", "lora", "lora:4"], budgets=[4, 8], growth_learning_rates=[1e-5, 3e-5], lr_extensions=1,
+        controls=["layers", "lora", "lora:4"], budgets=[2, 4, 6, 8], growth_learning_rates=[1e-5, 3e-5], lr_extensions=1,
         batch_size=4, progress=False, n_bootstrap=200, max_forgetting=0.5,
     )  # fmt: skip
     return base, before, result
@@ -179,7 +179,7 @@ def swept(setting):
 def test_compare_with_budgets_scores_every_arm_at_every_budget(swept):
     base, before, result = swept
     assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
-    assert [v.steps for v in result.views] == [4, 8] and [v.units_seen for v in result.views] == [4 * 4 * 12, 8 * 4 * 12]
+    assert [v.steps for v in result.views] == [2, 4, 6, 8] and [v.units_seen for v in result.views] == [b * 4 * 12 for b in (2, 4, 6, 8)]
     assert result.arms is result.views[-1].arms  # the top-level table is the largest budget
     names = [a.name for a in result.arms]
     assert names == ["original", "top:1", "layers", "lora", "lora:4"]
@@ -199,13 +199,19 @@ def test_budget_sweep_outputs_carry_the_frontier_and_per_budget_rows(swept, tmp_
     *_, result = swept
     result.save(tmp_path)
     saved = json.loads((tmp_path / "compare.json").read_text())
-    assert [b["steps"] for b in saved["budgets"]] == [4, 8]
+    assert [b["steps"] for b in saved["budgets"]] == [2, 4, 6, 8]
     row = saved["budgets"][0]["arms"]["top:1"]
-    assert row["tokens_per_parameter"] == pytest.approx(4 * 4 * 12 / result.arm("top:1").trainable_parameters)
-    assert saved["budgets"][1]["frontier_detail"]["control_curve"]["arms"]["top:1"]["status"]
+    assert row["tokens_per_parameter"] == pytest.approx(2 * 4 * 12 / result.arm("top:1").trainable_parameters)
+    assert saved["budgets"][-1]["frontier_detail"]["control_curve"]["arms"]["top:1"]["status"]
     text = (tmp_path / "compare.md").read_text()
     assert "## Per budget" in text and "## Gain x forgetting" in text and "extended by" in text
     assert "the best within forgetting 0.5 nats is" in result.verdict
+    # Four budgets: every arm's learning curve is fitted, the crossover predicted and the fit validated on the largest.
+    curves = saved["curves"]
+    assert set(curves["crossover"]["fits"]) == {"top:1", "layers", "lora", "lora:4"} and curves["crossover_text"]
+    assert set(curves["validation"]["arms"]) == {"top:1", "layers", "lora", "lora:4"} and "## Learning curves" in text
+    for name in ("compare_frontier.png", "compare_curves.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
 
 
 def test_retention_parts_never_overlap_and_choices_use_the_selection_part(swept):
@@ -289,3 +295,33 @@ def test_cli_refuses_bad_budgets_and_a_trials_dir_inside_the_output(tmp_path, ca
         err = capsys.readouterr().err.strip()
         assert err.startswith("hf-depthgrow compare: ") and "\n" not in err and message in err
         assert not out.exists()
+
+
+def test_a_trial_that_diverges_keeps_the_original_at_every_later_budget(setting, monkeypatch):
+    """A NaN gradient from step 3 on the trunk: every budget falls back to the original, the budget's tokens still count."""
+    import hf_depthgrow.comparison.trial as trial
+    from hf_depthgrow import new_block_parameters
+
+    base, rows = setting
+    made = trial.fresh_model
+
+    def diverging(*args):
+        model, calls = made(*args), [0]
+        _, weight = next(iter(new_block_parameters(model)))
+
+        def hook(grad):
+            calls[0] += 1
+            return torch.full_like(grad, float("nan")) if calls[0] >= 3 else grad
+
+        weight.register_hook(hook)
+        return model
+
+    monkeypatch.setattr(trial, "fresh_model", diverging)
+    arm = build_arms(base, ["at:2"], [])[1]
+    inputs = _inputs(base, rows)
+    with pytest.warns(UserWarning, match="training diverged"):
+        result = run_trial(TrialSpec(arm, 5e-3, 0, (6, 12), warmup_steps=1, scheduler="wsd"), inputs)
+    for budget in (6, 12):
+        score = result.scores[budget]
+        assert score.selected == "old" and score.units_seen == budget * 4 * 12
+        np.testing.assert_array_equal(score.test, inputs.original["test"][0])

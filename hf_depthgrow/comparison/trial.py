@@ -188,6 +188,8 @@ def trial_steps(spec: TrialSpec, inputs: TrialInputs):
                 if (yield step, loss) is False:
                     result.stopped_at = step
                     break
+            elif what == "branch" and trainer.stopped:  # diverged on the trunk: the fallback rule keeps the original
+                result.scores[budget] = _score(trainer, budget, inputs, started, result)
             elif what == "branch":
                 point = save_branch_point(trainer)
                 retarget(trainer, budget)
@@ -243,6 +245,16 @@ def _score(trainer, budget: int, inputs: TrialInputs, started: float, result: Tr
     result.heldout_curve.append((budget, heldout))
     trainer.tracking.log({**{f"selection/loss_{k}": v for k, v in losses.items()}, "eval/loss_selected": heldout}, budget)
     ret, ret_weight = retention if retention is not None else (None, None)
-    return BudgetScore(steps=budget, units_seen=trainer.units_seen, heldout_loss=heldout, selected=selected, train_losses=losses,
+    units = trainer.units_seen if trainer.nonfinite is None else _planned_units(trainer, budget)
+    return BudgetScore(steps=budget, units_seen=units, heldout_loss=heldout, selected=selected, train_losses=losses,
                        test=test, test_weight=weight, retention=ret, retention_weight=ret_weight,
                        seconds=time.perf_counter() - started)  # fmt: skip
+
+
+def _planned_units(trainer, budget: int) -> int:
+    """What `budget` steps feed the model when a run stopped early (diverged): its budget, as for every other arm."""
+    from ..training.data_order import fetch, input_count
+
+    accum, world = trainer.config.gradient_accumulation_steps, trainer.accelerator.num_processes
+    return sum(input_count(fetch(trainer.train_dataset, trainer.order.local_indices(p, r)), trainer.causal)
+               for p in range(budget * accum) for r in range(world))  # fmt: skip

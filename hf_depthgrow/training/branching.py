@@ -33,6 +33,8 @@ class BranchPoint:
     units_seen: int
     history: int
     eval_history: int
+    stopped: bool = False
+    nonfinite: object = None
 
 
 def _check(trainer) -> None:
@@ -50,7 +52,7 @@ def save_branch_point(trainer) -> BranchPoint:
         step=trainer._step, weights=[p.detach().clone() for _, p in trainer.trainable_named],
         optimizer=copy.deepcopy(trainer.optimizer.state_dict()), scheduler=copy.deepcopy(trainer.scheduler.state_dict()),
         lambdas=list(trainer.scheduler.lr_lambdas), rng=torch.get_rng_state(), units_seen=trainer.units_seen,
-        history=len(trainer.history), eval_history=len(trainer.eval_history),
+        history=len(trainer.history), eval_history=len(trainer.eval_history), stopped=trainer.stopped, nonfinite=trainer.nonfinite,
     )  # fmt: skip
 
 
@@ -77,4 +79,5 @@ def restore_branch_point(trainer, point: BranchPoint) -> None:
     torch.set_rng_state(point.rng)
     trainer.units_seen = point.units_seen
     del trainer.history[point.history :], trainer.eval_history[point.eval_history :]
-    trainer._step, trainer.stopped, trainer.nonfinite = point.step, False, None
+    # A branch that diverged does not stop the trunk; a trunk that had diverged stays stopped.
+    trainer._step, trainer.stopped, trainer.nonfinite = point.step, point.stopped, point.nonfinite
