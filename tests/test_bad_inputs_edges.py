@@ -91,6 +91,23 @@ def test_the_input_checks_refuse_a_fifo_before_a_model_loads(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_the_lm_eval_text_source_refuses_a_fifo_and_reads_a_file_only_as_far_as_needed(tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval")
+    from hf_depthgrow.evaluation.lm_eval_task import check_text_source, text_documents
+
+    os.mkfifo(tmp_path / "pipe.txt")
+    with pytest.raises(ValueError, match=r"^data path .*pipe\.txt is a named pipe \(FIFO\), not a regular file or folder$"):
+        _in_thread(lambda: check_text_source(str(tmp_path / "pipe.txt")))
+    os.remove(tmp_path / "pipe.txt")
+    big = tmp_path / "big.txt"
+    big.write_text(("word " * 19 + "\n") * 200_000)  # 20 MB
+    chars, read = [], text_files.TextFile._read
+    monkeypatch.setattr(text_files.TextFile, "_read", lambda self, f, size: chars.append(size) or read(self, f, size))
+    docs = text_documents(str(big), max_docs=4, doc_chars=500)
+    assert len(docs) == 4 and sum(chars) <= 2 * text_files.PIECE_CHARS  # not the 20 MB
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
 def test_special_files_inside_a_data_folder_are_skipped(tiny_lm, tmp_path):
     root, model, tok = tiny_lm
     folder = tmp_path / "corpus"

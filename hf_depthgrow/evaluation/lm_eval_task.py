@@ -34,6 +34,8 @@ import re
 from pathlib import Path
 from unittest import mock
 
+from ..data.text_files import TextFile, data_files
+
 __all__ = ["METRICS", "TASK_NAME", "check_text_source", "lm_eval_perplexity", "lm_eval_retention", "local_text_task", "text_documents", "write_task_folder"]
 
 METRICS = ("word_perplexity", "byte_perplexity", "bits_per_byte")
@@ -79,10 +81,21 @@ def _text_files(source) -> list[Path]:
     path = Path(str(source))
     if not path.exists():
         raise ValueError(f"unknown text source {source!r}: 'shakespeare', 'python_docs', a local .txt/.md path or a list of strings")
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = data_files(path)  # a FIFO or device is refused unopened (reading one would block or never end)
     if not files or any(p.suffix.lower() not in (".txt", ".md", "") for p in files):
         raise ValueError(f"{source}: the lm-eval text task reads .txt/.md files (a file or a folder of them)")
     return files
+
+
+def _head(pieces, chars: int) -> str:
+    """The first `chars` characters of a text given in pieces, reading no further piece than needed."""
+    out, n = [], 0
+    for piece in pieces:
+        out.append(piece)
+        n += len(piece)
+        if n >= chars:
+            break
+    return "".join(out)[:chars]
 
 
 def check_text_source(source) -> None:
@@ -136,7 +149,8 @@ def text_documents(source, *, max_docs: int = 32, doc_chars: int = 2000, seed: i
         texts = python_docs_texts()
         texts = [texts[i] for i in np.random.default_rng(seed).permutation(len(texts))]
     else:
-        texts = [p.read_text(encoding="utf-8", errors="replace") for p in _text_files(source)]
+        # Lazily, and each file only as far as the documents need (twice, as above): never a whole huge file.
+        texts = (_head(TextFile(p), 2 * max_docs * doc_chars) for p in _text_files(source))
     docs = []
     for text in texts:
         docs += _chunks(text, doc_chars)
