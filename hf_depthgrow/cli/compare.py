@@ -55,6 +55,9 @@ class CompareScript:
     trials_dir: str | None = field(
         default=None, metadata={"help": "Store every finished trial here; the same command again resumes (reruns only what is missing)."}
     )
+    gather: str | None = field(
+        default=None, metadata={"help": "Rebuild the result from the trials stored in this folder (a --trials-dir), training nothing."}
+    )
     trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model."})
 
     def __post_init__(self):
@@ -121,6 +124,7 @@ def _logs(cfg: CompareConfig, out: Path, sub: str = "") -> CompareConfig:
 def _run(argv: list[str]) -> int:
     # Everything the command will run is imported now: a long run never picks up code edited meanwhile.
     from ..comparison import compare_plans
+    from ..comparison.gather import gathering
     from ..comparison.validation import validate_probe
     from ..growth.families import resolve_family
     from ..pipeline.output import check_output_dir, staged_output
@@ -130,6 +134,8 @@ def _run(argv: list[str]) -> int:
     del plot_comparison, plot_validation, baselines, lookahead  # loaded, not used here
 
     script, cfg = build_parser().parse(argv)
+    if script.gather is not None:
+        script, cfg = gathering(script, cfg)
     check_output_dir(script.output_dir, overwrite=script.overwrite, inputs={"model": script.model, "data": script.data})
     _check_trials_dir(script)
     model, splits, retention = _load(script, cfg)

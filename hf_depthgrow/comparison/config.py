@@ -88,6 +88,15 @@ class CompareConfig:
     )  # fmt: skip
     logging_dir: str | None = field(default=None, metadata={"help": "Where trackers write; hf-depthgrow compare's default: <output_dir>/logs."})
     project_name: str = field(default=DEFAULT_PROJECT, metadata={"help": "Project name in the trackers (the W&B project)."})
+    engine: str = field(
+        default="serial",
+        metadata={"help": "Where trials run: serial (here, one after another), ray (Ray Tune, local or --ray-address; "
+                          'pip install "hf_depthgrow[ray]"), or stored (train nothing: every trial from --trials-dir; compare --gather).',
+                  "choices": ["serial", "ray", "stored"]},
+    )  # fmt: skip
+    ray_address: str | None = field(default=None, metadata={"help": "engine ray: the cluster (host:port, ray://host:port or auto); none: a local Ray."})
+    max_concurrent_trials: int | None = field(default=None, metadata={"help": "engine ray: trials at once (none: as many as the resources allow)."})
+    resources_per_trial: int = field(default=1, metadata={"help": "engine ray: CPUs per trial (also its torch threads)."})
 
     def __post_init__(self):
         def fail(msg):
@@ -133,6 +142,9 @@ class CompareConfig:
         self.report_to = check_report_to(self.report_to)
         if not isinstance(self.project_name, str) or not self.project_name.strip():
             fail(f"project_name must be a non-empty string, got {self.project_name!r}")
+        from .ray_engine import check_engine  # engine, Ray settings; Ray itself is not imported
+
+        check_engine(self)
 
     def _check_grid(self, name: str) -> None:
         rates = getattr(self, name)

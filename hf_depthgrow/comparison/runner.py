@@ -21,7 +21,6 @@ from torch import nn
 
 from ..data.batches import as_batches, as_rows, to_device
 from ..evaluation.checks import prepare_batches, split_batch
-from ..evaluation.decisions import corrected_intervals
 from ..evaluation.paired import eval_mode
 from ..losses import batch_example_losses
 from ..training import tracking
@@ -213,7 +212,17 @@ def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows
         grow_kwargs=grow_kwargs, original=original, tracking=_tracker_settings(cfg),
     )  # fmt: skip
     trained = [a for a in arms if a.kind != "original"]
-    engine = stored(run_serial, TrialStore(trials_dir, inputs) if trials_dir is not None else None)
+    store = TrialStore(trials_dir, inputs) if trials_dir is not None else None
+    if cfg.engine == "ray":  # comparison.ray_engine: Ray Tune trials, each stored as it finishes
+        from .ray_engine import ray_engine
+
+        engine = ray_engine(cfg, store)
+    elif cfg.engine == "stored":  # comparison.gather: every trial read from the store, none trained
+        from .gather import stored_only
+
+        engine = stored_only(store)
+    else:
+        engine = stored(run_serial, store)
     trials, grids = _train_arms(trained, cfg, inputs, engine)
     extra = {
         "probe": _probe_summary(probe_result),

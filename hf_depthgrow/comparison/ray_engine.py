@@ -1,0 +1,306 @@
+"""Trials on Ray Tune: the same results as the serial engine, several trials at once, on one machine or a cluster.
+
+`run_ray(specs, inputs)` has `run_serial`'s contract (results in the specs' order, each what `run_trial` gives:
+bit-identical per-example losses on CPU fp32 at the same number of torch threads). Each spec is one Tune trial
+of a function trainable that runs `run_trial`; the `TrialInputs` (base model, rows) go into Ray's object store
+once (`tune.with_parameters`), not to every trial; each trial gets `resources_per_trial` CPUs and as many torch
+threads. A trial whose process dies is run again from its start (`FailureConfig(max_failures)`); a trial is
+deterministic, so the retry ends identical. With a `TrialStore` each trial is stored on the driver as it
+finishes, and stored trials are not run again (resume), as `store.stored` does for the serial engine.
+
+Successive halving stays serial-only: Ray's ASHA decides a trial at a rung against the trials that reached
+that rung before it, so its choice depends on which trial finishes first; the serial halving ranks all of an
+arm's rates at each rung together. Tune's synchronous HyperBand keeps `n / eta` of a bracket and pauses trials
+through checkpoints, another rule again. Under Ray, halving is refused with one line rather than made different.
+
+Ray stays optional: nothing here imports it until a trial runs (`pip install "hf_depthgrow[ray]"`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import socket
+import tempfile
+import uuid
+
+import numpy as np
+import torch
+
+from .trial import TrialInputs, TrialResult, TrialSpec, run_trial
+
+__all__ = ["ENGINES", "RAY_EXTRA", "check_engine", "ray_engine", "run_ray"]
+
+ENGINES = ("serial", "ray", "stored")
+RAY_EXTRA = 'pip install "hf_depthgrow[ray]"'
+HALVING_REFUSED = (
+    "successive_halving runs on the serial engine only: Ray's ASHA stops a trial against the trials that reached "
+    "its rung first, so it would not reproduce the serial choice (drop --successive-halving or use --engine serial)"
+)
+_CONNECT_TIMEOUT_S = 5.0
+
+
+def ray_available() -> bool:
+    return importlib.util.find_spec("ray") is not None
+
+
+def check_engine(cfg) -> None:
+    """`CompareConfig`'s engine settings, checked before any work (Ray is looked for, not imported)."""
+
+    def positive(name, value):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+    if cfg.engine not in ENGINES:
+        raise ValueError(f"engine must be one of {list(ENGINES)}, got {cfg.engine!r}")
+    if cfg.max_concurrent_trials is not None:
+        positive("max_concurrent_trials", cfg.max_concurrent_trials)
+    positive("resources_per_trial", cfg.resources_per_trial)
+    if cfg.ray_address is not None:
+        if cfg.engine != "ray":
+            raise ValueError(f"ray_address is for engine 'ray', but engine is {cfg.engine!r}")
+        _parse_address(cfg.ray_address)
+    if cfg.engine == "ray":
+        if not ray_available():
+            raise ValueError(f"engine 'ray' needs Ray, which is not installed: {RAY_EXTRA}")
+        if cfg.successive_halving:
+            raise ValueError(HALVING_REFUSED)
+
+
+def ray_engine(cfg, store=None):
+    """The engine `compare_plans` runs with `engine='ray'`: `run_ray` with `cfg`'s Ray settings and the trial store."""
+    import functools
+
+    return functools.partial(run_ray, address=cfg.ray_address, max_concurrent_trials=cfg.max_concurrent_trials,
+                             resources_per_trial=cfg.resources_per_trial, store=store)  # fmt: skip
+
+
+def run_ray(
+    specs: list[TrialSpec],
+    inputs: TrialInputs,
+    *,
+    halving: bool = False,
+    bar=None,
+    address: str | None = None,
+    max_concurrent_trials: int | None = None,
+    resources_per_trial: int | dict | None = None,
+    storage: str | None = None,
+    store=None,
+    max_failures: int = 2,
+) -> list[TrialResult]:
+    """Run `specs` as Ray Tune trials; results in the specs' order, equal to `run_serial`'s.
+
+    Args:
+        specs, inputs: As for `run_serial`.
+        halving: Refused (see the module docstring): successive halving is serial-only.
+        bar: A tqdm bar, advanced as each trial finishes.
+        address: The Ray cluster (`host:port`, `ray://host:port` or `auto`); `None`: a local instance (or
+            `RAY_ADDRESS`). A Ray already initialised in this process is used as it is.
+        max_concurrent_trials: Trials at once (`None`: as many as the resources allow).
+        resources_per_trial: CPUs per trial (an int, default 1; also the trial's torch threads), or a dict
+            such as `{"cpu": 4, "gpu": 1}`.
+        storage: Tune's `storage_path` (a shared folder or `s3://...` on a multi-node cluster); `None`: a
+            temporary folder, removed after the run (the results are returned, and stored with `store`).
+        store: A `TrialStore`: stored trials are reused, and each new one is stored as it finishes.
+        max_failures: Times a failed trial (its process killed, say) is run again from its start.
+
+    Example:
+        ```python
+        >>> results = run_ray([TrialSpec(arm, lr, 0, (20,)) for lr in (1e-3, 3e-3)], inputs, max_concurrent_trials=2)
+        >>> [r.spec.learning_rate for r in results]
+        [0.001, 0.003]
+        ```
+    """
+    if halving:
+        raise ValueError(HALVING_REFUSED)
+    resources = _resources(resources_per_trial)
+    use_store = store is not None and store.enabled
+    found: dict[str, TrialResult | None] = {s.name: store.load(s) if use_store else None for s in specs}
+    todo = [s for s in specs if found[s.name] is None]
+    if bar is not None:
+        bar.update(len(specs) - len(todo))
+    if todo:
+        import ray
+
+        started = _connect(ray, address)
+        try:
+            _check_resources(ray, resources)
+            found.update(_tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, store if use_store else None, bar))
+        finally:
+            if started:
+                ray.shutdown()
+    return [found[s.name] for s in specs]
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+def _parse_address(address) -> tuple[str, int] | None:
+    """`(host, port)` of `host:port` / `ray://host:port`; `None` for `auto`; anything else is refused."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"ray_address must be host:port, ray://host:port or auto, got {address!r}")
+    if address == "auto":
+        return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"ray_address must be host:port, ray://host:port or auto, got {address!r}")
+    return host, int(port)
+
+
+def _connect(ray, address: str | None) -> bool:
+    """Join (or start) Ray; `True` when this call started it (then the caller shuts it down)."""
+    where = _parse_address(address) if address is not None else None
+    if where is not None:
+        # ray.init retries an unreachable head for a minute or more; a plain TCP connect says it in seconds.
+        try:
+            socket.create_connection(where, timeout=_CONNECT_TIMEOUT_S).close()
+        except OSError as err:
+            raise ValueError(f"ray_address {address}: no Ray cluster reachable there ({err.strerror or err})") from None
+    if ray.is_initialized():  # the caller's own ray.init (a notebook, the tests) is used as it is
+        return False
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"ray_address {address}: could not join the Ray cluster ({first})") from None
+    return True
+
+
+def _resources(resources_per_trial) -> dict:
+    if resources_per_trial is None:
+        return {"cpu": 1}
+    if isinstance(resources_per_trial, dict):
+        out = {str(k).lower(): v for k, v in resources_per_trial.items()}
+        if "cpu" not in out:
+            out["cpu"] = 1
+    else:
+        out = {"cpu": resources_per_trial}
+    for k, v in out.items():
+        if k not in ("cpu", "gpu") or not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (k == "cpu" and v < 1):
+            raise ValueError(f"resources_per_trial: {k}={v!r} is not a count of CPUs (>= 1) or GPUs (>= 0)")
+    return out
+
+
+def _check_resources(ray, resources: dict) -> None:
+    """A trial the cluster cannot place would wait forever: refused up front, naming what is missing."""
+    have = ray.cluster_resources()
+    for k, v in resources.items():
+        total = have.get(k.upper(), 0)
+        if v > total:
+            raise ValueError(f"resources_per_trial asks {v:g} {k.upper()} per trial, but the Ray cluster has {total:g}")
+
+
+# --------------------------------------------------------------------------- the trials
+
+
+def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, threads: int) -> None:
+    """One Tune trial: `run_trial` on the spec at `config["index"]`, its result reported as exact JSON."""
+    from ray import tune
+
+    torch.set_num_threads(threads)
+    spec = specs[config["index"]]
+    result = run_trial(spec, inputs)
+    tune.report({"trial": _pack(result), "seconds": result.seconds})
+
+
+def _shippable(inputs: TrialInputs) -> TrialInputs:
+    """The inputs as a trial sees them elsewhere: a relative tracker folder made absolute (Tune moves into the trial's folder)."""
+    tracking = dict(inputs.tracking)
+    if tracking.get("logging_dir"):
+        tracking["logging_dir"] = os.path.abspath(tracking["logging_dir"])
+    return dataclasses.replace(inputs, tracking=tracking)
+
+
+def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar) -> dict[str, TrialResult]:
+    from ray import tune
+
+    collect = _collector(specs, store, bar)
+    trainable = tune.with_parameters(_trainable, specs=specs, inputs=_shippable(inputs), threads=max(1, int(resources["cpu"])))
+    with tempfile.TemporaryDirectory(prefix="hf_depthgrow-ray-") as tmp:
+        tuner = tune.Tuner(
+            tune.with_resources(trainable, resources),
+            param_space={"index": tune.grid_search(list(range(len(specs))))},
+            # A trial process spends ~15 s importing torch and transformers: reused for the next trial, not restarted.
+            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True),
+            run_config=tune.RunConfig(
+                name=f"hf_depthgrow-{uuid.uuid4().hex[:8]}", storage_path=os.path.abspath(storage) if storage and "://" not in storage else (storage or tmp),
+                failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0, callbacks=[collect],
+            ),
+        )  # fmt: skip
+        grid = _quiet(tuner.fit)
+    results = collect.results
+    for r in grid:
+        spec = specs[r.config["index"]]
+        if spec.name not in results:
+            if r.error is not None:
+                first = (str(r.error).strip().splitlines() or [type(r.error).__name__])[-1]
+                raise RuntimeError(f"trial {spec.name} failed under Ray ({max_failures} retries): {first}") from r.error
+            results[spec.name] = _unpack(spec, r.metrics["trial"])
+    missing = [s.name for s in specs if s.name not in results]
+    if missing:
+        raise RuntimeError(f"Ray returned no result for {', '.join(missing)}")
+    return results
+
+
+def _quiet(fit):
+    """`fit()` with Tune's tables on stderr and its info logs off: the command's stdout is its report."""
+    import contextlib
+    import sys
+
+    tune_log = logging.getLogger("ray.tune")
+    level = tune_log.level
+    tune_log.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return fit()
+    finally:
+        tune_log.setLevel(level)
+
+
+def _collector(specs, store, bar):
+    """A Tune callback on the driver: each trial's result decoded, stored and counted as it arrives."""
+    from ray.tune import Callback
+
+    class Collect(Callback):
+        def __init__(self):
+            self.results: dict[str, TrialResult] = {}
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            spec = specs[trial.config["index"]]
+            if "trial" not in result or spec.name in self.results:
+                return
+            done = self.results[spec.name] = _unpack(spec, result["trial"])
+            if store is not None:
+                store.save(done)
+            if bar is not None:
+                bar.set_postfix_str(spec.name)
+                bar.update(1)
+
+    return Collect()
+
+
+def _pack(result: TrialResult) -> str:
+    """The result as JSON: floats written by `repr` read back bit for bit, `NaN`/`Infinity` included."""
+    scores = {}
+    for b, s in result.scores.items():
+        arrays = {n: None if getattr(s, n) is None else np.asarray(getattr(s, n), dtype=np.float64).tolist()
+                  for n in ("test", "test_weight", "retention", "retention_weight")}  # fmt: skip
+        scores[str(b)] = {"units_seen": s.units_seen, "heldout_loss": s.heldout_loss, "selected": s.selected,
+                          "train_losses": s.train_losses, "seconds": s.seconds, "arrays": arrays}  # fmt: skip
+    return json.dumps({"stopped_at": result.stopped_at, "trainable_parameters": result.trainable_parameters, "seconds": result.seconds,
+                       "heldout_curve": [[int(s), float(v)] for s, v in result.heldout_curve], "scores": scores}, default=float)  # fmt: skip
+
+
+def _unpack(spec: TrialSpec, text: str) -> TrialResult:
+    from .store import _rebuild
+
+    meta = json.loads(text)
+    tensors = {}
+    for b, s in meta["scores"].items():
+        for name, values in s.pop("arrays").items():
+            if values is not None:
+                tensors[f"{b}.{name}"] = torch.tensor(values, dtype=torch.float64)
+    return _rebuild(spec, meta, tensors)

@@ -1,0 +1,161 @@
+"""Issue 31: trials on Ray Tune give the serial result exactly; --gather rebuilds it from stored trials; bad Ray settings are one line."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hf_depthgrow.comparison import compare_plans
+from hf_depthgrow.comparison import ray_engine
+from hf_depthgrow.testing import tiny_inputs, tiny_model
+
+
+def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
+    batch = tiny_inputs(model, batch=n, seq=seq, seed=seed)
+    batch["labels"] = batch["input_ids"].clone()
+    return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    # One local instance for the module, as on CI's 2 cores: two single-CPU trials at once.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def setting():
+    model = tiny_model("llama")
+    rows = {name: lm_rows(model, n, seed) for name, n, seed in (("train", 24, 0), ("eval", 8, 1), ("test", 12, 2), ("ret", 10, 3))}
+    return model, rows
+
+
+SETTINGS = dict(growth=["at:2"], controls=["layers"], learning_rates=[1e-3, 1e-2], lr_extensions=0, budgets=[4, 8],
+                warmup_steps=1, batch_size=4, selection_max_examples=None, n_bootstrap=200, progress=False)  # fmt: skip
+
+
+def _run(setting, **kw):
+    model, rows = setting
+    return compare_plans(model, rows["train"], rows["eval"], rows["test"], retention_data=rows["ret"], **{**SETTINGS, **kw})
+
+
+def assert_same(a, b):
+    """The same comparison: every number of every budget, and every per-example loss bit for bit."""
+    assert a.to_dict()["budgets"] == b.to_dict()["budgets"]
+    assert a.grids == b.grids
+    for va, vb in zip(a.views, b.views, strict=True):
+        for x, y in zip(va.arms, vb.arms, strict=True):
+            assert x.name == y.name and x.learning_rate == y.learning_rate
+            np.testing.assert_array_equal(x.test_per_example, y.test_per_example)
+            np.testing.assert_array_equal(x.retention_per_example, y.retention_per_example)
+
+
+@pytest.fixture(scope="module")
+def serial(setting):
+    return _run(setting)
+
+
+@pytest.mark.ray
+def test_two_concurrent_ray_trials_give_exactly_the_serial_result_and_gather_rebuilds_it(local_ray, setting, serial, tmp_path, monkeypatch):
+    trials = tmp_path / "trials"
+    on_ray = _run(setting, engine="ray", max_concurrent_trials=2, trials_dir=trials)
+    assert_same(on_ray, serial)
+    # Gathered from the store: nothing trains (a trial run would fail here), the same result.
+    monkeypatch.setattr("hf_depthgrow.comparison.trial.trial_steps", None)
+    assert_same(_run(setting, engine="stored", trials_dir=trials), serial)
+    with pytest.raises(ValueError, match=r"2 of 4 trials are not stored in .*: at:2@lr0\.003@seed0, layers@lr0\.003@seed0"):
+        _run(setting, engine="stored", trials_dir=trials, learning_rates=[1e-3, 3e-3])
+
+
+@pytest.mark.ray
+def test_a_stored_trial_is_not_run_again_on_ray(local_ray, setting, serial, tmp_path, monkeypatch):
+    trials = tmp_path / "trials"
+    _run(setting, trials_dir=trials)  # serial, stored
+    ran, real = [], ray_engine._tune
+    monkeypatch.setattr(ray_engine, "_tune", lambda specs, *a: ran.extend(s.name for s in specs) or real(specs, *a))
+    assert_same(_run(setting, engine="ray", trials_dir=trials), serial)
+    assert ran == []
+
+
+@pytest.mark.ray
+def test_impossible_resources_and_halving_are_refused_under_ray(local_ray, setting):
+    with pytest.raises(ValueError, match="asks 3 CPU per trial, but the Ray cluster has 2"):
+        _run(setting, engine="ray", resources_per_trial=3)
+    with pytest.raises(ValueError, match="asks 1 GPU per trial, but the Ray cluster has 0"):
+        ray_engine.run_ray([SimpleNamespace(name="t")], None, resources_per_trial={"cpu": 1, "gpu": 1})
+    with pytest.raises(ValueError, match="successive_halving runs on the serial engine only"):
+        _run(setting, engine="ray", successive_halving=True, budgets=None, max_steps=8)
+
+
+def test_engine_settings_are_checked_before_any_work(monkeypatch):
+    from hf_depthgrow.comparison import CompareConfig
+
+    for kw, message in ((dict(engine="spark"), "engine must be one of"), (dict(ray_address="head:6379"), "is for engine 'ray'"),
+                        (dict(engine="ray", ray_address="head"), "host:port, ray://host:port or auto"),
+                        (dict(max_concurrent_trials=0), "max_concurrent_trials must be an int >= 1"),
+                        (dict(resources_per_trial=1.5), "resources_per_trial must be an int >= 1")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            CompareConfig(**kw)
+    monkeypatch.setattr(ray_engine, "ray_available", lambda: False)
+    with pytest.raises(ValueError, match=r"engine 'ray' needs Ray, which is not installed: pip install \"hf_depthgrow\[ray\]\""):
+        CompareConfig(engine="ray")
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    from tiny_lm import make_tiny_lm
+
+    return make_tiny_lm(tmp_path_factory.mktemp("ray"), max_chars=30_000)
+
+
+def _argv(lm_dir, out, *extra):
+    return ["compare", "--model", str(lm_dir / "tiny"), "--data", str(lm_dir / "sample.txt"), "--output-dir", str(out),
+            "--block-size", "16", "--max-examples", "64", "--max-steps", "2", "--learning-rates", "3e-3", "--growth", "top:1",
+            "--controls", "layers", "--retention-data", "none", "--n-bootstrap", "200", "--no-progress", *extra]  # fmt: skip
+
+
+def _one_line(capsys, *fragments):
+    """The error is one line (the last; a refusal found once the model is loaded follows its loading bar), no traceback."""
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]
+    assert last.startswith("hf-depthgrow compare: ") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in last, err
+
+
+@pytest.mark.ray
+def test_cli_unreachable_address_and_impossible_resources_are_one_line_and_write_nothing(local_ray, lm_dir, tmp_path, capsys):
+    from hf_depthgrow.cli import main
+
+    out, trials = tmp_path / "out", tmp_path / "trials"
+    assert main(_argv(lm_dir, out, "--engine", "ray", "--ray-address", "127.0.0.1:1", "--trials-dir", str(trials))) == 2
+    _one_line(capsys, "ray_address 127.0.0.1:1: no Ray cluster reachable there")
+    assert main(_argv(lm_dir, out, "--engine", "ray", "--resources-per-trial", "8", "--trials-dir", str(trials))) == 2
+    _one_line(capsys, "asks 8 CPU per trial, but the Ray cluster has 2")
+    assert not out.exists() and not trials.exists()
+
+
+def test_cli_gather_equals_the_run_and_names_what_is_missing(lm_dir, tmp_path, capsys):
+    import json
+
+    from hf_depthgrow.cli import main
+
+    trials = tmp_path / "trials"
+    assert main(_argv(lm_dir, tmp_path / "run", "--trials-dir", str(trials))) == 0
+    assert main(_argv(lm_dir, tmp_path / "gathered", "--gather", str(trials))) == 0
+    run, gathered = (json.loads((tmp_path / d / "compare.json").read_text()) for d in ("run", "gathered"))
+    assert gathered["budgets"] == run["budgets"] and gathered["rows"] == run["rows"]
+    capsys.readouterr()
+    out = tmp_path / "other"
+    assert main(_argv(lm_dir, out, "--gather", str(trials), "--learning-rates", "1e-3")) == 2
+    _one_line(capsys, "2 of 2 trials are not stored in", "top:1@lr0.001@seed0, layers@lr0.001@seed0")
+    assert main(_argv(lm_dir, out, "--gather", str(tmp_path / "nowhere"))) == 2
+    _one_line(capsys, "is not a folder of stored trials")
+    assert not out.exists()
