@@ -84,6 +84,7 @@ CASES = [
     (["probe", "--model", "in/model", "--data", "data.txt", "--output-dir", "p", "--positions", "3-x"],
      "hf-depthgrow probe: --positions must look like 0,4,8 or 2-10, got '3-x'"),
     (["probe", "--model", "in/model", "--data", "nowhere/data.csv", "--output-dir", "p"], "hf-depthgrow probe: no such data file or folder: nowhere/data.csv"),
+    (["probe", "--model", "in/model", "--data", "data.txt", "--output-dir", "p", "--threads", "0"], "hf-depthgrow probe: --threads must be >= 1, got 0"),
     (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "e", "--routes", "routes.json"],
      "hf-depthgrow eval: --routes routes.json: rho must be a finite number, got 'big'"),
     (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "e", "--routes", "routes_typo.json"],

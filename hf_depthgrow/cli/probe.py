@@ -50,6 +50,15 @@ class ProbeArguments:
     threads: int | None = field(default=None, metadata={"help": "Torch CPU threads."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
+    def __post_init__(self):
+        # Checked before anything loads: `--threads 0` used to be accepted (and ignored).
+        for name in ("threads", "max_batches", "max_examples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+
 
 def parse_positions(text: str | None) -> list[int] | None:
     """`"0,4,8"` or `"2-10"` or a mix (`"0,3-5"`) -> sorted ints; `None` -> `None`.
