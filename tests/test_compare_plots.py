@@ -147,6 +147,18 @@ def test_the_comparisons_own_rows_draw(tmp_path, full_sweep):
     assert "Within the forgetting budget: " in caption and "gain's interval carried to the test loss" in caption
 
 
+@pytest.mark.parametrize("forgetting", [True, False])
+def test_an_interval_that_excludes_its_mean_draws(tmp_path, full_sweep, forgetting):
+    """A percentile bootstrap's interval can exclude its point estimate (seen with 5 resamples in the regime
+    study's smoke run): matplotlib refuses the negative bar, so that side draws none instead of failing the save."""
+    sweep = variant(full_sweep, forgetting=forgetting)
+    arm = sweep["budgets"][0]["arms"]["probe:1"]
+    arm["gain"] = {**arm["gain"], "high": arm["gain"]["mean"] - 0.01}
+    if forgetting:
+        arm["forgetting"] = {"mean": 0.01, "low": 0.02, "high": 0.03}
+    check_png(plot_gain_forgetting(sweep, tmp_path / "frontier.png"))
+
+
 def test_an_existing_file_is_replaced(tmp_path, full_sweep):
     target = tmp_path / "curves.png"
     target.write_bytes(b"old")

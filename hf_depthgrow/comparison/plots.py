@@ -75,9 +75,10 @@ def _interval(entry) -> tuple[float, float, float]:
 
 
 def _error(mean: float, low: float, high: float) -> list[list[float]]:
-    """A one-point errorbar `[[below], [above]]`, zero where the interval is unknown."""
+    """A one-point errorbar `[[below], [above]]`, zero where the interval is unknown or excludes the mean (a percentile
+    bootstrap's may, with few resamples; matplotlib refuses a negative bar)."""
     below, above = mean - low, high - mean
-    return [[below if math.isfinite(below) else 0.0], [above if math.isfinite(above) else 0.0]]
+    return [[max(below, 0.0) if math.isfinite(below) else 0.0], [max(above, 0.0) if math.isfinite(above) else 0.0]]
 
 
 def _caption_and_layout(fig, text: str) -> None:
@@ -196,7 +197,7 @@ def _gain_by_budget(fig, ax, sweep: dict, styles: dict, names: list[str], path) 
         if not rows:
             continue
         t, mean, low, high = (np.array(c) for c in zip(*rows))
-        err = np.nan_to_num(np.stack([mean - low, high - mean]), nan=0.0)
+        err = np.nan_to_num(np.stack([mean - low, high - mean]), nan=0.0).clip(min=0.0)
         ax.errorbar(t, mean, yerr=err, fmt="-", marker=styles[name]["marker"], color=styles[name]["color"], capsize=2,
                     lw=1.4, ms=5, label=name)  # fmt: skip
     ax.set_xscale("log")
