@@ -1,0 +1,184 @@
+"""Regime study recipe (issue 33): its YAML configs load and validate, the plateau check's arithmetic, the base's
+vocabulary and data split, bad input (one line, exit 2, nothing written), and `--smoke` end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "recipes" / "configs" / "regime_study"
+
+
+def load_recipe():
+    spec = importlib.util.spec_from_file_location("recipe_regime_study", REPO / "recipes" / "regime_study.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while being built
+    spec.loader.exec_module(module)
+    return module
+
+
+recipe = load_recipe()
+
+
+def parse(argv):
+    from hf_depthgrow.config import parse_args
+
+    return parse_args(recipe.RegimeStudyConfig, argv=argv)[0]
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "smoke.yaml"])
+def test_config_loads_and_validates(name):
+    path = CONFIGS / name
+    cfg = parse(["--config", str(path)])
+    values = yaml.safe_load(path.read_text())
+    for key, value in values.items():  # every key of the file reached the dataclass
+        assert getattr(cfg, key) == value, key
+    for seed in cfg.seeds:  # the continued training's CompareConfig builds for every seed
+        compare = cfg.compare_config(seed)
+        assert compare.seed == seed and compare.sweep == cfg.budgets and compare.scheduler == "wsd"
+    assert "python recipes/regime_study.py" in path.read_text()
+
+
+def test_default_config_reaches_the_regime():
+    """default.yaml: budgets span >= 32x and the largest is >= 100 tokens per parameter of the one-block arm."""
+    cfg = parse(["--config", str(CONFIGS / "default.yaml")])
+    model = recipe.build_base(cfg, vocab_size=100)
+    fig = recipe.regime_figures(cfg, model)
+    assert fig["span"] >= 32
+    assert fig["tokens_per_parameter"][-1] >= 100
+    assert fig["block_parameters"] == sum(p.numel() for p in model.model.layers[0].parameters())
+    assert set(cfg.growth) >= {"top:1", "probe:1"} and any(g.startswith("interleave:") for g in cfg.growth)
+    assert {"layers", "lora", "full"} <= set(cfg.controls) and any(c.startswith("lora:") for c in cfg.controls)
+    assert len(cfg.seeds) >= 2 and cfg.max_forgetting is not None
+    assert cfg.hidden_size == 64
+    assert recipe.__doc__.split("\n\n")[1].strip() == "python recipes/regime_study.py --config recipes/configs/regime_study/default.yaml"
+
+
+def test_plateau_check_flat_and_not_flat():
+    # 11 evaluations over 100 steps; the window is steps >= 80: 80, 90, 100
+    flat = [(s, 4.0) for s in range(0, 80, 10)] + [(80, 2.015), (90, 1.99), (100, 2.0)]
+    out = recipe.plateau_check(flat, tolerance=0.01, window=0.2)
+    assert out["flat"] and out["points"] == 3 and out["window_start"] == 80
+    assert out["max_deviation"] == pytest.approx(0.0075)  # |2.015 - 2| / 2
+    assert out["drop"] == pytest.approx(0.0075) and "FLAT" in out["text"]
+    # the same curve still falling by 2% over the window is not flat
+    falling = flat[:-3] + [(80, 2.04), (90, 2.02), (100, 2.0)]
+    out = recipe.plateau_check(falling, tolerance=0.01, window=0.2)
+    assert not out["flat"] and out["max_deviation"] == pytest.approx(0.02) and "NOT flat" in out["text"]
+    assert recipe.plateau_check(falling, tolerance=0.025, window=0.2)["flat"]
+    # a bump inside the window counts too, not only the drop from its first point
+    bump = flat[:-3] + [(80, 2.0), (90, 2.05), (100, 2.0)]
+    out = recipe.plateau_check(bump)
+    assert not out["flat"] and out["drop"] == 0.0 and out["max_deviation"] == pytest.approx(0.025)
+    # the window follows the final step: at 50 steps it is steps >= 40
+    assert recipe.plateau_check(flat[:6], window=0.2)["window_start"] == 40
+    # fewer than 3 evaluations in the window cannot show a plateau
+    sparse = [(0, 4.0), (50, 2.0), (100, 2.0)]
+    out = recipe.plateau_check(sparse)
+    assert not out["flat"] and out["points"] == 1 and "too few" in out["text"]
+    with pytest.raises(ValueError, match="empty"):
+        recipe.plateau_check([])
+
+
+def test_char_tokenizer_and_disjoint_pages():
+    tok = recipe.char_tokenizer(["def f(x):\n    return x", "def f(x):\n    return x  # k"], min_count=2)
+    text = "def f(x):\n    return x"
+    assert tok.decode(tok(text).input_ids) == text
+    assert len(tok(text).input_ids) == len(text)  # one token per character
+    assert tok.convert_ids_to_tokens(tok("Z").input_ids) == ["<unk>"]  # never seen
+    assert tok.convert_ids_to_tokens(tok("k").input_ids) == ["<unk>"]  # seen once (< min_count)
+    assert tok.convert_tokens_to_ids(["<pad>", "<eos>", "<unk>"]) == [0, 1, 2]
+    cfg = parse(["--config", str(CONFIGS / "smoke.yaml")])
+    split = recipe.page_split(497, cfg)
+    parts = [set(v) for v in split.values()]
+    assert sum(map(len, parts)) == 497 and len(set().union(*parts)) == 497  # disjoint, complete
+    assert split == recipe.page_split(497, cfg)  # seeded
+
+
+def run_main(argv, capsys):
+    rc = recipe.main(argv)
+    err = capsys.readouterr().err
+    return rc, err
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--seeds", "0"], "seeds must be at least 2 distinct"),
+        (["--budgets", "16", "8"], "budgets must be strictly increasing"),
+        (["--growth", "middle:1"], "unknown growth arm 'middle:1'"),
+        (["--base-min-steps", "50", "--base-max-steps", "40"], "exceeds the cap"),
+        (["--plateau-tolerance", "1.5"], "plateau_tolerance must be in (0, 1)"),
+        (["--hidden-size", "15"], "multiple of num_heads"),
+        (["--lernig-rate", "1"], "unknown option --lernig-rate"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, flags, message):
+    out = tmp_path / "study"
+    rc, err = run_main(["--smoke", "--output-dir", str(out), *flags], capsys)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_smoke_and_config_together_is_refused(capsys):
+    rc, err = run_main(["--smoke", "--config", str(CONFIGS / "default.yaml")], capsys)
+    assert rc == 2 and "give one of them" in err
+
+
+def test_smoke_end_to_end(tmp_path):
+    """`--smoke` as CI runs it: base, plateau check, compare at every budget for two seeds, the summary."""
+    out = tmp_path / "study"
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = proc.stdout
+    assert "plateau check: held-out losses" in printed and "tokens per trainable parameter of the one-block growth arm" in printed
+    assert "seeds (data order of the continued training): [0, 1]" in printed
+    summary = json.loads((out / "study.json").read_text())
+    cfg = parse(["--config", str(CONFIGS / "smoke.yaml")])
+    assert summary["seeds"] == cfg.seeds
+    assert set(summary["per_seed"]) == {str(s) for s in cfg.seeds}
+    for seed in cfg.seeds:
+        per = summary["per_seed"][str(seed)]
+        assert [b["steps"] for b in per["budgets"]] == cfg.budgets and per["verdict"]
+        assert per["crossover"] and "skipped" not in per["validation"]  # 4 budgets: the fits, the crossover, the validation
+        assert (out / f"seed{seed}" / "compare.json").is_file()
+    arms = {row["arm"] for row in summary["table"]}
+    assert arms == set(cfg.growth) | set(cfg.controls)
+    assert len(summary["table"]) == len(arms) * len(cfg.budgets)
+    for row in summary["table"]:
+        means = [row["gain"][str(s)]["mean"] for s in cfg.seeds]
+        assert row["gain_spread"] == pytest.approx(max(means) - min(means))
+    assert summary["base"]["plateau"]["text"] in (out / "study.md").read_text()
+    assert (out.parent / "study-trials").is_dir() and any((out.parent / "study-trials").iterdir())  # the sibling trial store
+    base = out / "base"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "settings.json"} <= {p.name for p in base.iterdir()}
+    # CI's budget is 60 s on 2 cores; CPU seconds (one thread, as OMP_NUM_THREADS=1 runs) bound that on a quiet machine
+    assert cpu < 60, f"the smoke run took {cpu:.0f} CPU seconds"
+
+    # Reused: the same settings load the saved base (it still loads with plain transformers), nothing retrains.
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(base).config.hidden_size == cfg.hidden_size
+    before = (base / "model.safetensors").read_bytes()
+    rerun = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only"],
+                           capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0 and "reusing the base" in rerun.stdout and "base step" not in rerun.stdout
+    # Other base settings: refused in one line, the saved base untouched.
+    other = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only",
+                            "--base-learning-rate", "0.01"], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and "other settings (base_learning_rate)" in other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1
+    assert (base / "model.safetensors").read_bytes() == before
