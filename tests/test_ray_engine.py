@@ -91,6 +91,54 @@ def test_impossible_resources_and_halving_are_refused_under_ray(local_ray, setti
         _run(setting, engine="ray", successive_halving=True, budgets=None, max_steps=8)
 
 
+def _kill_first_trial_process(killed: list, timeout: float = 120.0) -> None:
+    """SIGKILL the first Tune trial process of this test's Ray (titled ray::ImplicitFunc) a moment after it appears."""
+    import os
+    import signal
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not killed:
+        for proc in psutil.Process().children(recursive=True):  # the local Ray's processes, not another Ray's
+            try:
+                title = " ".join(proc.cmdline())
+            except psutil.Error:
+                continue
+            if "ImplicitFunc" in title:
+                time.sleep(1.0)  # into its imports or its training: either way the trial has started
+                os.kill(proc.pid, signal.SIGKILL)
+                killed.append(proc.pid)
+                return
+        time.sleep(0.1)
+
+
+@pytest.mark.ray
+def test_a_killed_trial_is_run_again_by_ray_and_ends_identical(local_ray, setting):
+    import threading
+
+    from hf_depthgrow.comparison import build_arms
+    from hf_depthgrow.comparison.runner import example_losses
+    from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec, run_trial
+
+    base, rows = setting
+    original = {"test": example_losses(base, rows["test"], 4), "heldout": 4.0}
+    inputs = lambda: TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=None,
+                                 batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None,
+                                 original=dict(original))  # fmt: skip
+    spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 3e-3, 0, (40,), warmup_steps=1)
+    want = run_trial(spec, inputs())
+    killed = []
+    killer = threading.Thread(target=_kill_first_trial_process, args=(killed,))
+    killer.start()
+    with pytest.warns(UserWarning, match=r"trial at:2@lr0\.003@seed0 failed \(1 time\(s\)\): Ray runs it again from its start"):
+        (got,) = ray_engine.run_ray([spec], inputs())
+    killer.join()
+    assert killed
+    assert got.scores[40].heldout_loss == want.scores[40].heldout_loss and got.heldout_curve == want.heldout_curve
+    np.testing.assert_array_equal(got.scores[40].test, want.scores[40].test)
+
+
 def test_engine_settings_are_checked_before_any_work(monkeypatch):
     from hf_depthgrow.comparison import CompareConfig
 
@@ -103,6 +151,17 @@ def test_engine_settings_are_checked_before_any_work(monkeypatch):
     monkeypatch.setattr(ray_engine, "ray_available", lambda: False)
     with pytest.raises(ValueError, match=r"engine 'ray' needs Ray, which is not installed: pip install \"hf_depthgrow\[ray\]\""):
         CompareConfig(engine="ray")
+
+
+def test_cli_engine_ray_without_ray_is_one_line_before_anything_loads(monkeypatch, tmp_path, capsys):
+    from hf_depthgrow.cli import main
+
+    monkeypatch.setattr(ray_engine, "ray_available", lambda: False)
+    out = tmp_path / "out"
+    assert main(["compare", "--engine", "ray", "--output-dir", str(out), "--model", str(tmp_path / "no-model")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == 'hf-depthgrow compare: engine \'ray\' needs Ray, which is not installed: pip install "hf_depthgrow[ray]"'
+    assert not out.exists()
 
 
 # --------------------------------------------------------------------------- the CLI

@@ -26,6 +26,7 @@ import os
 import socket
 import tempfile
 import uuid
+import warnings
 
 import numpy as np
 import torch
@@ -196,11 +197,15 @@ def _check_resources(ray, resources: dict) -> None:
 # --------------------------------------------------------------------------- the trials
 
 
-def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, threads: int) -> None:
+def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, threads: int, gpus: float) -> None:
     """One Tune trial: `run_trial` on the spec at `config["index"]`, its result reported as exact JSON."""
     from ray import tune
 
     torch.set_num_threads(threads)
+    if not gpus:
+        # Ray leaves CUDA_VISIBLE_DEVICES alone for a trial that asked for no GPU: it would train on GPU 0,
+        # beside every other such trial. Hidden before the trial touches CUDA, so it trains on its CPUs.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     spec = specs[config["index"]]
     result = run_trial(spec, inputs)
     tune.report({"trial": _pack(result), "seconds": result.seconds})
@@ -218,7 +223,8 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
     from ray import tune
 
     collect = _collector(specs, store, bar)
-    trainable = tune.with_parameters(_trainable, specs=specs, inputs=_shippable(inputs), threads=max(1, int(resources["cpu"])))
+    trainable = tune.with_parameters(_trainable, specs=specs, inputs=_shippable(inputs), threads=max(1, int(resources["cpu"])),
+                                     gpus=resources.get("gpu", 0))
     with tempfile.TemporaryDirectory(prefix="hf_depthgrow-ray-") as tmp:
         tuner = tune.Tuner(
             tune.with_resources(trainable, resources),
@@ -267,6 +273,10 @@ def _collector(specs, store, bar):
     class Collect(Callback):
         def __init__(self):
             self.results: dict[str, TrialResult] = {}
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            spec = specs[trial.config["index"]]
+            warnings.warn(f"trial {spec.name} failed ({trial.num_failures} time(s)): Ray runs it again from its start", stacklevel=2)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             spec = specs[trial.config["index"]]
