@@ -30,10 +30,10 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the shared RESULTS.md writer next to this script
+from bench_compare import _data, _load_model  # noqa: E402  the same models and data as the compare benchmark
 from results_file import command_line, machine, publish  # noqa: E402
 
 from hf_depthgrow.comparison import compare_plans  # noqa: E402
-from hf_depthgrow.testing import tiny_inputs, tiny_model  # noqa: E402
 
 SECTION = "## Budget sweep against one comparison per budget"
 GROWTH = ["top:1", "interleave:2"]
@@ -62,26 +62,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _data(model, args):
-    if args.model == "smollm2":
-        from hf_depthgrow import load_model
-        from hf_depthgrow.data import load_data, split_dataset
-
-        _, tok = load_model("smollm2")
-        ds = load_data("shakespeare", model=model, tokenizer=tok, block_size=64, max_examples=args.examples, seed=0)
-        splits = split_dataset(ds, {"train": 0.6, "held_out": 0.15, "test": 0.25}, seed=0)
-        ret = load_data("python_docs", model=model, tokenizer=tok, block_size=64, max_examples=args.examples // 4, seed=0)
-        return splits["train"], splits["held_out"], splits["test"], ret
-
-    def rows(n, seed):
-        batch = tiny_inputs(model, batch=n, seq=32, seed=seed)
-        batch["labels"] = batch["input_ids"].clone()
-        return [{k: v[i] for k, v in batch.items()} for i in range(n)]
-
-    n = args.examples
-    return rows(n, 0), rows(n // 4, 1), rows(n // 2, 2), rows(n // 4, 3)
-
-
 def _settings(args) -> dict:
     grids = {"growth_learning_rates": [3e-3], "layers_learning_rates": [1e-3], "lora_learning_rates": [3e-3]} if args.quick else {}
     # The warm-up is fixed in steps, so every separate run warms up exactly as the sweep does.
@@ -102,15 +82,6 @@ def separate(model, data, args) -> dict:
         result = compare_plans(model, train, held, test, retention_data=ret, budgets=[b], **_settings(args))
         out[b] = {a.name: a.test_per_example for a in result.arms}
     return out
-
-
-def _load_model(args):
-    if args.model == "smollm2":
-        from hf_depthgrow import load_model
-
-        return load_model("smollm2")[0].eval()
-    return tiny_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=512).eval()  # fmt: skip
 
 
 def measure(args) -> dict:
