@@ -334,7 +334,8 @@ def plot_comparison(result, path) -> Path:
     lows, highs = np.array([vs[n]["low"] for n in names]), np.array([vs[n]["high"] for n in names])
     x = np.arange(len(names))
     ax.bar(x, means, color=[_KIND_COLOURS.get(kinds[n], "tab:purple") for n in names])
-    ax.errorbar(x, means, yerr=[means - lows, highs - means], fmt="none", ecolor="black", capsize=3)
+    # clipped: a percentile bootstrap's interval may exclude its mean (few resamples), and matplotlib refuses a negative bar
+    ax.errorbar(x, means, yerr=np.clip([means - lows, highs - means], 0.0, None), fmt="none", ecolor="black", capsize=3)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("test delta vs original (nats, + = better)")
@@ -346,7 +347,7 @@ def plot_comparison(result, path) -> Path:
         d = np.array([vs[a.name]["mean"] for a in single])[order]
         lo = np.array([vs[a.name]["low"] for a in single])[order]
         hi = np.array([vs[a.name]["high"] for a in single])[order]
-        ax_pos.errorbar(pos[order], d, yerr=[d - lo, hi - d], fmt="o-", color="tab:blue", capsize=3, label="realized delta")
+        ax_pos.errorbar(pos[order], d, yerr=np.clip([d - lo, hi - d], 0.0, None), fmt="o-", color="tab:blue", capsize=3, label="realized delta")
         for a in result.arms:
             if a.kind in ("layers", "lora", "full") and a.name in vs:
                 ax_pos.axhline(vs[a.name]["mean"], color=_KIND_COLOURS[a.kind], linestyle="--", linewidth=1, label=f"control: {a.name}")
@@ -374,7 +375,7 @@ def plot_validation(validation, path) -> Path:
     real = np.array(validation.realized)
     low = np.array([rows[f"at:{k}"]["low"] for k in pos])
     high = np.array([rows[f"at:{k}"]["high"] for k in pos])
-    ax.errorbar(pos, real, yerr=[real - low, high - real], fmt="o-", color="black", capsize=3, label="realized (mean of seeds)", zorder=3)
+    ax.errorbar(pos, real, yerr=np.clip([real - low, high - real], 0.0, None), fmt="o-", color="black", capsize=3, label="realized (mean of seeds)", zorder=3)
     for seed, values in validation.realized_by_seed.items():
         ax.plot(pos, values, ".", color="gray", alpha=0.6)
     span = (real.min(), real.max()) if np.ptp(real) > 0 else (real.min() - 1e-3, real.max() + 1e-3)

@@ -159,6 +159,19 @@ def test_an_interval_that_excludes_its_mean_draws(tmp_path, full_sweep, forgetti
     check_png(plot_gain_forgetting(sweep, tmp_path / "frontier.png"))
 
 
+def test_comparison_plot_with_an_interval_that_excludes_its_mean(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_depthgrow.plots import plot_comparison
+
+    arms = [SimpleNamespace(name="original", kind="original", arm={}), SimpleNamespace(name="at:2", kind="growth", arm={"positions": [2]}),
+            SimpleNamespace(name="at:3", kind="growth", arm={"positions": [3]}), SimpleNamespace(name="full", kind="full", arm={})]
+    rows = {"at:2": {"mean": 0.1, "low": 0.12, "high": 0.2}, "at:3": {"mean": 0.05, "low": 0.0, "high": 0.04},
+            "full": {"mean": 0.3, "low": 0.2, "high": 0.4}}
+    result = SimpleNamespace(arms=arms, statistics={"vs_original": {"method": "holm", "arms": rows}}, probe=None)
+    assert plot_comparison(result, tmp_path / "compare.png").is_file()
+
+
 def test_an_existing_file_is_replaced(tmp_path, full_sweep):
     target = tmp_path / "curves.png"
     target.write_bytes(b"old")
