@@ -153,7 +153,7 @@ def test_smoke_end_to_end(tmp_path):
     for seed in cfg.seeds:
         per = summary["per_seed"][str(seed)]
         assert [b["steps"] for b in per["budgets"]] == cfg.budgets and per["verdict"]
-        assert per["crossover"] and "skipped" not in per["validation"]  # 4 budgets: the fits, the crossover, the validation
+        assert per["crossover"] and per["validation"]  # 3 budgets: the fits and the crossover (validation says it needs 4)
         assert (out / f"seed{seed}" / "compare.json").is_file()
     arms = {row["arm"] for row in summary["table"]}
     assert arms == set(cfg.growth) | set(cfg.controls)
