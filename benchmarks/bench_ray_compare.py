@@ -1,0 +1,164 @@
+"""A small comparison on the serial engine against Ray Tune with concurrent single-thread trials (issue 31).
+
+    python benchmarks/bench_ray_compare.py --write-results          # a small random Llama, 3 repeats
+    python benchmarks/bench_ray_compare.py --quick --repeats 1       # smoke run
+
+Serial: `compare_plans(engine="serial")` in this process with `--serial-threads` torch threads (default:
+every core, what a user gets). Ray: `compare_plans(engine="ray", max_concurrent_trials=N, resources_per_trial=1)`
+with Ray not yet running, so each repeat pays what `hf-depthgrow compare --engine ray` pays: starting a local
+instance, shipping the inputs, a process per concurrent trial (imports included), and shutting it down. The
+trials are the same work either way: every arm's per-example test losses of the Ray run are checked equal to a
+serial run at one thread (once, before timing). Reported: wall time of each per repeat (alternating within a
+repeat), medians, the ratio Ray / serial, and Ray's fixed cost per trial: (Ray's wall x N - the trials' own
+seconds) / trials, i.e. what a trial costs beyond its compute (start, imports, shipping, Tune's bookkeeping).
+
+`--write-results` replaces the section "## Serial against Ray Tune, ..., serial at N threads" of `--results`
+(default benchmarks/RESULTS.md). On a loaded machine two serial threads can lose much to contention (OpenMP
+threads spinning against other processes), so `--serial-threads 1` separates that from what Ray itself brings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the shared RESULTS.md writer next to this script
+from results_file import command_line, machine, publish  # noqa: E402
+
+from hf_depthgrow.comparison import compare_plans  # noqa: E402
+from hf_depthgrow.testing import tiny_inputs, tiny_model  # noqa: E402
+
+SECTION = "## Serial against Ray Tune, concurrent single-thread trials"
+
+
+def section_heading(args) -> str:
+    return f"{SECTION}, serial at {args.serial_threads} thread{'s' if args.serial_threads > 1 else ''}"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps of every trial")
+    p.add_argument("--examples", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--concurrent", type=int, default=2, help="Ray trials at once (one CPU and one torch thread each)")
+    p.add_argument("--serial-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--quick", action="store_true", help="smoke sizes: 8 steps, 32 examples")
+    p.add_argument("--write-results", action="store_true")
+    p.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.examples = 8, 32
+    if args.repeats < 1 or args.steps < 2 or args.examples < 16 or args.concurrent < 1 or args.serial_threads < 1:
+        p.error("--repeats >= 1, --steps >= 2, --examples >= 16, --concurrent >= 1 and --serial-threads >= 1 are needed")
+    return args
+
+
+def _data(model, n: int):
+    def rows(k, seed):
+        batch = tiny_inputs(model, batch=k, seq=32, seed=seed)
+        batch["labels"] = batch["input_ids"].clone()
+        return [{key: v[i] for key, v in batch.items()} for i in range(k)]
+
+    return rows(n, 0), rows(n // 4, 1), rows(n // 2, 2)
+
+
+def _settings(args) -> dict:
+    # 2 arms x 2 rates = 4 trials, one round (no extension): the engine is what differs.
+    return {"growth": ["top:1"], "controls": ["layers"], "learning_rates": [1e-3, 3e-3], "lr_extensions": 0, "max_steps": args.steps,
+            "batch_size": args.batch_size, "warmup_steps": 1, "progress": False, "n_bootstrap": 200}  # fmt: skip
+
+
+def run(model, data, args, engine: str):
+    train, held, test = data
+    extra = {"engine": "ray", "max_concurrent_trials": args.concurrent, "resources_per_trial": 1} if engine == "ray" else {}
+    return compare_plans(model, train, held, test, **_settings(args), **extra)
+
+
+def _losses(result) -> dict:
+    return {a.name: a.test_per_example for a in result.arms}
+
+
+def _threads(n: int):
+    torch.set_num_threads(n)
+
+
+def measure(args) -> dict:
+    """Check Ray equals serial at one thread, then time both `--repeats` times, alternating."""
+    model = tiny_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=512).eval()  # fmt: skip
+    data = _data(model, args.examples)
+    _threads(1)
+    want = _losses(run(model, data, args, "serial"))
+    got = run(model, data, args, "ray")
+    for arm, losses in _losses(got).items():
+        if not np.array_equal(losses, want[arm]):
+            raise SystemExit(f"Ray's {arm} differs from the serial run at one thread: not the same work")
+    times, trial_seconds = {"serial": [], "ray": []}, []
+    for r in range(args.repeats):
+        order = ("serial", "ray") if r % 2 == 0 else ("ray", "serial")
+        for engine in order:
+            _threads(args.serial_threads if engine == "serial" else 1)
+            started = time.perf_counter()
+            result = run(model, data, args, engine)
+            times[engine].append(time.perf_counter() - started)
+            if engine == "ray":
+                trial_seconds.append(sum(a.train_seconds for a in result.arms))
+            print(f"repeat {r + 1}/{args.repeats}: {engine} {times[engine][-1]:.1f} s", file=sys.stderr)
+    return {"times": times, "trial_seconds": trial_seconds, "sizes": [len(d) for d in data],
+            "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+
+
+def section_text(m: dict, args, command: str, load: tuple) -> str:
+    med = {k: statistics.median(v) for k, v in m["times"].items()}
+    trials = 4
+    fixed = [(w * args.concurrent - s) / trials for w, s in zip(m["times"]["ray"], m["trial_seconds"])]
+    n_train, n_held, n_test = m["sizes"]
+    return "\n".join([
+        section_heading(args), "",
+        f"Command: `{command}`", "",
+        f"A random Llama (8 layers, d = 64, vocabulary 512), sequences of 32 random tokens; arms top:1 and layers at rates "
+        f"1e-3 and 3e-3 (4 trials), {args.steps} steps of {args.batch_size} examples; {n_train} training, {n_held} held-out, "
+        f"{n_test} test examples. Serial: one process, {args.serial_threads} torch thread{'s' if args.serial_threads > 1 else ''}. Ray {_ray_version()}: a fresh local "
+        f"instance per run, {args.concurrent} trials at once, 1 CPU and 1 thread each. {machine()}, torch {torch.__version__}; "
+        f"load average {load[0]:.2f} before, {load[1]:.2f} after (a shared machine); {date.today().isoformat()}. Ray's "
+        "per-example test losses equal the serial run's at one thread (checked).", "",
+        "| | serial (s) | Ray (s) | Ray / serial | trials' own compute on Ray (s) | Ray's fixed cost per trial (s) |",
+        "|---|---:|---:|---:|---:|---:|",
+        *[f"| repeat {i + 1} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {s:.1f} | {f:.1f} |"
+          for i, (a, b, s, f) in enumerate(zip(m["times"]["serial"], m["times"]["ray"], m["trial_seconds"], fixed))],
+        f"| **median** | **{med['serial']:.1f}** | **{med['ray']:.1f}** | **{statistics.median(r / s for s, r in zip(m['times']['serial'], m['times']['ray'])):.2f}x** "
+        f"| {statistics.median(m['trial_seconds']):.1f} | {statistics.median(fixed):.1f} |", "",
+        f"The fixed cost is (Ray's wall x {args.concurrent} - the trials' own seconds) / {trials}: starting Ray, a process per "
+        f"concurrent trial importing torch and transformers, shipping the inputs, Tune's bookkeeping. Peak memory of the "
+        f"driver process: {m['driver_peak_mib']:.0f} MiB (the trial processes are not included).", "",
+    ])  # fmt: skip
+
+
+def _ray_version() -> str:
+    import ray
+
+    return ray.__version__
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    load_before = os.getloadavg()[0]
+    m = measure(args)
+    command = command_line("bench_ray_compare.py", argv)
+    publish(args, section_heading(args), section_text(m, args, command, (load_before, os.getloadavg()[0])))
+    return m
+
+
+if __name__ == "__main__":
+    main()
