@@ -12,8 +12,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 # Training recipes; the scaling study's configs (configs/scaling/) are validated in test_scaling_study.py,
-# the SFTTrainer recipe's (configs/sft_trl/, trl's own config) in test_recipe_sft_trl.py.
-RECIPE_CONFIGS = sorted(p for p in (RECIPES / "configs").rglob("*.yaml") if p.parent.name not in ("scaling", "sft_trl"))
+# the SFTTrainer recipe's (configs/sft_trl/, trl's own config) in test_recipe_sft_trl.py, the regime study's in test_regime_study.py.
+RECIPE_CONFIGS = sorted(p for p in (RECIPES / "configs").rglob("*.yaml") if p.parent.name not in ("scaling", "sft_trl", "regime_study"))
 ACCELERATE_CONFIGS = sorted((RECIPES / "accelerate_configs").glob("*.yaml"))
 
 
