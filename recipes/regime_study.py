@@ -23,12 +23,22 @@ Smoke size (CI, checks the plumbing, not the science): `python recipes/regime_st
    crossover and its validation; the seeds' spread next to the intervals), each seed's `compare.*` in `seed<S>/`.
    The plateau check, the tokens-per-parameter figure and the seeds are printed.
 
-Cost. The base of default.yaml (4 x 64, char vocabulary, 16 x 128 tokens per step), measured on the 2-core
-CPU while other work loaded it (load average about 7-10), OMP_NUM_THREADS=1:
+Cost, measured (2026-12-05) on the shared 2-core CPU while other work loaded it (load average 9.4 at the start,
+7.5 at the end), one thread:
     OMP_NUM_THREADS=1 python recipes/regime_study.py --config recipes/configs/regime_study/default.yaml --base-only
-    BASE_FIGURES_PENDING
-The whole study (7 arms x 2 rates x 2 seeds, each trial to 2432 steps plus the decays of the smaller budgets)
-was not run in this session: it needs several hours of quiet 2-core CPU (see docs/decisions.md when it has been).
+- base of default.yaml (205,888 parameters, 120 characters, 40,000 training blocks, 16 x 128 tokens per step):
+  4000 steps (8.2M tokens) in 1890 s of wall time, 598 s user + 7 s system CPU; held-out loss 4.757 -> 1.2399;
+  "held-out losses from step 3200 to 4000 (9 evaluations) lie within 1.85% of the last (1.2399); drop over the
+  window 1.63%; tolerance 1.00%: NOT flat; the cap (base_max_steps=4000) was hit before the curve was flat".
+  So at these settings the base does NOT reach the plateau within the cap: about 10 CPU minutes buys 4000
+  steps, and the curve still falls ~0.4% per 100 steps at the end. A plateaued base needs a larger cap (more
+  than the issue's 10 minutes) or other base settings; not tried yet.
+- tokens per trainable parameter of the one-block arm (49,536 parameters): 3.1, 6.3, 12.6, 25.1, 50.3, 100.5 at
+  budgets 76..2432 (32x).
+- `--smoke`: 28 s user + 1 s system CPU (88 s of wall time under load average ~6).
+The whole study (7 arms x 2 rates x 2 seeds, each trial 2432 steps plus the decays of the smaller budgets, about
+2900 steps at ~0.15 CPU s each) was not run: about 3 CPU hours (more if grids extend), far above the issue's
+60 minutes at these sizes.
 """
 
 from __future__ import annotations
