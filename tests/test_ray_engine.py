@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -190,7 +191,7 @@ def _one_line(capsys, *fragments):
 
 
 @pytest.mark.ray
-def test_cli_unreachable_address_and_impossible_resources_are_one_line_and_write_nothing(local_ray, lm_dir, tmp_path, capsys):
+def test_cli_refuses_an_unreachable_address_and_impossible_resources_then_runs_on_ray(local_ray, lm_dir, tmp_path, capsys):
     from hf_depthgrow.cli import main
 
     out, trials = tmp_path / "out", tmp_path / "trials"
@@ -199,11 +200,16 @@ def test_cli_unreachable_address_and_impossible_resources_are_one_line_and_write
     assert main(_argv(lm_dir, out, "--engine", "ray", "--resources-per-trial", "8", "--trials-dir", str(trials))) == 2
     _one_line(capsys, "asks 8 CPU per trial, but the Ray cluster has 2")
     assert not out.exists() and not trials.exists()
+    # The same command with settings the cluster can give runs; its stdout is the report, Tune's tables go to stderr.
+    assert main(_argv(lm_dir, out, "--engine", "ray", "--max-concurrent-trials", "2", "--trials-dir", str(trials))) == 0
+    printed = capsys.readouterr().out
+    assert "Comparison at an equal budget" in printed and "Configuration for experiment" not in printed
+    assert main(_argv(lm_dir, tmp_path / "gathered", "--gather", str(trials))) == 0
+    ran, gathered = (json.loads((d / "compare.json").read_text()) for d in (out, tmp_path / "gathered"))
+    assert gathered["budgets"] == ran["budgets"] and gathered["rows"] == ran["rows"]
 
 
 def test_cli_gather_equals_the_run_and_names_what_is_missing(lm_dir, tmp_path, capsys):
-    import json
-
     from hf_depthgrow.cli import main
 
     trials = tmp_path / "trials"
