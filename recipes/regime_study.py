@@ -292,7 +292,9 @@ def train_base(model, train_rows: list[dict], heldout_rows: list[dict], cfg: Reg
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
         if step % cfg.base_eval_every and step != cfg.base_max_steps:
             continue
         curve.append((step, heldout_loss(model, heldout_rows)))
@@ -323,6 +325,8 @@ def prepare_base(cfg: RegimeStudyConfig, log=print):
     text = lambda part: [pages[i] for i in split[part]]  # noqa: E731
     folder = Path(cfg.output_dir) / "base"
     info_path = folder / "settings.json"
+    if folder.exists() and not info_path.is_file():
+        raise BaseMismatchError(f"{folder} exists and is not a regime-study base (no settings.json): use another output_dir")
     if info_path.is_file():
         info = json.loads(info_path.read_text())
         if info.get("settings") != cfg.base_settings():
@@ -360,11 +364,12 @@ def _sample(texts: list[str], chars: int, seed: int) -> list[str]:
 
 def _save_base(model, tokenizer, info: dict, folder: Path) -> None:
     """Model, tokenizer and settings.json into a temp folder beside `folder`, then one rename (never half a base)."""
-    from hf_depthgrow.utils import write_json
+    from hf_depthgrow.utils import umask, write_json
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".base."))
     try:
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp's 0700 would stay on the base folder
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         write_json(tmp / "settings.json", info)

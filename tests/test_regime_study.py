@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import resource
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,12 @@ def load_recipe():
 
 
 recipe = load_recipe()
+
+
+def _umask():
+    from hf_depthgrow.utils import umask
+
+    return umask()
 
 
 def parse(argv):
@@ -129,6 +136,15 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, flags, messa
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_a_folder_that_is_not_a_base_is_refused_and_kept(tmp_path, capsys):
+    out = tmp_path / "study"
+    (out / "base").mkdir(parents=True)
+    (out / "base" / "notes.txt").write_text("mine")
+    rc, err = run_main(["--smoke", "--output-dir", str(out)], capsys)
+    assert rc == 2 and "is not a regime-study base (no settings.json)" in err and len(err.strip().splitlines()) == 1
+    assert [p.name for p in (out / "base").iterdir()] == ["notes.txt"] and sorted(p.name for p in out.iterdir()) == ["base"]
+
+
 def test_smoke_and_config_together_is_refused(capsys):
     rc, err = run_main(["--smoke", "--config", str(CONFIGS / "default.yaml")], capsys)
     assert rc == 2 and "give one of them" in err
@@ -165,6 +181,8 @@ def test_smoke_end_to_end(tmp_path):
     assert (out.parent / "study-trials").is_dir() and any((out.parent / "study-trials").iterdir())  # the sibling trial store
     base = out / "base"
     assert {"config.json", "model.safetensors", "tokenizer.json", "settings.json"} <= {p.name for p in base.iterdir()}
+    assert stat.S_IMODE(base.stat().st_mode) == 0o777 & ~_umask()  # not mkdtemp's 0700
+    assert not [p for p in out.iterdir() if p.name.startswith(".base.")]  # no temp folder left
     # CI's budget is 60 s on 2 cores; CPU seconds (one thread, as OMP_NUM_THREADS=1 runs) bound that on a quiet machine
     assert cpu < 60, f"the smoke run took {cpu:.0f} CPU seconds"
 
