@@ -140,6 +140,19 @@ def test_a_killed_trial_is_run_again_by_ray_and_ends_identical(local_ray, settin
     np.testing.assert_array_equal(got.scores[40].test, want.scores[40].test)
 
 
+@pytest.mark.ray
+def test_a_trial_that_fails_on_ray_is_named_with_its_error(local_ray, setting):
+    from hf_depthgrow.comparison import build_arms
+    from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec
+
+    base, rows = setting
+    inputs = TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=None,
+                         batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original={})  # fmt: skip
+    bad = TrialSpec(build_arms(base, ["at:2"], [])[1], 3e-3, 0, (4, 8), scheduler="cosine")  # several budgets need wsd: raises in the trial
+    with pytest.raises(RuntimeError, match=r"trial at:2@lr0\.003@seed0 failed under Ray \(0 retries\): .*needs lr_scheduler='wsd'"):
+        ray_engine.run_ray([bad], inputs, max_failures=0)
+
+
 def test_engine_settings_are_checked_before_any_work(monkeypatch):
     from hf_depthgrow.comparison import CompareConfig
 
