@@ -181,8 +181,8 @@ class CompareConfig:
                     check_wsd(budget, self.warmup, self.decay_ratio)
                 except ValueError as e:
                     raise ValueError(f"budget {budget} is too small for its warm-up: {e}") from None
-        elif self.warmup >= b[0]:
-            raise ValueError(f"the warm-up ({self.warmup} steps) must be shorter than the budget ({b[0]} steps)")
+        elif self.warmup > b[0]:
+            raise ValueError(f"the warm-up ({self.warmup} steps) is longer than the budget ({b[0]} steps)")
 
     def _check_extension(self) -> None:
         if not isinstance(self.lr_extensions, int) or isinstance(self.lr_extensions, bool) or self.lr_extensions < 0:
