@@ -235,7 +235,7 @@ def block_rows(tokenizer, texts: list[str], block_size: int, max_blocks: int | N
     """Causal-LM rows (`input_ids`, `attention_mask`, `labels`) of consecutive blocks of `texts`."""
     import torch
 
-    from hf_depthgrow.data.lm_blocks import causal_lm_blocks
+    from hf_depthgrow.data import causal_lm_blocks
 
     blocks = causal_lm_blocks(tokenizer, texts, block_size, max_blocks=max_blocks)
     ones = torch.ones(block_size, dtype=torch.long)
@@ -317,7 +317,7 @@ def prepare_base(cfg: RegimeStudyConfig, log=print):
     """`(model, tokenizer, retention_rows, base_info)`: the saved base when its settings match, else a new one, trained and saved."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from hf_depthgrow.data.corpora import python_docs_texts
+    from hf_depthgrow.data import python_docs_texts
 
     pages = python_docs_texts(max_chars=cfg.docs_chars)
     split = page_split(len(pages), cfg)
@@ -383,7 +383,7 @@ def shakespeare_rows(cfg: RegimeStudyConfig, tokenizer) -> tuple[list[dict], lis
     """`(train, held-out, test)` blocks of Shakespeare in the base's vocabulary (a seeded split of blocks)."""
     import numpy as np
 
-    from hf_depthgrow.data.corpora import shakespeare_texts
+    from hf_depthgrow.data import shakespeare_texts
 
     rows = block_rows(tokenizer, shakespeare_texts(max_chars=cfg.shakespeare_chars), cfg.block_size, None)
     need = cfg.heldout_blocks + cfg.test_blocks + cfg.batch_size
@@ -416,9 +416,7 @@ def _interval(row: dict | None) -> str:
 def summarize(results: dict, base: dict, figures: dict) -> dict:
     """Per seed the verdicts, the per-budget frontier, the crossover and its validation; per budget and arm the seeds'
     gains and forgetting with their intervals and spread (max - min of the seeds' means)."""
-    from hf_depthgrow.comparison.sweep_report import view_dict
-
-    seeds = {s: [view_dict(v) for v in r.views] for s, r in results.items()}
+    seeds = {s: r.sweep_dict()["budgets"] for s, r in results.items()}  # each budget's rows, JSON-ready
     per_seed = {}
     for s, r in results.items():
         curves = r.curves or {}
