@@ -165,7 +165,10 @@ def _fit(d, L, log_g, replicate: bool = False) -> LearningCurveFit:
     starts = [grid[np.argmin(sse)]]
     if not replicate:  # the full sample's fit also starts from exponents spread over the range
         starts += [grid[i] for i in np.linspace(0, len(grid) - 1, _SPREAD_STARTS).astype(int)]
-    best = fit_once(problem, starts, tol=1e-12)
+    # A replicate only moves a percentile: 1e-8 changes its predictions by < 2e-5 nats out to 100x the largest budget,
+    # and makes a flat curve's refit 45x faster (22 -> 0.5 ms; 1e-12 crawls along its flat valley). Measured on 300
+    # synthetic curves (power laws and flat ones).
+    best = fit_once(problem, starts, tol=1e-8 if replicate else 1e-12)
     if best is None:  # every start raised: say so rather than crash
         nan = float("nan")
         return LearningCurveFit(nan, nan, nan, nan, len(L), False, "every start of the optimizer failed", False)
