@@ -217,7 +217,8 @@ class CompareResult:
         budgets = self.config.get("budgets")
         if budgets and len(budgets) > 1:
             return f"budgets {budgets} (the table: the largest), warmup-stable-decay schedule decaying over the last {self.config['decay_ratio']:.0%} of each"
-        return f"{self.config['lr_scheduler']} schedule"
+        name = self.config["lr_scheduler"]
+        return f"{'cosine' if name == 'auto' else name} schedule"  # auto is cosine for one budget
 
     def _grid_text(self) -> str:
         if self.config.get("learning_rates"):
