@@ -19,6 +19,18 @@ def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Serial runs here use the one torch thread each Ray trial gets (resources_per_trial=1): a reduction over
+    another thread count rounds differently, so "bit for bit" needs the same count (CI's default is 2 threads)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
