@@ -144,3 +144,15 @@ def command_line() -> str | None:
 def at_command_end(callback) -> None:
     """Call `callback()` when the open `command_scope` ends."""
     _COMMAND["at_end"].append(callback)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (a live process of another user, or an unknowable answer, counts as alive:
+    callers use it to decide whether files a process left may be cleaned, and must leave them when in doubt)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True

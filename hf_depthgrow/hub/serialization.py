@@ -41,7 +41,7 @@ from torch import nn
 from ..growth.adapter import POST, PRE
 from ..growth.engine import reattach_adapters
 from ..growth.record import RECORD_KEY, GrowthRecord, InvalidGrowthRecordError, check_record_matches, growth_record, store_record
-from ..utils import umask
+from ..utils import pid_alive, umask
 
 ADAPTER_WEIGHTS = "depthgrow_adapters.safetensors"
 ADAPTER_CONFIG = "depthgrow_adapters.json"
@@ -115,15 +115,6 @@ _LEFTOVER = r"^\.{name}\.(tmp|old)-(\d+)(-[A-Za-z0-9_]+)?$"  # our temp/backup n
 _ACTIVE: set[str] = set()  # temp folders of saves running in this process (never "stale")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True  # someone else's live process (or unknowable): leave its files alone
-    return True
-
 
 def _leftovers(path: Path) -> list[tuple[str, Path]]:
     """`(kind, folder)` for each temp/backup of `path` left by a dead save (`kind` is "tmp" or "old")."""
@@ -136,7 +127,7 @@ def _leftovers(path: Path) -> list[tuple[str, Path]]:
         if not m or str(entry) in _ACTIVE or entry.is_symlink() or not entry.is_dir():
             continue
         pid = int(m.group(2))
-        if pid == os.getpid() or not _pid_alive(pid):
+        if pid == os.getpid() or not pid_alive(pid):
             found.append((m.group(1), entry))
     return found
 

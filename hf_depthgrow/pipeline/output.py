@@ -29,7 +29,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..utils import at_command_end, atomic_write_text, command_line, command_scope, in_command
+from ..utils import at_command_end, atomic_write_text, command_line, command_scope, in_command, pid_alive
 
 MARKER = ".hf_depthgrow_run"
 
@@ -142,15 +142,6 @@ def _owner_file(out: Path) -> Path:
     return out.parent / f".{out.name}.lock.json"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True  # someone else's live process, or unknowable: leave its files alone
-    return True
-
 
 def _read_owner(out: Path) -> dict:
     try:
@@ -199,8 +190,6 @@ class _Lock:
         return self
 
     def _write_owner(self, record: dict) -> None:
-        from ..utils import atomic_write_text
-
         atomic_write_text(_owner_file(self.out), json.dumps(record) + "\n")
 
     def release(self) -> None:
@@ -220,7 +209,7 @@ def _holder(out: Path) -> str:
     for _ in range(20):
         owner = _read_owner(out)
         pid = owner.get("pid")
-        if isinstance(pid, int) and (owner.get("host") != socket.gethostname() or _pid_alive(pid)):
+        if isinstance(pid, int) and (owner.get("host") != socket.gethostname() or pid_alive(pid)):
             where = "" if owner.get("host") == socket.gethostname() else f" on {owner.get('host')}"
             return f"pid {pid}{where}: {owner.get('command') or 'command unknown'}"
         time.sleep(0.05)
@@ -244,7 +233,7 @@ def _leftovers(out: Path, dead: set[int]) -> tuple[list[Path], list[Path], list[
         if not match or entry.is_symlink() or not entry.is_dir():
             continue
         pid = int(match.group(2))
-        if pid != os.getpid() and _pid_alive(pid):
+        if pid != os.getpid() and pid_alive(pid):
             continue
         ours = pid in dead or (entry / MARKER).is_file() or not any(entry.iterdir())
         (unknown if not ours else olds if match.group(1) == "old" else tmps).append(entry)

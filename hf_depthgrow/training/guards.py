@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..utils import pid_alive
 from .config import RESUME_MAY_CHANGE
 
 LOCK_NAME = ".hf_depthgrow.lock"
@@ -219,15 +220,6 @@ def nonfinite_stop(step: int, out: dict | None, *, named, accelerator, sharded: 
 # ------------------------------------------------------------------ the output-dir lock
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 class OutputLock:
     """`<output_dir>/.hf_depthgrow.lock`: one trainer per output_dir. Released by `release()` or at exit.
@@ -269,7 +261,7 @@ class OutputLock:
         if holder is None and time.time() - self.path.stat().st_mtime < 10:
             holder = {"pid": "?", "host": "?"}  # being written right now
         stale = holder is None or (holder.get("host") == self.owner["host"] and isinstance(holder.get("pid"), int)
-                                   and holder["pid"] != self.owner["pid"] and not _pid_alive(holder["pid"]))  # fmt: skip
+                                   and holder["pid"] != self.owner["pid"] and not pid_alive(holder["pid"]))  # fmt: skip
         if not stale:
             raise OutputDirLockedError(
                 f"{self.path.parent} is in use by another hf_depthgrow run (pid {holder.get('pid')} on {holder.get('host')}): "
