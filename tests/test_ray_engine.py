@@ -21,10 +21,14 @@ def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """Serial runs here use the one torch thread each Ray trial gets (resources_per_trial=1): a reduction over
-    another thread count rounds differently, so "bit for bit" needs the same count (CI's default is 2 threads)."""
+    """Serial runs here start from what a Ray trial's fresh process has: the one torch thread it gets
+    (resources_per_trial=1; a reduction over another thread count rounds differently) and no Accelerate state
+    left by an earlier test (AcceleratorState is a process singleton: a bf16 run before this module made the
+    serial trials here run under bf16 autocast, 1e-4 away from the Ray trials, in the full suite only)."""
     import torch
+    from accelerate.state import AcceleratorState
 
+    AcceleratorState._reset_state(reset_partial_state=True)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
