@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..losses import IGNORE_INDEX, is_causal_lm
+from .batches import as_batches
 
 __all__ = ["check_batch", "position_limit", "vocab_sizes"]
 
@@ -164,3 +165,16 @@ def check_batch(
         _check_lm_labels(labels, n_out, ids, where, every_example_supervised)
     else:
         _check_class_labels(labels, getattr(model.config, "num_labels", None), ids, where)
+
+
+def checked_batches(model: nn.Module, data, *, name: str, where: str, batch_size: int, max_batches: int | None = None) -> list[dict]:
+    """`data` (any form of `data.batches`) read into batches, each checked against `model` before any work.
+
+    `name` names the data in the "yielded no batches" error, `where` in each batch's (e.g. "the data").
+    """
+    batches = list(as_batches(data, batch_size=batch_size, max_batches=max_batches))
+    if not batches:
+        raise ValueError(f"{name} yielded no batches")
+    for index, batch in enumerate(batches):
+        check_batch(model, batch, where=f"{where} (batch {index})")
+    return batches

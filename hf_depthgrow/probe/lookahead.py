@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.batches import as_batches, as_rows, to_device
-from ..data.checks import check_batch
+from ..data.batches import as_rows, to_device
+from ..data.checks import checked_batches
 from ..growth.engine import grow_depth, new_block_parameters
 from ..losses import example_losses, is_causal_lm, labels_of, model_inputs
 from .baselines import _checked_positions, _forward_kwargs
@@ -157,11 +157,7 @@ def one_step_check(model: nn.Module, data, position: int, *, learning_rate: floa
     if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not (
             math.isfinite(learning_rate) and learning_rate > 0):
         raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
-    batches = list(as_batches(data, batch_size=batch_size, max_batches=max_batches))
-    if not batches:
-        raise ValueError("data yielded no batches")
-    for index, batch in enumerate(batches):
-        check_batch(model, batch, where=f"the data (batch {index})")
+    batches = checked_batches(model, data, name="data", where="the data", batch_size=batch_size, max_batches=max_batches)
     causal = is_causal_lm(model)
     weight = sum(supervised_units(labels_of(b), causal) for b in batches)
     if weight == 0:

@@ -27,8 +27,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..data.batches import as_batches, to_device
-from ..data.checks import check_batch
+from ..data.batches import to_device
+from ..data.checks import checked_batches
 from ..growth.checks import check_positions
 from ..growth.layout import _Snapshot
 from ..growth.record import growth_record
@@ -129,11 +129,8 @@ def skipped_layer_losses(model: nn.Module, retention_data, layers: Iterable[int]
     bad = [j for j in layers if not (isinstance(j, int) and 0 <= j < depth)]
     if bad:
         raise ValueError(f"layers {bad} are outside the stack (0..{depth - 1})")
-    batches = list(as_batches(retention_data, batch_size=batch_size, max_batches=max_batches))
-    if not batches:
-        raise ValueError("retention_data yielded no batches")
-    for i, batch in enumerate(batches):
-        check_batch(model, batch, where=f"the retention data (batch {i})")
+    batches = checked_batches(model, retention_data, name="retention_data", where="the retention data", batch_size=batch_size,
+                              max_batches=max_batches)  # fmt: skip
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     try:
