@@ -18,6 +18,7 @@ Ray stays optional: nothing here imports it until a trial runs (`pip install "hf
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -33,7 +34,7 @@ import torch
 
 from .trial import TrialInputs, TrialResult, TrialSpec, run_trial
 
-__all__ = ["ENGINES", "RAY_EXTRA", "check_engine", "ray_engine", "run_ray"]
+__all__ = ["ENGINES", "RAY_EXTRA", "check_engine", "ray_cluster", "ray_engine", "run_ray"]
 
 ENGINES = ("serial", "ray", "stored")
 RAY_EXTRA = 'pip install "hf_depthgrow[ray]"'
@@ -49,7 +50,7 @@ def ray_available() -> bool:
 
 
 def check_engine(cfg) -> None:
-    """`CompareConfig`'s engine settings, checked before any work (Ray is looked for, not imported)."""
+    """`CompareConfig`'s (or `StudyConfig`'s) engine settings, checked before any work (Ray is looked for, not imported)."""
 
     def positive(name, value):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -67,7 +68,7 @@ def check_engine(cfg) -> None:
     if cfg.engine == "ray":
         if not ray_available():
             raise ValueError(f"engine 'ray' needs Ray, which is not installed: {RAY_EXTRA}")
-        if cfg.successive_halving:
+        if getattr(cfg, "successive_halving", False):  # the scaling study has no halving
             raise ValueError(HALVING_REFUSED)
 
 
@@ -124,15 +125,8 @@ def run_ray(
     if bar is not None:
         bar.update(len(specs) - len(todo))
     if todo:
-        import ray
-
-        started = _connect(ray, address)
-        try:
-            _check_resources(ray, resources)
+        with ray_cluster(address, resources):
             found.update(_tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, store if use_store else None, bar))
-        finally:
-            if started:
-                ray.shutdown()
     return [found[s.name] for s in specs]
 
 
@@ -168,6 +162,32 @@ def _connect(ray, address: str | None) -> bool:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"ray_address {address}: could not join the Ray cluster ({first})") from None
     return True
+
+
+@contextlib.contextmanager
+def ray_cluster(address: str | None, resources_per_trial=None):
+    """Ray joined (or started: then shut down at the end), yielding the resources per trial it was checked to give.
+
+    What every sweep on Ray does first (`run_ray`, the scaling study's cells): an unreachable address or
+    resources the cluster cannot give are a `ValueError` naming them, before any trial starts.
+
+    Example:
+        ```python
+        >>> with ray_cluster(None, 1) as resources:
+        ...     resources
+        {'cpu': 1}
+        ```
+    """
+    import ray
+
+    resources = _resources(resources_per_trial)
+    started = _connect(ray, address)
+    try:
+        _check_resources(ray, resources)
+        yield resources
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _resources(resources_per_trial) -> dict:
