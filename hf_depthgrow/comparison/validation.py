@@ -7,6 +7,15 @@ examples of the seed-averaged per-example differences, corrected across position
 (the probe's signal and z, per-layer gradient norm, block influence, depth, a short look-ahead, a seeded
 random order) is then scored by `evaluation.decisions.predictor_table`: Spearman with a permutation
 p-value, the same with depth partialled out, top-1/top-3 hit rates, and the regret of its pick.
+
+The trials of every position and seed are one engine call (`config.engine`: `ray` runs them at once; the
+serial engine gives the same numbers as one `compare_plans` per seed), stored in `trials_dir` when given.
+With several budgets in `config.budgets` each position trains once (warmup-stable-decay, scored at every
+budget) and the smaller budgets' validations are in `at_smaller_budgets`. With `retention_data` each
+position's forgetting (retention loss rise, seed-averaged, corrected upper bound) is reported, and every
+predictor is also scored on the gain *within the forgetting budget* `config.max_forgetting`: a position whose
+forgetting upper bound exceeds it counts as the original kept (gain 0), the rule of the comparison's
+`best_within`.
 """
 
 from __future__ import annotations
@@ -41,6 +50,13 @@ class ProbeValidation:
     table: list[dict]
     probe_verdicts: list[str] | None = None
     seconds: dict = field(default_factory=dict)
+    budget: int | None = None
+    forgetting: list[float] | None = None
+    forgetting_high: list[float] | None = None
+    max_forgetting: float | None = None
+    within: list[float] | None = None
+    within_table: list[dict] | None = None
+    at_smaller_budgets: list["ProbeValidation"] = field(default_factory=list)
 
     @property
     def best_position(self) -> int:
@@ -61,25 +77,75 @@ class ProbeValidation:
             "realized_by_seed": {str(s): v for s, v in self.realized_by_seed.items()}, "realized": self.realized,
             "best_position": self.best_position, "intervals": self.intervals, "scores": self.scores,
             "predictor_seconds": self.predictor_seconds, "table": self.table, "probe_verdicts": self.probe_verdicts,
-            "verdict_agreement": self.verdict_agreement(), "seconds": self.seconds,
+            "verdict_agreement": self.verdict_agreement(), "seconds": self.seconds, "budget": self.budget,
+            "forgetting": self.forgetting, "forgetting_high": self.forgetting_high, "max_forgetting": self.max_forgetting,
+            "within": self.within, "within_table": self.within_table,
+            "at_smaller_budgets": [v.to_dict() for v in self.at_smaller_budgets], "across_budgets": self.across_budgets(),
         })
 
+    def across_budgets(self) -> dict | None:
+        """Does the ranking hold across budgets: per predictor its Spearman and regret at every budget (smallest first),
+        on gain and within the forgetting budget; and the smallest budget's realized gains ranking the largest's."""
+        views = [*self.at_smaller_budgets, self]
+        if len(views) < 2:
+            return None
+        rows = []
+        for name in [r["predictor"] for r in self.table]:
+            row = {"predictor": name}
+            for key, table in (("gain", "table"), ("within", "within_table")):
+                found = [next((r for r in (getattr(v, table) or []) if r["predictor"] == name), None) for v in views]
+                if all(found):
+                    row[key] = {"spearman": [r["spearman"] for r in found], "regret": [r["regret"] for r in found]}
+            rows.append(row)
+        held = predictor_table({"smallest": views[0].realized}, self.realized, self.positions, n_permutations=2000, seed=self.seeds[0])[0]
+        return {"budgets": [v.budget for v in views], "predictors": rows,
+                "smallest_ranks_largest": {k: held[k] for k in ("spearman", "p_value", "regret")}}
+
     def to_markdown(self) -> str:
+        lines = ["# Probe validation (oracle sweep)", "", *self._markdown_body()]
+        for view in self.at_smaller_budgets:
+            lines += ["", f"## At {view.budget} steps", "", *view._markdown_body()]
+        across = self.across_budgets()
+        if across:
+            budgets = across["budgets"]
+            lines += ["", f"## Does the ranking hold from {budgets[0]} to {budgets[-1]} steps?", "",
+                      "| predictor | " + " | ".join(f"Spearman at {b}" for b in budgets) + " | "
+                      + " | ".join(f"regret at {b}" for b in budgets) + " | Spearman within at "
+                      + ", ".join(str(b) for b in budgets) + " |", "|---" * (2 + 2 * len(budgets)) + "|"]  # fmt: skip
+            for row in across["predictors"]:
+                gain, within = row.get("gain") or {}, row.get("within") or {}
+                cells = [format_value(x) for x in gain.get("spearman", [])] + [format_value(x) for x in gain.get("regret", [])]
+                inside = ", ".join(format_value(x) for x in within.get("spearman", []))
+                lines.append(f"| {row['predictor']} | " + " | ".join(cells) + f" | {inside} |")
+            held = across["smallest_ranks_largest"]
+            lines += ["", f"The realized gains at {budgets[0]} steps rank those at {budgets[-1]} at Spearman "
+                      f"{format_value(held['spearman'])} (p {format_value(held['p_value'])}; regret of the smaller budget's "
+                      f"best position {format_value(held['regret'])})."]  # fmt: skip
+        return "\n".join(lines) + "\n"
+
+    def _markdown_body(self) -> list[str]:
         level = 1 - self.intervals["delta"]
+        at = f" at {self.budget} steps" if self.budget is not None else ""
+        forgets = self.forgetting is not None
         lines = [
-            "# Probe validation (oracle sweep)", "",
-            f"One block at each of {len(self.positions)} positions, {len(self.seeds)} seeds (data orders), learning "
+            f"One block at each of {len(self.positions)} positions{at}, {len(self.seeds)} seeds (data orders), learning "
             f"rate {format_value(self.learning_rate)}; realized gain = seed-averaged paired test delta vs the original "
             f"({level:.0%} {self.intervals['method']}-corrected across positions). Best realized position: "
             f"k = {self.best_position}.", "",
-            "| k | realized delta | interval | " + " | ".join(self.seeds_header()) + " |",
-            "|---|---|---|" + "---|" * len(self.seeds),
-        ]
+            "| k | realized delta | interval | " + " | ".join(self.seeds_header())
+            + (" | forgetting | its upper bound | within budget" if forgets else "") + " |",
+            "|---|---|---|" + "---|" * (len(self.seeds) + 3 * forgets),
+        ]  # fmt: skip
         for i, k in enumerate(self.positions):
             row = self.intervals["arms"][f"at:{k}"]
             per_seed = " | ".join(format_value(self.realized_by_seed[s][i]) for s in self.seeds)
             mark = " +" if row["certified"] else " -" if row["worse"] else ""
-            lines.append(f"| {k} | {format_value(self.realized[i])} | [{format_value(row['low'])}, {format_value(row['high'])}]{mark} | {per_seed} |")
+            extra = ""
+            if forgets:
+                within = "" if self.within is None else format_value(self.within[i])
+                extra = f" | {format_value(self.forgetting[i])} | {format_value(self.forgetting_high[i])} | {within}"
+            lines.append(f"| {k} | {format_value(self.realized[i])} | [{format_value(row['low'])}, {format_value(row['high'])}]{mark} | "
+                         f"{per_seed}{extra} |")  # fmt: skip
         lines += ["", "| predictor | Spearman (p) | partial on depth (p) | top-1 hit | top-3 hit | regret | seconds |",
                   "|---|---|---|---|---|---|---|"]
         for row in self.table:
@@ -89,12 +155,21 @@ class ProbeValidation:
                 f"{format_value(row['top1_hit'])} | {format_value(row['top3_hit'])} | {format_value(row['regret'])} | "
                 f"{format_value(self.predictor_seconds.get(row['predictor'], 0.0))} |"
             )
+        if self.within is not None and not self.within_table:
+            lines += ["", f"Within the forgetting budget ({format_value(self.max_forgetting)} nats) every position gives the same "
+                      "gain (a position over it counts as the original kept, gain 0): no ranking to score."]
+        if self.within_table:
+            lines += ["", f"Within the forgetting budget ({format_value(self.max_forgetting)} nats; a position whose forgetting upper "
+                      "bound exceeds it counts as the original kept, gain 0):", "",
+                      "| predictor | Spearman (p) | top-1 hit | regret |", "|---|---|---|---|"]  # fmt: skip
+            lines += [f"| {r['predictor']} | {format_value(r['spearman'])} ({format_value(r['p_value'])}) | {format_value(r['top1_hit'])} | "
+                      f"{format_value(r['regret'])} |" for r in self.within_table]  # fmt: skip
         agreement = self.verdict_agreement()
         if agreement:
             lines += ["", f"The probe's \"improvable\" verdict agreed with a certified realized gain at {agreement['agree']} of "
                       f"{agreement['positions']} positions (probe said improvable at {agreement['probe_improvable']}, "
                       f"certified gains at {agreement['certified_gain']})."]
-        return "\n".join(lines) + "\n"
+        return lines
 
     def seeds_header(self) -> list[str]:
         return [f"seed {s}" for s in self.seeds]
@@ -106,18 +181,129 @@ class ProbeValidation:
         return write_outputs(folder, "probe_validation", self, plot_validation)
 
 
-def _predictor_scores(model, train_data, eval_data, positions, probe_result, predictors, batch_size, seed, lookahead_steps):
+def _predictor_scores(model, train_data, eval_data, positions, probe_result, predictors, batch_size, seed, lookahead_steps,
+                      retention_data=None):
     from ..probe.baselines import predictor_scores
 
     kwargs = {"batch_size": batch_size}
     if "lookahead" in predictors:
         kwargs.update(steps=lookahead_steps, seed=seed)
+    if "adept" in predictors:
+        kwargs["retention_data"] = retention_data
     out = predictor_scores(model, train_data, positions, eval_data=eval_data, probe_result=probe_result, which=tuple(predictors), **kwargs)
     scores, seconds = dict(out["scores"]), dict(out["seconds"])
     rng = np.random.default_rng(seed)
     scores["random"], seconds["random"] = rng.permutation(len(positions)).astype(float).tolist(), 0.0
     scores["bottom"], seconds["bottom"] = [-float(k) for k in positions], 0.0
     return scores, seconds
+
+
+def _oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result, trials_dir):
+    """Every position x seed trial in one engine call, then one `CompareResult` per seed (as `compare_plans` would give)."""
+    from tqdm.auto import tqdm
+
+    from ..training import tracking
+    from ..training.data_order import training_rows
+    from .aggregate import aggregate
+    from .arms import build_arms
+    from .engine import run_serial
+    from .runner import _checked_rows, _spec, _tracker_settings, _weighted, example_losses
+    from .store import TrialStore, stored
+    from .trial import TrialInputs
+
+    cfg = next(iter(cfgs.values()))
+    tracking.check_available(cfg.report_to)
+    tracking.check_logging_dir(cfg.report_to, cfg.logging_dir, "logging_dir is not set (hf-depthgrow compare defaults it to <output_dir>/logs)")
+    rows = {k: training_rows(data[k], f"{k}_data", model=model) for k in ("train", "eval")}
+    rows.update({k: _checked_rows(model, data[k], f"{k}_data", cfg.batch_size) if data[k] is not None else None for k in ("test", "retention")})
+    arms = build_arms(model, names, [], reference=None, probe_result=probe_result, seed=cfg.seed, lora_target_modules=cfg.lora_target_modules)
+    original = {"test": example_losses(model, rows["test"], cfg.batch_size)}
+    if rows["retention"] is not None:
+        original["retention"] = example_losses(model, rows["retention"], cfg.batch_size)
+    original["heldout"] = _weighted(*example_losses(model, rows["eval"], cfg.batch_size))
+    inputs = TrialInputs(
+        base=model, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=rows["retention"],
+        batch_size=cfg.batch_size, selection_max_examples=cfg.selection_max_examples, lora_target_modules=cfg.lora_target_modules,
+        grow_kwargs=None, original=original, tracking=_tracker_settings(cfg),
+    )  # fmt: skip
+    store = TrialStore(trials_dir, inputs) if trials_dir is not None else None
+    if cfg.engine == "ray":
+        from .ray_engine import ray_engine
+
+        engine = ray_engine(cfg, store)
+    elif cfg.engine == "stored":
+        from .gather import stored_only
+
+        engine = stored_only(store)
+    else:
+        engine = stored(run_serial, store)
+    trained = [a for a in arms if a.kind != "original"]
+    specs = [_spec(arm, lr, c) for c in cfgs.values() for arm in trained for lr in c.grid(arm.kind)]
+    with tqdm(total=len(specs), desc="oracle trials", disable=not cfg.progress, unit="trial") as bar:
+        trials = engine(specs, inputs, halving=False, bar=bar)
+    results = {}
+    for seed, c in cfgs.items():
+        mine = [t for t in trials if t.spec.seed == seed]
+        grids = {a.name: {"grid": c.grid(a.kind), "added": [], "stopped": "interior"} for a in trained}
+        results[seed] = aggregate(arms, mine, original, c, grids=grids, extra={"probe": None, "seconds": {}, "num_examples": {}})
+        logged = tracking.tracking_run(config=c.to_dict(), **_tracker_settings(c, "compare"))
+        logged.log_comparison(results[seed], c.max_steps)
+        logged.finish()
+    return results, trials, original
+
+
+def _forgetting(trials, original: dict, names: list[str], budget: int, cfg) -> tuple[list[float], list[float]] | None:
+    """Per position the seed-averaged retention loss rise (mean over examples) and its corrected upper bound."""
+    if original.get("retention") is None:
+        return None
+    rise = {}
+    for n in names:
+        per_seed = [t.scores[budget].retention - original["retention"][0] for t in trials if t.spec.arm.name == n]
+        rise[n] = np.mean(np.stack(per_seed), axis=0)
+    bounds = corrected_intervals({n: -r for n, r in rise.items()}, delta=cfg.delta, method=cfg.method, kind=cfg.interval,
+                                 loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)  # fmt: skip
+    return [float(rise[n].mean()) for n in names], [float(-bounds["arms"][n]["low"]) for n in names]
+
+
+def _view(results: dict, trials, original, names, positions, index: int, budget: int, cfg, scores, n_permutations) -> dict:
+    """The fields of one budget's `ProbeValidation`: realized gains, intervals, forgetting, both predictor tables."""
+    seeds = list(results)
+    by_seed, diffs = {}, {}
+    for seed, result in results.items():
+        view = result.views[index]
+        base = view.arm_result("original").test_per_example
+        by_seed[seed] = [view.statistics["vs_original"]["arms"][n]["mean"] for n in names]
+        for n in names:
+            diffs.setdefault(n, []).append(base - view.arm_result(n).test_per_example)
+    averaged = {n: np.mean(np.stack(d), axis=0) for n, d in diffs.items()}
+    intervals = corrected_intervals(averaged, delta=cfg.delta, method=cfg.method, kind=cfg.interval,
+                                    loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=seeds[0])  # fmt: skip
+    realized = [float(averaged[n].mean()) for n in names]
+    out = {"budget": budget, "realized_by_seed": by_seed, "realized": realized, "intervals": intervals,
+           "table": predictor_table(scores, realized, positions, n_permutations=n_permutations, seed=seeds[0])}  # fmt: skip
+    forgetting = _forgetting(trials, original, names, budget, cfg)
+    if forgetting is not None:
+        out.update(forgetting=forgetting[0], forgetting_high=forgetting[1], max_forgetting=cfg.max_forgetting)
+        if cfg.max_forgetting is not None:
+            within = gain_within(realized, forgetting[1], cfg.max_forgetting)
+            table = None  # every position equal (e.g. all over the budget): no ranking to score
+            if np.ptp(within) > 0:
+                table = predictor_table(scores, within, positions, n_permutations=n_permutations, seed=seeds[0])
+            out.update(within=within, within_table=table)
+    return out
+
+
+def gain_within(realized: Sequence[float], forgetting_high: Sequence[float], max_forgetting: float) -> list[float]:
+    """Each position's gain within the forgetting budget: its gain where the forgetting upper bound is <= the budget, else
+    0 (the original kept, as `frontier.best_within` decides for a comparison's arms).
+
+    Example:
+        ```python
+        >>> gain_within([0.3, 0.5, -0.1], [0.01, 0.2, 0.0], 0.05)
+        [0.3, 0.0, -0.1]
+        ```
+    """
+    return [float(g) if h <= max_forgetting else 0.0 for g, h in zip(realized, forgetting_high)]
 
 
 def validate_probe(
@@ -134,8 +320,10 @@ def validate_probe(
     predictors: Sequence[str] = DEFAULT_PREDICTORS,
     lookahead_steps: int = 4,
     n_permutations: int = 10000,
+    retention_data=None,
+    trials_dir=None,
 ) -> ProbeValidation:
-    """Oracle sweep over `positions` x `seeds` at one budget, and every predictor's ranking scored against it.
+    """Oracle sweep over `positions` x `seeds` (at each of the config's budgets), and every predictor's ranking scored against it.
 
     Args:
         model: The base model (not changed).
@@ -143,10 +331,15 @@ def validate_probe(
         positions: Candidate insertion points (at least 4; an even grid or every gap).
         seeds: Data orders; realized gains are averaged over them.
         learning_rate: The rate of every oracle arm (default: the largest of the config's growth grid).
-        config: Budget and statistics (`CompareConfig`; its `growth`/`controls` are ignored here).
+        config: Budgets, engine and statistics (`CompareConfig`; its `growth`/`controls` are ignored here). With
+            several budgets the result is the largest's, the others in `at_smaller_budgets`.
         probe_result: A `ProbeResult` covering `positions` (else the probe runs on `train_data`).
-        predictors: Names `hf_depthgrow.probe.baselines.predictor_scores` knows; `random` and `bottom` are added.
+        predictors: Names `hf_depthgrow.probe.baselines.predictor_scores` knows (`adept` needs `retention_data`);
+            `random` and `bottom` are added.
         lookahead_steps: Optimizer steps of the look-ahead predictor per position.
+        retention_data: A general-domain set (as for `compare_plans`): per-position forgetting, and the predictors
+            scored on the gain within `config.max_forgetting`.
+        trials_dir: Where each oracle trial is stored (`comparison.store`): a rerun trains only what is missing.
 
     Example:
         ```python
@@ -157,46 +350,42 @@ def validate_probe(
     """
     from dataclasses import replace
 
-    from .runner import compare_plans
-
     positions = [int(k) for k in positions]
     if len(positions) < 4 or len(set(positions)) != len(positions):
         raise ValueError(f"the oracle sweep needs at least 4 distinct positions, got {positions}")
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and non-empty, got {seeds}")
+    if "adept" in predictors and retention_data is None:
+        raise ValueError("the 'adept' predictor scores layer removal on a retention set: pass retention_data")
     cfg = config or CompareConfig()
     lr = float(learning_rate if learning_rate is not None else max(cfg.grid("growth")))
+    names = [f"at:{k}" for k in positions]
+    cfgs = {seed: replace(cfg, growth=names, controls=[], reference=None, learning_rates=[lr], seed=seed) for seed in seeds}
     started = time.perf_counter()
     if probe_result is None and any(p in ("signal", "z") for p in predictors):
         from ..probe.signal import probe
 
         probe_result = probe(model, train_data, positions=positions, batch_size=cfg.batch_size, progress=cfg.progress)
     probe_seconds = time.perf_counter() - started
-    names = [f"at:{k}" for k in positions]
-    by_seed, diffs = {}, {}
-    for seed in seeds:
-        run_cfg = replace(cfg, growth=names, controls=[], reference=None, learning_rates=[lr], seed=seed)
-        result = compare_plans(model, train_data, eval_data, test_data, config=run_cfg)
-        base = result.arm("original").test_per_example
-        by_seed[seed] = [result.statistics["vs_original"]["arms"][n]["mean"] for n in names]
-        for n in names:
-            diffs.setdefault(n, []).append(base - result.arm(n).test_per_example)
+    data = {"train": train_data, "eval": eval_data, "test": test_data, "retention": retention_data}
+    results, trials, original = _oracle_trials(model, data, names, cfgs, probe_result, trials_dir)
     sweep_seconds = time.perf_counter() - started - probe_seconds
-    averaged = {n: np.mean(np.stack(d), axis=0) for n, d in diffs.items()}
-    intervals = corrected_intervals(averaged, delta=cfg.delta, method=cfg.method, kind=cfg.interval,
-                                    loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=seeds[0])  # fmt: skip
-    realized = [float(averaged[n].mean()) for n in names]
-    scores, seconds = _predictor_scores(model, train_data, eval_data, positions, probe_result, predictors, cfg.batch_size, seeds[0], lookahead_steps)
+    scores, seconds = _predictor_scores(model, train_data, eval_data, positions, probe_result, predictors, cfg.batch_size, seeds[0],
+                                        lookahead_steps, retention_data)  # fmt: skip
     if probe_result is not None:
         seconds.update({k: probe_seconds for k in ("signal", "z") if k in seconds})
-    table = predictor_table(scores, realized, positions, n_permutations=n_permutations, seed=seeds[0])
     verdicts = None
     if probe_result is not None:
         lookup = dict(zip(probe_result.positions, probe_result.verdict))
         verdicts = [lookup.get(k, "") for k in positions]
-    return ProbeValidation(
-        positions=positions, seeds=seeds, learning_rate=lr, realized_by_seed=by_seed, realized=realized,
-        intervals=intervals, scores=scores, predictor_seconds=seconds, table=table, probe_verdicts=verdicts,
-        seconds={"total": time.perf_counter() - started, "oracle_sweep": sweep_seconds, "probe": probe_seconds},
-    )  # fmt: skip
+    budgets = list(cfgs[seeds[0]].sweep)
+    views = [
+        ProbeValidation(positions=positions, seeds=seeds, learning_rate=lr, scores=scores, predictor_seconds=seconds, probe_verdicts=verdicts,
+                        **_view(results, trials, original, names, positions, i, b, cfg, scores, n_permutations))
+        for i, b in enumerate(budgets)
+    ]  # fmt: skip
+    final = views[-1]
+    final.at_smaller_budgets = views[:-1]
+    final.seconds = {"total": time.perf_counter() - started, "oracle_sweep": sweep_seconds, "probe": probe_seconds}
+    return final
