@@ -10,9 +10,15 @@ Larger grid on GPUs (cells are spread over the processes, one model per device a
 
     accelerate launch --multi_gpu --num_processes 8 recipes/scaling_study.py --config recipes/configs/scaling/gpu_large.yaml
 
-`python recipes/scaling_study.py --config ...` runs every cell in one process. Finished cells are kept
-in `<output_dir>/cells/`, so a rerun only does what is missing; `--aggregate-only` redraws the figures
-and tables from the cells on disk; `--overwrite` starts afresh.
+`python recipes/scaling_study.py --config ...` runs every cell in one process. On Ray (`pip install
+"hf_depthgrow[ray]"`), each cell a Ray Tune trial, with the same results as the serial engine (one process,
+no launcher; a local Ray, or a cluster with `--ray-address`):
+
+    python recipes/scaling_study.py --config recipes/configs/scaling/default.yaml --engine ray --max-concurrent-trials 2
+
+Finished cells are kept (verified before reuse) in `<output_dir>/cells/`, so a rerun only does what is missing;
+`--aggregate-only` redraws the figures and tables from the cells on disk; `--overwrite` starts afresh. Flags
+override the YAML's values (`--help` lists them). Bad input is one line on stderr, exit code 2, nothing written.
 
 Every model trains through `hf_depthgrow.training.train`, each process on its own (see
 `hf_depthgrow/scaling/cells.py`), so the launcher only spreads cells; it never joins processes in DDP.
@@ -20,32 +26,37 @@ Every model trains through `hf_depthgrow.training.train`, each process on its ow
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import shutil
 import sys
 from pathlib import Path
 
-from hf_depthgrow.scaling import StudyConfig, run_study
+from hf_depthgrow.config import ConfigParser
+from hf_depthgrow.scaling import StudyCommand, run_study
+
+# What a person typed or pointed at (a flag, the YAML, Ray's settings): one line, exit code 2, no traceback.
+INPUT_ERRORS = (ValueError, TypeError, OSError, ImportError)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", required=True, help="Study YAML (recipes/configs/scaling/*.yaml).")
-    parser.add_argument("--output-dir", help="Override the config's output_dir.")
-    parser.add_argument("--aggregate-only", action="store_true", help="Only rebuild findings, fits, figures, tables.")
-    parser.add_argument("--overwrite", action="store_true", help="Delete the output folder's cells first.")
-    args = parser.parse_args(argv)
+    try:
+        return _main(argv)
+    except INPUT_ERRORS as err:
+        if os.environ.get("HF_DEPTHGROW_TRACEBACK", "").lower() in ("1", "true", "yes"):
+            raise
+        print(f"scaling_study.py: {' '.join(str(err).split()) or type(err).__name__}", file=sys.stderr)
+        return 2
 
-    data = StudyConfig.from_yaml(args.config).to_dict()
-    if args.output_dir:
-        data["output_dir"] = args.output_dir
-    config = StudyConfig.from_dict(data)
+
+def _main(argv: list[str] | None) -> int:
+    parser = ConfigParser([StudyCommand], config_flag=False, prog="scaling_study.py", description=__doc__)
+    (args,) = parser.parse(argv)
+    config = args.study_config()
     cells = Path(config.output_dir) / "cells"
     if args.overwrite:
         if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-            parser.error("--overwrite deletes finished cells: run it without a launcher (or delete the folder first)")
+            raise ValueError("--overwrite deletes finished cells: run it without a launcher (or delete the folder first)")
         if cells.exists():
             shutil.rmtree(cells)
     os.environ.setdefault("HF_DEPTHGROW_STUDY_COMMAND", _command(argv))

@@ -108,6 +108,16 @@ class StudyConfig:
     fit_bootstrap: int = field(default=200, metadata={"help": "Bootstrap refits for the power-law intervals (0: none)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar over the cells."})
     tasks: dict[str, TaskGrid] = field(default_factory=dict, metadata={"help": "Name -> task grid."})
+    # Where cells run: compare's engines and flags. A cell is one trial (spec in, stored result out); the
+    # engines change where it runs, never what it computes (each cell uses `threads` torch threads on both).
+    engine: str = field(
+        default="serial",
+        metadata={"help": "Where cells run: serial (this process; under torchrun each process its share) or ray (each cell a "
+                          'Ray Tune trial, local or --ray-address; pip install "hf_depthgrow[ray]").', "choices": ["serial", "ray"]},
+    )  # fmt: skip
+    ray_address: str | None = field(default=None, metadata={"help": "engine ray: the cluster (host:port, ray://host:port or auto); none: a local Ray."})
+    max_concurrent_trials: int | None = field(default=None, metadata={"help": "engine ray: cells at once (none: as many as the resources allow)."})
+    resources_per_trial: int | None = field(default=None, metadata={"help": "engine ray: CPUs per cell (none: `threads`)."})
 
     def __post_init__(self):
         if not self.tasks:
@@ -120,6 +130,17 @@ class StudyConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.fit_bootstrap < 0:
             raise ValueError(f"fit_bootstrap must be >= 0, got {self.fit_bootstrap}")
+        self._check_engine()
+
+    def _check_engine(self) -> None:
+        """compare's checks (Ray looked for, not imported: missing, it is one line before any work)."""
+        from ..comparison.ray_engine import check_engine
+
+        if self.engine not in ("serial", "ray"):
+            raise ValueError(f"engine must be one of ['serial', 'ray'], got {self.engine!r}")
+        if self.resources_per_trial is None:
+            self.resources_per_trial = self.threads  # a cell's CPUs: the torch threads it runs with
+        check_engine(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "StudyConfig":
@@ -136,19 +157,23 @@ class StudyConfig:
             64
             ```
         """
-        import yaml
-
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping at the top level")
-        return cls.from_dict(data)
+        return cls.from_dict(_read_yaml(path))
 
     def to_dict(self) -> dict:
         """Plain data (what `<output_dir>/config.json` holds); `from_dict(to_dict())` gives the config back."""
         out = asdict(self)
         out["tasks"] = {name: asdict(grid) for name, grid in self.tasks.items()}
         return out
+
+
+def _read_yaml(path: str | os.PathLike) -> dict:
+    import yaml
+
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return data
 
 
 def _known(cls, data: Any, where: str) -> dict:
@@ -159,3 +184,38 @@ def _known(cls, data: Any, where: str) -> dict:
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(names)}")
     return dict(data)
+
+
+@dataclass
+class StudyCommand:
+    """The flags of `recipes/scaling_study.py` (`hf_depthgrow.config.ConfigParser`): the study YAML and what overrides it.
+
+    Flags left out keep the YAML's value (each defaults to `None`: "as the config says").
+
+    Example:
+        ```python
+        >>> from hf_depthgrow.config import ConfigParser
+        >>> (cmd,) = ConfigParser([StudyCommand], config_flag=False).parse(["--config", "study.yaml", "--engine", "ray"])
+        >>> cmd.study_config().engine
+        'ray'
+        ```
+    """
+
+    # Not named `config`: ConfigParser reads a field of that name as its own flat YAML of flags.
+    study: str = field(metadata={"help": "Study YAML (recipes/configs/scaling/*.yaml).", "flag": "--config"})
+    output_dir: str | None = field(default=None, metadata={"help": "Override the config's output_dir."})
+    aggregate_only: bool = field(default=False, metadata={"help": "Only rebuild findings, fits, figures, tables from the stored cells."})
+    overwrite: bool = field(default=False, metadata={"help": "Delete the output folder's cells first."})
+    progress: bool | None = field(default=None, metadata={"help": "Override the config's progress bar setting."})
+    threads: int | None = field(default=None, metadata={"help": "Override the config's torch threads per process (and per Ray cell)."})
+    engine: str | None = field(default=None, metadata={"help": "Override the config's engine: serial or ray.", "choices": ["serial", "ray"]})
+    ray_address: str | None = field(default=None, metadata={"help": "engine ray: the cluster (host:port, ray://host:port or auto); none: a local Ray."})
+    max_concurrent_trials: int | None = field(default=None, metadata={"help": "engine ray: cells at once (none: as many as the resources allow)."})
+    resources_per_trial: int | None = field(default=None, metadata={"help": "engine ray: CPUs per cell (none: `threads`)."})
+
+    def study_config(self) -> StudyConfig:
+        """The YAML's `StudyConfig` with the flags given here in place of its values (checked as a whole)."""
+        data = _read_yaml(self.study)
+        names = ("output_dir", "progress", "threads", "engine", "ray_address", "max_concurrent_trials", "resources_per_trial")
+        data.update({name: getattr(self, name) for name in names if getattr(self, name) is not None})
+        return StudyConfig.from_dict(data)

@@ -14,12 +14,15 @@ through `hf_depthgrow.training.train`). The study then asks whether the mechanis
 4. the base losses follow `L(N, D) = E + A N^-alpha + B D^-beta` (fit with uncertainties).
 
 Every finding is checked against a stated criterion and reported as measured, including when it
-does not reproduce (`report.py`). Cells are independent: under `torchrun` or `accelerate launch` each
-process takes every `WORLD_SIZE`-th cell on its own device, so a grid spreads over GPUs (or CPU
-processes) without collectives; finished cells are written one file each, so an interrupted study resumes.
+does not reproduce (`report.py`). Cells are independent trial units (`units.CellSpec` in, a stored and
+verified result out) and run on compare's engines: `serial` (under `torchrun` or `accelerate launch` each
+process takes every `WORLD_SIZE`-th cell on its own device, so a grid spreads over GPUs or CPU processes
+without collectives) or `ray` (each cell a Ray Tune trial, `ray_cells.py`, the same results). Finished
+cells are stored one file each, so an interrupted study resumes; the aggregation reads only stored cells.
 
-Modules: `config.py` (TaskGrid, StudyConfig), `tasks.py` (data splits, models), `cells.py` (one cell),
-this file (the runner), `report.py` (findings, tables, figures), `fit.py` (the power law).
+Modules: `config.py` (TaskGrid, StudyConfig, StudyCommand), `tasks.py` (data splits, models), `cells.py`
+(one cell), `units.py` (a cell as a stored trial unit), this file (the runner), `ray_cells.py` (the Ray
+engine), `report.py` (findings, tables, figures), `fit.py` (the power law).
 """
 
 from __future__ import annotations
@@ -34,20 +37,9 @@ from ..utils import atomic_write_text, write_json
 from .cells import run_cell
 from .config import StudyConfig, TaskGrid
 from .tasks import TaskData, build_model, load_task_data
+from .units import CellSpec, cell_name, compute_cell, load_cell, save_cell, study_cells
 
 __all__ = ["StudyConfig", "TaskGrid", "build_model", "cell_name", "load_task_data", "run_cell", "run_study"]
-
-
-def cell_name(task_name: str, depth: int, width: int, n: int) -> str:
-    """File stem of one cell's result.
-
-    Example:
-        ```python
-        >>> cell_name("lm", 2, 32, 60)
-        'lm_L2_d32_n60'
-        ```
-    """
-    return f"{task_name}_L{depth}_d{width}_n{n}"
 
 
 def _process_layout() -> tuple[int, int]:
@@ -64,26 +56,30 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _run_cells(config: StudyConfig, todo: list, path_of, rank: int, world: int) -> None:
-    """This process's share of the missing cells, each written as soon as it is done."""
+def _run_cells(config: StudyConfig, specs: list[CellSpec], todo: list[CellSpec], path_of, rank: int, world: int) -> None:
+    """The serial engine: this process's share of the missing cells, each stored as soon as it is done."""
     from tqdm.auto import tqdm
 
     device = _device()
-    mine = [t for i, t in enumerate(todo) if i % world == rank and not path_of(t).exists()]
+    # Shares are cut from every cell, not from the missing ones: a process that starts late (and finds some of
+    # the others' cells done) still takes the same share, so no cell is left to nobody.
+    missing = {spec.stem for spec in todo}
+    mine = [spec for i, spec in enumerate(specs) if i % world == rank and spec.stem in missing]
     loaded: dict[str, TaskData] = {}
     bar = tqdm(mine, desc=f"cells (process {rank}/{world})", disable=not config.progress)
-    for name, grid, (depth, width, n) in bar:
-        bar.set_postfix_str(cell_name(name, depth, width, n))
-        if name not in loaded:
-            loaded[name] = load_task_data(grid, config.seed)
-        row = run_cell(grid, loaded[name], depth, width, n, seed=config.seed, device=device)
-        row["name"] = name
-        write_json(path_of((name, grid, (depth, width, n))), row, indent=1)
+    for spec in bar:
+        bar.set_postfix_str(spec.stem)
+        if spec.name not in loaded:
+            loaded[spec.name] = load_task_data(spec.grid, config.seed)
+        save_cell(path_of(spec), compute_cell(spec, loaded[spec.name], device))
 
 
 def run_study(config: StudyConfig, *, only_aggregate: bool = False) -> dict:
-    """Run every missing cell (this process's share under a launcher), then aggregate on the main process.
+    """Run every missing cell on `config.engine`, then aggregate the stored cells on the main process.
 
+    With `engine="serial"` each process of a launcher takes its share of the cells; with `engine="ray"` the
+    cells are Ray Tune trials (one process, no launcher) and equal the serial ones on CPU fp32. Stored cells
+    are read back and verified first (`units.load_cell`): only the missing ones run, on either engine.
     Returns the aggregate (findings, fits, file paths) on the main process and `{}` on the others.
 
     Example:
@@ -94,26 +90,34 @@ def run_study(config: StudyConfig, *, only_aggregate: bool = False) -> dict:
         ```
     """
     rank, world = _process_layout()
-    torch.set_num_threads(config.threads)
+    if config.engine == "ray" and world > 1 and not only_aggregate:
+        raise ValueError(f"engine 'ray' spreads the cells itself: run it in one process, not under a launcher (WORLD_SIZE={world})")
     out = Path(config.output_dir)
     cells_dir = out / "cells"
+    specs = study_cells(config)
+
+    def path_of(spec: CellSpec) -> Path:
+        return cells_dir / f"{spec.stem}.json"
+
+    # Every stored cell is verified before anything runs or is written: one of another study is refused here.
+    todo = [] if only_aggregate else [spec for spec in specs if load_cell(path_of(spec), spec) is None]
+    torch.set_num_threads(config.threads)
     cells_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0 and not only_aggregate:
         write_json(out / "config.json", config.to_dict(), indent=1)
         # The report names the command that computed the cells, also when redrawn later with --aggregate-only.
         atomic_write_text(out / "command.txt", os.environ.get("HF_DEPTHGROW_STUDY_COMMAND", "run_study(StudyConfig(...))") + "\n")
-    todo = [(name, grid, cell) for name, grid in config.tasks.items() for cell in grid.cells()]
+    if todo and config.engine == "ray":
+        from .ray_cells import run_cells_ray
 
-    def path_of(t):
-        return cells_dir / f"{cell_name(t[0], *t[2])}.json"
-
-    if not only_aggregate:
-        _run_cells(config, todo, path_of, rank, world)
+        run_cells_ray(config, todo, path_of)
+    elif todo:
+        _run_cells(config, specs, todo, path_of, rank, world)
     if rank != 0:
         return {}
     # No collective barrier: the main process waits for the other processes' cell files (a crashed
     # process takes the launcher's whole group down, so this cannot wait forever under a launcher).
-    while not only_aggregate and not all(path_of(t).exists() for t in todo):
+    while not only_aggregate and not all(path_of(spec).exists() for spec in specs):
         time.sleep(2.0)
     from .report import aggregate
 
