@@ -108,8 +108,12 @@ def test_impossible_resources_and_halving_are_refused_under_ray(local_ray, setti
         _run(setting, engine="ray", successive_halving=True, budgets=None, max_steps=8)
 
 
-def _kill_first_trial_process(killed: list, timeout: float = 120.0) -> None:
-    """SIGKILL the first Tune trial process of this test's Ray (titled ray::ImplicitFunc) a moment after it appears."""
+def _kill_after_second_checkpoint(storage, killed: list, timeout: float = 180.0) -> None:
+    """SIGKILL the Tune trial process (titled ray::ImplicitFunc) of trial 0 once its second checkpoint is in `storage`.
+
+    The second, not the first: the trial went on after its first report only once the driver had taken it (Tune's
+    function trainables wait for that), so the driver knows a checkpoint to retry from.
+    """
     import os
     import signal
     import time
@@ -117,25 +121,28 @@ def _kill_first_trial_process(killed: list, timeout: float = 120.0) -> None:
     psutil = pytest.importorskip("psutil")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not killed:
-        for proc in psutil.Process().children(recursive=True):  # the local Ray's processes, not another Ray's
-            try:
-                title = " ".join(proc.cmdline())
-            except psutil.Error:
-                continue
-            if "ImplicitFunc" in title:
-                time.sleep(1.0)  # into its imports or its training: either way the trial has started
-                os.kill(proc.pid, signal.SIGKILL)
-                killed.append(proc.pid)
-                return
-        time.sleep(0.1)
+        if any(storage.glob("*/*index=0*/checkpoint_000001")):
+            for proc in psutil.Process().children(recursive=True):  # the local Ray's processes, not another Ray's
+                try:
+                    if "ImplicitFunc" in " ".join(proc.cmdline()):
+                        os.kill(proc.pid, signal.SIGKILL)
+                        killed.append(proc.pid)
+                        return
+                except psutil.Error:
+                    continue
+        time.sleep(0.02)
 
 
 @pytest.mark.ray
-def test_a_killed_trial_is_run_again_by_ray_and_ends_identical(local_ray, setting):
+def test_a_killed_trial_resumes_from_its_checkpoint_and_ends_identical(local_ray, setting, tmp_path, caplog):
+    """Trial 0 is SIGKILLed after its second checkpoint: Tune retries it from its checkpoint. Trial 1 continues from the
+    checkpoint a trial store holds (`--resume` after the driver died). Both end bit for bit as the uninterrupted trials."""
+    import logging
     import threading
 
     from hf_depthgrow.comparison import build_arms
     from hf_depthgrow.comparison.runner import example_losses
+    from hf_depthgrow.comparison.store import TrialStore
     from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec, run_trial
 
     base, rows = setting
@@ -143,17 +150,33 @@ def test_a_killed_trial_is_run_again_by_ray_and_ends_identical(local_ray, settin
     inputs = lambda: TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=None,
                                  batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None,
                                  original=dict(original))  # fmt: skip
-    spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 3e-3, 0, (40,), warmup_steps=1)
-    want = run_trial(spec, inputs())
-    killed = []
-    killer = threading.Thread(target=_kill_first_trial_process, args=(killed,))
+    arm = build_arms(base, ["at:2"], [])[1]
+    # Checkpoints after the branches of budgets 4 and 8; 58 more steps after the second leave time to kill it.
+    killed_spec, resumed_spec = (TrialSpec(arm, lr, 0, budgets, warmup_steps=1, scheduler="wsd") for lr, budgets in ((3e-3, (4, 8, 64)), (1e-3, (4, 8))))
+    want = run_trial(killed_spec, inputs())
+    saved = []
+    want_resumed = run_trial(resumed_spec, inputs(), checkpoint=saved.append)
+    store = TrialStore(tmp_path / "trials", inputs(), resume=True)
+    store.save_checkpoint(resumed_spec, saved[0])  # what an interrupted sweep left
+    killed, storage = [], tmp_path / "tune"
+    killer = threading.Thread(target=_kill_after_second_checkpoint, args=(storage, killed))
     killer.start()
-    with pytest.warns(UserWarning, match=r"trial at:2@lr0\.003@seed0 failed \(1 time\(s\)\): Ray runs it again from its start"):
-        (got,) = ray_engine.run_ray([spec], inputs())
+    with caplog.at_level(logging.INFO, logger=ray_engine.__name__):
+        with pytest.warns(UserWarning, match=r"trial at:2@lr0\.003@seed0 failed \(1 time\(s\)\): Ray runs it again from its checkpoint at step \d+"):
+            got, got_resumed = ray_engine.run_ray([killed_spec, resumed_spec], inputs(), max_concurrent_trials=1, storage=str(storage), store=store)
     killer.join()
     assert killed
-    assert got.scores[40].heldout_loss == want.scores[40].heldout_loss and got.heldout_curve == want.heldout_curve
-    np.testing.assert_array_equal(got.scores[40].test, want.scores[40].test)
+    continued = {r.getMessage() for r in caplog.records if "continued from its checkpoint" in r.getMessage()}
+    assert {m.rsplit(" ", 1)[0] for m in continued} == {f"trial {s.name} continued from its checkpoint at step" for s in (killed_spec, resumed_spec)}
+    assert f"trial {resumed_spec.name} continued from its checkpoint at step {saved[0].step}" in continued
+    for a, b in ((got, want), (got_resumed, want_resumed)):
+        assert a.heldout_curve == b.heldout_curve and sorted(a.scores) == sorted(b.scores)
+        for budget in b.scores:
+            assert a.scores[budget].units_seen == b.scores[budget].units_seen
+            np.testing.assert_array_equal(a.scores[budget].test, b.scores[budget].test)
+    # Both stored, and their checkpoints gone with it.
+    assert store.load(killed_spec) is not None and store.load(resumed_spec) is not None
+    assert not any((tmp_path / "trials" / "checkpoints").iterdir())
 
 
 @pytest.mark.ray

@@ -43,8 +43,11 @@ def _halving(specs: list[TrialSpec], inputs: TrialInputs) -> list[TrialResult]:
     return [done[s.name] for s in specs]
 
 
-def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = False, bar=None) -> list[TrialResult]:
+def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = False, bar=None, checkpoints=None) -> list[TrialResult]:
     """Run `specs` in this process, in order (with `halving`, each arm's rates in step); results in the specs' order.
+
+    `checkpoints` (a `TrialStore`, without halving): each trial is checkpointed there and continues from its
+    latest checkpoint where the store resumes (`TrialStore.hooks`).
 
     Example:
         ```python
@@ -58,7 +61,7 @@ def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = F
         for spec in specs:
             if bar is not None:
                 bar.set_postfix_str(spec.name)
-            out.append(run_trial(spec, inputs))
+            out.append(run_trial(spec, inputs, **(checkpoints.hooks(spec) if checkpoints is not None else {})))
             if bar is not None:
                 bar.update(1)
         return out

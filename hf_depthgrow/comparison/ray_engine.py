@@ -4,8 +4,12 @@
 bit-identical per-example losses on CPU fp32 at the same number of torch threads). Each spec is one Tune trial
 of a function trainable that runs `run_trial`; the `TrialInputs` (base model, rows) go into Ray's object store
 once (`tune.with_parameters`), not to every trial; each trial gets `resources_per_trial` CPUs and as many torch
-threads. A trial whose process dies is run again from its start (`FailureConfig(max_failures)`); a trial is
-deterministic, so the retry ends identical. With a `TrialStore` each trial is stored on the driver as it
+threads. A trial reports a Tune checkpoint (`comparison.trial_checkpoint`: its trained parameters, optimizer,
+scheduler and RNG state, and its scores so far) after each budget and rung it scores; a trial whose process
+dies is run again from its last checkpoint (from its start before the first) (`FailureConfig(max_failures)`),
+and ends bit-identical to the uninterrupted trial on CPU fp32. With a store the driver also keeps each
+trial's latest checkpoint under `trials_dir` (`TrialStore.save_checkpoint`), so that `compare --resume` after
+the driver itself died continues the unfinished trials from there. With a `TrialStore` each trial is stored on the driver as it
 finishes, and stored trials are not run again (resume), as `store.stored` does for the serial engine.
 
 Successive halving stays serial-only: Ray's ASHA decides a trial at a rung against the trials that reached
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import logging
@@ -43,6 +48,7 @@ HALVING_REFUSED = (
     "its rung first, so it would not reproduce the serial choice (drop --successive-halving or use --engine serial)"
 )
 _CONNECT_TIMEOUT_S = 5.0
+logger = logging.getLogger(__name__)
 
 
 def ray_available() -> bool:
@@ -107,7 +113,7 @@ def run_ray(
         storage: Tune's `storage_path` (a shared folder or `s3://...` on a multi-node cluster); `None`: a
             temporary folder, removed after the run (the results are returned, and stored with `store`).
         store: A `TrialStore`: stored trials are reused, and each new one is stored as it finishes.
-        max_failures: Times a failed trial (its process killed, say) is run again from its start.
+        max_failures: Times a failed trial (its process killed, say) is run again from its last checkpoint.
 
     Example:
         ```python
@@ -120,10 +126,16 @@ def run_ray(
         raise ValueError(HALVING_REFUSED)
     resources = _resources(resources_per_trial)
     use_store = store is not None and store.enabled
+    if use_store:
+        store.check_resume(specs)
     found: dict[str, TrialResult | None] = {s.name: store.load(s) if use_store else None for s in specs}
     todo = [s for s in specs if found[s.name] is None]
     if bar is not None:
         bar.update(len(specs) - len(todo))
+    if use_store:
+        from .store import warn_unresumed
+
+        warn_unresumed(store, todo)
     if todo:
         with ray_cluster(address, resources):
             found.update(_tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, store if use_store else None, bar))
@@ -217,8 +229,11 @@ def _check_resources(ray, resources: dict) -> None:
 # --------------------------------------------------------------------------- the trials
 
 
-def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, threads: int, gpus: float) -> None:
-    """One Tune trial: `run_trial` on the spec at `config["index"]`, its result reported as exact JSON."""
+def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, threads: int, gpus: float, resume: dict | None = None) -> None:
+    """One Tune trial: `run_trial` on the spec at `config["index"]`, checkpointed as it goes, its result reported as exact JSON.
+
+    It starts from Tune's checkpoint (a retry after its process died), else from `resume[name]` (`--resume`).
+    """
     from ray import tune
 
     torch.set_num_threads(threads)
@@ -227,8 +242,27 @@ def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, thread
         # beside every other such trial. Hidden before the trial touches CUDA, so it trains on its CPUs.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     spec = specs[config["index"]]
-    result = run_trial(spec, inputs)
-    tune.report({"trial": _pack(result), "seconds": result.seconds})
+    start = _tune_checkpoint(tune) or (resume or {}).get(spec.name)
+    result = run_trial(spec, inputs, checkpoint=functools.partial(_report_checkpoint, tune), resume=start)
+    tune.report({"trial": _pack(result), "seconds": result.seconds, "resumed_from": start.step if start is not None else 0})
+
+
+def _tune_checkpoint(tune):
+    """The checkpoint Tune restored this trial with (`None` on its first run), read into memory."""
+    from .trial_checkpoint import TrialCheckpoint
+
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as folder:
+        return TrialCheckpoint.load(folder)
+
+
+def _report_checkpoint(tune, checkpoint) -> None:
+    """Hand a `TrialCheckpoint` to Tune, which copies its folder into the experiment's storage before this returns."""
+    with tempfile.TemporaryDirectory(prefix="hf_depthgrow-ckpt-") as tmp:
+        folder = checkpoint.save(os.path.join(tmp, "trial"))
+        tune.report({"checkpoint_step": checkpoint.step}, checkpoint=tune.Checkpoint.from_directory(str(folder)))
 
 
 def _shippable(inputs: TrialInputs) -> TrialInputs:
@@ -243,8 +277,10 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
     from ray import tune
 
     collect = _collector(specs, store, bar)
+    # --resume: each unfinished trial's checkpoint, read on the driver and shipped (no shared folder needed).
+    resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}
     trainable = tune.with_parameters(_trainable, specs=specs, inputs=_shippable(inputs), threads=max(1, int(resources["cpu"])),
-                                     gpus=resources.get("gpu", 0))
+                                     gpus=resources.get("gpu", 0), resume=resume)
     with tempfile.TemporaryDirectory(prefix="hf_depthgrow-ray-") as tmp:
         tuner = tune.Tuner(
             tune.with_resources(trainable, resources),
@@ -254,6 +290,7 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
             run_config=tune.RunConfig(
                 name=f"hf_depthgrow-{uuid.uuid4().hex[:8]}", storage_path=os.path.abspath(storage) if storage and "://" not in storage else (storage or tmp),
                 failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0, callbacks=[collect],
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # a retry needs only the latest
             ),
         )  # fmt: skip
         grid = _quiet(tuner.fit)
@@ -293,18 +330,34 @@ def _collector(specs, store, bar):
     class Collect(Callback):
         def __init__(self):
             self.results: dict[str, TrialResult] = {}
+            self.checkpointed: dict[str, int] = {}  # the step of each trial's latest checkpoint
 
         def on_trial_recover(self, iteration, trials, trial, **info):
             spec = specs[trial.config["index"]]
-            warnings.warn(f"trial {spec.name} failed ({trial.num_failures} time(s)): Ray runs it again from its start", stacklevel=2)
+            step = self.checkpointed.get(spec.name)
+            where = f"its checkpoint at step {step}" if step is not None else "its start"
+            warnings.warn(f"trial {spec.name} failed ({trial.num_failures} time(s)): Ray runs it again from {where}", stacklevel=2)
+
+        def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+            spec = specs[trial.config["index"]]
+            if store is not None and spec.name not in self.results:  # kept beside the stored trials, for --resume
+                from .trial_checkpoint import TrialCheckpoint
+
+                with checkpoint.as_directory() as folder:
+                    store.save_checkpoint(spec, TrialCheckpoint.load(folder))
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             spec = specs[trial.config["index"]]
+            if result.get("checkpoint_step") is not None:
+                self.checkpointed[spec.name] = result["checkpoint_step"]
             if "trial" not in result or spec.name in self.results:
                 return
             done = self.results[spec.name] = _unpack(spec, result["trial"])
+            if result.get("resumed_from"):
+                logger.info("trial %s continued from its checkpoint at step %d", spec.name, result["resumed_from"])
             if store is not None:
                 store.save(done)
+                store.drop_checkpoints(spec)
             if bar is not None:
                 bar.set_postfix_str(spec.name)
                 bar.update(1)

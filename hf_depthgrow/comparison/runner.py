@@ -143,6 +143,7 @@ def compare_plans(
     probe_max_batches: int | None = 16,
     grow_kwargs: dict | None = None,
     trials_dir=None,
+    resume: bool = False,
     **kwargs,
 ) -> CompareResult:
     """Train growth arms and equal-budget controls, evaluate them paired, and say which beat what.
@@ -159,7 +160,11 @@ def compare_plans(
         probe_max_batches: Batches the probe reads when it runs here.
         grow_kwargs: `grow_depth` keyword arguments of the growth arms (`block`, `init`, ...).
         trials_dir: A folder where every finished trial is stored (`comparison.store`): running the same
-            comparison again reuses each verified stored trial and trains only the others (resume).
+            comparison again reuses each verified stored trial and trains only the others (resume). Each
+            unfinished trial keeps a checkpoint there after every budget (and rung) it scores.
+        resume: Continue an interrupted sweep: besides the stored trials, each unfinished trial continues from
+            its latest checkpoint in `trials_dir` (without it, it starts over); refused where `trials_dir` holds
+            nothing of this comparison.
 
     Returns:
         `CompareResult`: per arm the chosen learning rate, held-out, test and retention losses, paired
@@ -177,6 +182,8 @@ def compare_plans(
     if config is not None and kwargs:
         raise ValueError(f"pass either config= or keyword arguments, not both (got {sorted(kwargs)})")
     cfg = config or CompareConfig(**kwargs)
+    if resume and trials_dir is None:
+        raise ValueError("resume continues the trials stored in trials_dir: set trials_dir (compare --trials-dir)")
     tracking.check_available(cfg.report_to)
     tracking.check_logging_dir(cfg.report_to, cfg.logging_dir, "logging_dir is not set (hf-depthgrow compare defaults it to <output_dir>/logs)")
     started = time.perf_counter()
@@ -192,14 +199,15 @@ def compare_plans(
     if probe_result is not None:
         tracking.log_probe_run(probe_result, **_tracker_settings(cfg, "probe"))
     result = _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs,
-                       probe_result=probe_result, probe_seconds=probe_seconds, started=started, trials_dir=trials_dir)
+                       probe_result=probe_result, probe_seconds=probe_seconds, started=started, trials_dir=trials_dir, resume=resume)
     logged = tracking.tracking_run(config=cfg.to_dict(), **_tracker_settings(cfg, "compare"))
     logged.log_comparison(result, cfg.max_steps)
     logged.finish()
     return result
 
 
-def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs, *, probe_result, probe_seconds, started, trials_dir):
+def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs, *, probe_result, probe_seconds, started, trials_dir,
+              resume=False):
     t0 = time.perf_counter()
     original = {"test": example_losses(model, test_rows, cfg.batch_size)}
     if retention_rows is not None:
@@ -212,7 +220,7 @@ def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows
         grow_kwargs=grow_kwargs, original=original, tracking=_tracker_settings(cfg),
     )  # fmt: skip
     trained = [a for a in arms if a.kind != "original"]
-    store = TrialStore(trials_dir, inputs) if trials_dir is not None else None
+    store = TrialStore(trials_dir, inputs, resume=resume) if trials_dir is not None else None
     if cfg.engine == "ray":  # comparison.ray_engine: Ray Tune trials, each stored as it finishes
         from .ray_engine import ray_engine
 

@@ -12,7 +12,10 @@ and retention losses of what was picked. The held-out loss is also taken at `spe
 a half of each budget): the held-out curve, from which successive halving's choice can be replayed.
 
 `trial_steps` is the same trial as a generator that pauses at each rung with `(step, held-out loss)`:
-sending `False` stops the trial there (successive halving), anything else continues.
+sending `False` stops the trial there (successive halving), anything else continues. With `checkpoint=` it
+hands a `TrialCheckpoint` to that callable after each budget and rung (not after the last budget: the result
+follows), and with `resume=` one of them it continues from there (`comparison.trial_checkpoint`): a trial
+retried after its process died, or resumed after its sweep's, ends as it would have, bit for bit on CPU fp32.
 """
 
 from __future__ import annotations
@@ -161,15 +164,19 @@ def _events(spec: TrialSpec) -> list[tuple[int, str, int]]:
     return sorted(events, key=lambda e: (e[0], order[e[1]], e[2]))
 
 
-def trial_steps(spec: TrialSpec, inputs: TrialInputs):
+def trial_steps(spec: TrialSpec, inputs: TrialInputs, *, checkpoint=None, resume=None):
     """The trial as a generator: yields `(step, held-out loss)` at each rung, returns the `TrialResult`.
 
     Send `False` at a rung to stop the trial there (it returns with `stopped_at` set and no scores).
+    `checkpoint`: called with a `TrialCheckpoint` after each event but the last; `resume`: a `TrialCheckpoint`
+    of this spec to continue from (its earlier rungs are not yielded again).
     """
     from ..training.branching import restore_branch_point, retarget, save_branch_point
     from ..training.trainer import GrownTrainer
 
-    started = time.perf_counter()
+    from .trial_checkpoint import capture
+
+    started = time.perf_counter() - (resume.seconds if resume is not None else 0.0)
     if len(spec.budgets) > 1 and spec.scheduler != "wsd":
         raise ValueError(f"a trial scored at several budgets needs lr_scheduler='wsd', not {spec.scheduler!r}")
     trainer = GrownTrainer(fresh_model(inputs.base, spec.arm, inputs.grow_kwargs), train_config(spec, inputs),
@@ -180,7 +187,12 @@ def trial_steps(spec: TrialSpec, inputs: TrialInputs):
         result.trainable_parameters = trainer.num_trainable
         # Every trial starts from the original: its held-out loss and L_S(f_old) are taken once, by the first trial.
         inputs.original.setdefault("losses", trainer.taken_original_losses())
-        for step, what, budget in _events(spec):
+        events, first = _events(spec), 0
+        if resume is not None:
+            _check_resume(spec, events, resume)
+            resume.restore(trainer, result)
+            first = resume.events_done
+        for done, (step, what, budget) in enumerate(events[first:], first + 1):
             trainer.run_steps(step)
             if what == "rung":
                 loss = trainer.heldout_loss() if not trainer.stopped else math.inf
@@ -198,6 +210,8 @@ def trial_steps(spec: TrialSpec, inputs: TrialInputs):
                 restore_branch_point(trainer, point)
             else:
                 result.scores[budget] = _score(trainer, budget, inputs, started, result)
+            if checkpoint is not None and what != "end" and (taken := capture(trainer, result, done, time.perf_counter() - started)):
+                checkpoint(taken)
     finally:
         trainer.close()
         del trainer
@@ -206,8 +220,8 @@ def trial_steps(spec: TrialSpec, inputs: TrialInputs):
     return result
 
 
-def run_trial(spec: TrialSpec, inputs: TrialInputs) -> TrialResult:
-    """Run a trial to its end (no early stop) and return its `TrialResult`.
+def run_trial(spec: TrialSpec, inputs: TrialInputs, *, checkpoint=None, resume=None) -> TrialResult:
+    """Run a trial to its end (no early stop) and return its `TrialResult` (`checkpoint`, `resume`: as `trial_steps`).
 
     Example:
         ```python
@@ -216,13 +230,18 @@ def run_trial(spec: TrialSpec, inputs: TrialInputs) -> TrialResult:
         ([8, 16], 'new')
         ```
     """
-    steps = trial_steps(spec, inputs)
+    steps = trial_steps(spec, inputs, checkpoint=checkpoint, resume=resume)
     try:
         next(steps)
         while True:
             steps.send(True)
     except StopIteration as done:
         return done.value
+
+
+def _check_resume(spec: TrialSpec, events: list, resume) -> None:
+    if resume.name != spec.name or not 0 < resume.events_done < len(events) or events[resume.events_done - 1][0] != resume.step:
+        raise ValueError(f"checkpoint of {resume.name} after {resume.events_done} events at step {resume.step} is not one of trial {spec.name}")
 
 
 def _score(trainer, budget: int, inputs: TrialInputs, started: float, result: TrialResult) -> BudgetScore:

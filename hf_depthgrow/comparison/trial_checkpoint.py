@@ -1,0 +1,156 @@
+"""A trial's checkpoint: what it needs to continue after a budget (or rung) bit for bit as if never stopped.
+
+`trial_steps(spec, inputs, checkpoint=..., resume=...)` takes one after every budget it scores and every rung
+(`capture`), and continues from one (`TrialCheckpoint.restore`). It holds what `training.branching.BranchPoint`
+holds of the trunk, which is everything a step reads: the trained parameters (not the frozen base: the trial
+rebuilds that from the base model, as at its start), the optimizer's and the scheduler's state, the RNG
+streams (Python, NumPy, torch), the step and units seen; the data order is indexed by the step. Beside them,
+the trial's result so far (the budgets scored, the held-out curve) and how many of its events are done.
+
+On disk a checkpoint is a folder like an evidence-cache entry: `tensors.safetensors` (parameters, optimizer
+moments, RNG states), `entry.json` (everything else, strict JSON) and `digest.json` (their sha256, written
+last): no pickle, and a damaged or half-written folder is never read. The Ray engine hands the folder to Tune
+(`tune.Checkpoint`: a retried trial starts from it), the trial store keeps the latest under `trials_dir` for
+`--resume`. Trials spread over several processes (sharded, or DDP with per-rank RNG) take none: they rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["TrialCheckpoint", "capture"]
+
+FORMAT = 1
+_PARAM, _OPTIM, _RNG = "param.", "optim.", "rng."
+
+
+@dataclass
+class TrialCheckpoint:
+    """A trial after `events_done` of its events (`step` optimizer steps on its trunk); see the module docstring.
+
+    Example:
+        ```python
+        >>> saved = []
+        >>> result = run_trial(spec, inputs, checkpoint=saved.append)       # one per budget (and rung) but the last
+        >>> run_trial(spec, inputs, resume=saved[-1]).scores == result.scores  # the rest only, the same numbers
+        True
+        ```
+    """
+
+    name: str
+    events_done: int
+    step: int
+    tensors: dict = field(repr=False)
+    state: dict = field(repr=False)
+
+    # ------------------------------------------------------------------ into a trainer
+
+    @torch.no_grad()
+    def restore(self, trainer, result) -> None:
+        """Put a freshly begun trainer (`trainer.begin()` ran) and an empty result where this checkpoint was taken."""
+        from ..training.checkpoints import set_rng_state
+        from .store import _rebuild
+
+        named = dict(trainer.trainable_named)
+        saved = {k[len(_PARAM) :] for k in self.tensors if k.startswith(_PARAM)}
+        if saved != set(named):
+            raise ValueError(f"checkpoint of {self.name}: its parameters are not this trial's trainable set ({sorted(saved ^ set(named))[:3]})")
+        for name, p in named.items():
+            p.copy_(self.tensors[_PARAM + name].to(p.device, p.dtype))
+        s = self.state
+        trainer.optimizer.load_state_dict({"state": _optimizer_state(self.tensors, s["optimizer_scalars"]), "param_groups": s["param_groups"]})
+        trainer.scheduler.load_state_dict(s["scheduler"])  # the trunk's rate factors stay those the set-up built
+        rng = {k[len(_RNG) :]: v for k, v in self.tensors.items() if k.startswith(_RNG) and not k.startswith(_RNG + "cuda.")}
+        cuda = [v for k, v in sorted(self.tensors.items(), key=lambda kv: kv[0]) if k.startswith(_RNG + "cuda.")]
+        set_rng_state({**rng, **s["rng"], **({"cuda": cuda} if cuda else {})})
+        trainer._step, trainer.units_seen = self.step, s["units_seen"]
+        partial = _rebuild(result.spec, s["result"], {k[len("score.") :]: v for k, v in self.tensors.items() if k.startswith("score.")}, partial=True)
+        result.scores, result.heldout_curve, result.trainable_parameters = partial.scores, partial.heldout_curve, partial.trainable_parameters
+
+    @property
+    def seconds(self) -> float:
+        """The trial's seconds up to this checkpoint (a resumed trial counts them too)."""
+        return float(self.state["seconds"])
+
+    # ------------------------------------------------------------------ on disk
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write the checkpoint into `folder` (created; written in a temporary folder beside it, then renamed)."""
+        from safetensors.torch import save_file
+
+        from ..pipeline.evidence_cache import _ENTRY, _TENSORS, write_digest
+
+        folder = Path(folder)
+        tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp.mkdir(parents=True)
+        try:
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}, str(tmp / _TENSORS))
+            header = {"format": FORMAT, "name": self.name, "events_done": self.events_done, "step": self.step, "state": self.state}
+            (tmp / _ENTRY).write_text(json.dumps(header, allow_nan=False, sort_keys=True), encoding="utf-8")
+            write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
+            os.rename(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> "TrialCheckpoint":
+        """Read a checkpoint `save` wrote, its files checked against their digest (`ValueError` if not whole)."""
+        from safetensors.torch import load as load_bytes
+
+        from ..pipeline.evidence_cache import _ENTRY, _TENSORS, read_verified
+
+        files = read_verified(folder)  # UnverifiedEntryError is a ValueError
+        header = json.loads(files[_ENTRY].decode("utf-8"))
+        if header.get("format") != FORMAT or _TENSORS not in files:
+            raise ValueError(f"{folder} is not a trial checkpoint of this version (format {header.get('format')!r})")
+        return cls(header["name"], int(header["events_done"]), int(header["step"]), load_bytes(files[_TENSORS]), header["state"])
+
+
+def capture(trainer, result, events_done: int, seconds: float) -> TrialCheckpoint | None:
+    """The trial now, on its trunk after `events_done` events; `None` where it cannot be taken (see the module docstring)."""
+    from ..training.checkpoints import rng_state
+    from .store import _result_entry
+
+    if getattr(trainer, "sharded", False) or trainer.accelerator.num_processes > 1 or trainer.stopped or trainer.nonfinite is not None:
+        return None  # several processes: the state is per rank; a diverged trunk: the rerun is as short
+    tensors = {_PARAM + n: p.detach().cpu().clone() for n, p in trainer.trainable_named}
+    optimizer = trainer.optimizer.state_dict()
+    scalars = {}
+    for index, per_param in optimizer["state"].items():
+        for key, value in per_param.items():
+            if torch.is_tensor(value):
+                tensors[f"{_OPTIM}{index}.{key}"] = value.detach().cpu().clone()
+            else:
+                scalars[f"{index}.{key}"] = value
+    rng = rng_state()
+    tensors.update({_RNG + k: v.clone() for k, v in rng.items() if torch.is_tensor(v)})
+    meta, scores = _result_entry(result)
+    tensors.update({"score." + k: v for k, v in scores.items()})
+    state = {
+        "units_seen": trainer.units_seen, "seconds": seconds, "param_groups": optimizer["param_groups"], "optimizer_scalars": scalars,
+        "scheduler": trainer.scheduler.state_dict(), "rng": {k: v for k, v in rng.items() if not torch.is_tensor(v) and k != "cuda"},
+        "result": meta,
+    }  # fmt: skip
+    if "cuda" in rng:
+        tensors.update({f"{_RNG}cuda.{i}": t for i, t in enumerate(rng["cuda"])})
+    return TrialCheckpoint(result.spec.name, events_done, trainer._step, tensors, json.loads(json.dumps(state)))
+
+
+def _optimizer_state(tensors: dict, scalars: dict) -> dict:
+    state: dict = {}
+    for key, value in tensors.items():
+        if key.startswith(_OPTIM):
+            index, name = key[len(_OPTIM) :].split(".", 1)
+            state.setdefault(int(index), {})[name] = value.clone()  # the optimizer updates its moments in place
+    for key, value in scalars.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    return state
