@@ -290,3 +290,20 @@ def test_start_tracking_refuses_tensorboard_without_a_folder():
 
     with pytest.raises(ValueError, match="logging_dir is not set"):
         start_tracking(make_accelerator(), "tensorboard", logging_dir=None)
+
+
+def test_a_trainer_after_a_bf16_trainer_trains_in_its_own_precision(tmp_path):
+    """Accelerate's state is a process singleton: a run with `mixed_precision=None` after a bf16 run used to
+    train under the bf16 autocast the first one left (and an explicit "no" raised). Each run now gets its own."""
+
+    def trained(precision, seed=0):
+        model = grow_depth(tiny_llama(seed), positions=[1])
+        train(model, lm_rows(8), config=quick(tmp_path, mixed_precision=precision, eval_steps=0))
+        return torch.cat([p.detach().flatten() for p in model.parameters() if p.requires_grad])
+
+    fp32 = trained(None)
+    half = trained("bf16")
+    after = trained(None)
+    assert not torch.equal(half, fp32)  # the bf16 run really differs, so equality below means something
+    assert torch.equal(after, fp32)
+    assert torch.equal(trained("no"), fp32)  # an explicit precision after a bf16 run no longer raises

@@ -122,10 +122,21 @@ def hparams(values: Mapping | None) -> dict:
 
 
 def make_accelerator(mixed_precision: str | None = None, ddp_timeout: int = 1800):
-    """The `Accelerator` the trainer makes when none is given (also what `hf-depthgrow run` shares with it)."""
+    """The `Accelerator` the trainer makes when none is given (also what `hf-depthgrow run` shares with it).
+
+    Accelerate keeps one `AcceleratorState` per process: a second `Accelerator(mixed_precision=None)` silently
+    inherits the first one's bf16 autocast, and an explicit different value raises. A trainer's precision is
+    its own setting, so a state left with another precision is reset first (the process group, held by
+    `PartialState`, stays).
+    """
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import InitProcessGroupKwargs
 
+    wanted = mixed_precision or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    left = AcceleratorState._shared_state.get("_mixed_precision")
+    if left is not None and str(left) != str(wanted):
+        AcceleratorState._reset_state(reset_partial_state=False)
     handlers = [InitProcessGroupKwargs(timeout=timedelta(seconds=ddp_timeout))]
     return Accelerator(mixed_precision=mixed_precision, kwargs_handlers=handlers)
 
