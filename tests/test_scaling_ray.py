@@ -131,3 +131,12 @@ def test_engine_ray_without_ray_is_one_line_before_any_work(monkeypatch, tmp_pat
     assert main(["--config", str(config), "--engine", "ray"]) == 2
     assert "engine 'ray' spreads the cells itself: run it in one process, not under a launcher" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_ray_address_is_one_line_and_nothing_is_written(tmp_path, capsys):
+    pytest.importorskip("ray")
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "tasks": {"lm": GRID}}))
+    assert _recipe().main(["--config", str(config), "--engine", "ray", "--ray-address", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err.startswith("scaling_study.py: ray_address 127.0.0.1:1: no Ray cluster reachable there")
+    assert not (tmp_path / "out").exists()

@@ -25,21 +25,26 @@ from .units import CellSpec, compute_cell, save_cell
 __all__ = ["run_cells_ray"]
 
 
-def run_cells_ray(config, specs: list[CellSpec], path_of, *, storage: str | None = None, max_failures: int = 2) -> None:
+def run_cells_ray(config, specs: list[CellSpec], path_of, *, prepare=None, storage: str | None = None, max_failures: int = 2) -> None:
     """Run `specs` as Ray Tune trials with `config`'s Ray settings; each result stored at `path_of(spec)`.
+
+    `prepare()` (the study's folder and config.json) is called once Ray has been joined and has the resources a
+    cell asks for: a refused address or resources leave nothing written.
 
     Example:
         ```python
         >>> run_cells_ray(StudyConfig(..., engine="ray", max_concurrent_trials=2), study_cells(cfg), path_of)
         ```
     """
-    from ray import tune
-
     from ..comparison.ray_engine import _quiet, ray_cluster
 
     with ray_cluster(config.ray_address, config.resources_per_trial) as resources:
+        from ray import tune
+
         names = dict.fromkeys(spec.name for spec in specs)
         data = {name: load_task_data(config.tasks[name], config.seed) for name in names}
+        if prepare is not None:
+            prepare()
         collect = _collector(specs, path_of)
         trainable = tune.with_parameters(_trainable, specs=specs, data=data, threads=config.threads, gpus=resources.get("gpu", 0))
         with tempfile.TemporaryDirectory(prefix="hf_depthgrow-scaling-ray-") as tmp:

@@ -102,17 +102,22 @@ def run_study(config: StudyConfig, *, only_aggregate: bool = False) -> dict:
     # Every stored cell is verified before anything runs or is written: one of another study is refused here.
     todo = [] if only_aggregate else [spec for spec in specs if load_cell(path_of(spec), spec) is None]
     torch.set_num_threads(config.threads)
-    cells_dir.mkdir(parents=True, exist_ok=True)
-    if rank == 0 and not only_aggregate:
-        write_json(out / "config.json", config.to_dict(), indent=1)
-        # The report names the command that computed the cells, also when redrawn later with --aggregate-only.
-        atomic_write_text(out / "command.txt", os.environ.get("HF_DEPTHGROW_STUDY_COMMAND", "run_study(StudyConfig(...))") + "\n")
+
+    def prepare() -> None:
+        cells_dir.mkdir(parents=True, exist_ok=True)
+        if rank == 0 and not only_aggregate:
+            write_json(out / "config.json", config.to_dict(), indent=1)
+            # The report names the command that computed the cells, also when redrawn later with --aggregate-only.
+            atomic_write_text(out / "command.txt", os.environ.get("HF_DEPTHGROW_STUDY_COMMAND", "run_study(StudyConfig(...))") + "\n")
+
     if todo and config.engine == "ray":
         from .ray_cells import run_cells_ray
 
-        run_cells_ray(config, todo, path_of)
-    elif todo:
-        _run_cells(config, specs, todo, path_of, rank, world)
+        run_cells_ray(config, todo, path_of, prepare=prepare)  # prepares once Ray took the address and resources
+    else:
+        prepare()
+        if todo:
+            _run_cells(config, specs, todo, path_of, rank, world)
     if rank != 0:
         return {}
     # No collective barrier: the main process waits for the other processes' cell files (a crashed
