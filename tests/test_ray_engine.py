@@ -233,24 +233,33 @@ def _argv(lm_dir, out, *extra):
             "--controls", "layers", "--retention-data", "none", "--n-bootstrap", "200", "--no-progress", *extra]  # fmt: skip
 
 
-def _one_line(capsys, *fragments):
-    """The error is one line (the last; a refusal found once the model is loaded follows its loading bar), no traceback."""
+def _one_line(capsys, *fragments, only: bool = False):
+    """The error is one line (the last; a refusal found once the model is loaded follows its loading bar; `only`: the
+    only line), no traceback."""
     err = capsys.readouterr().err.strip()
     last = err.splitlines()[-1]
     assert last.startswith("hf-depthgrow compare: ") and "Traceback" not in err, err
+    assert not only or err == last, err
     for fragment in fragments:
         assert fragment in last, err
 
 
+def _never_load(monkeypatch):
+    """The CLI's loader, replaced by one that fails the test: a refusal must come before the model loads."""
+    monkeypatch.setattr("hf_depthgrow.cli.compare._load", lambda *a: pytest.fail("the model was loaded before the refusal"))
+
+
 @pytest.mark.ray
-def test_cli_refuses_an_unreachable_address_and_impossible_resources_then_runs_on_ray(local_ray, lm_dir, tmp_path, capsys):
+def test_cli_refuses_an_unreachable_address_and_impossible_resources_then_runs_on_ray(local_ray, lm_dir, tmp_path, capsys, monkeypatch):
     from hf_depthgrow.cli import main
 
     out, trials = tmp_path / "out", tmp_path / "trials"
-    assert main(_argv(lm_dir, out, "--engine", "ray", "--ray-address", "127.0.0.1:1", "--trials-dir", str(trials))) == 2
-    _one_line(capsys, "ray_address 127.0.0.1:1: no Ray cluster reachable there")
-    assert main(_argv(lm_dir, out, "--engine", "ray", "--resources-per-trial", "8", "--trials-dir", str(trials))) == 2
-    _one_line(capsys, "asks 8 CPU per trial, but the Ray cluster has 2")
+    with monkeypatch.context() as before_loading:
+        _never_load(before_loading)
+        assert main(_argv(lm_dir, out, "--engine", "ray", "--ray-address", "127.0.0.1:1", "--trials-dir", str(trials))) == 2
+        _one_line(capsys, "ray_address 127.0.0.1:1: no Ray cluster reachable there", only=True)
+        assert main(_argv(lm_dir, out, "--engine", "ray", "--resources-per-trial", "8", "--trials-dir", str(trials))) == 2
+        _one_line(capsys, "asks 8 CPU per trial, but the Ray cluster has 2", only=True)
     assert not out.exists() and not trials.exists()
     # The same command with settings the cluster can give runs; its stdout is the report, Tune's tables go to stderr.
     assert main(_argv(lm_dir, out, "--engine", "ray", "--max-concurrent-trials", "2", "--trials-dir", str(trials))) == 0
@@ -261,18 +270,72 @@ def test_cli_refuses_an_unreachable_address_and_impossible_resources_then_runs_o
     assert gathered["budgets"] == ran["budgets"] and gathered["rows"] == ran["rows"]
 
 
-def test_cli_gather_equals_the_run_and_names_what_is_missing(lm_dir, tmp_path, capsys):
+def test_cli_resume_after_the_driver_is_killed_and_gather_give_the_uninterrupted_result(lm_dir, tmp_path, capsys, monkeypatch):
+    """A compare (serial engine) SIGKILLed once its first trial is stored and its second has a checkpoint: `--resume`
+    trains only the rest of the second trial and writes exactly the uninterrupted result; so does `--gather` of its
+    trials, which names the trials it lacks."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import hf_depthgrow.comparison.engine as engine
     from hf_depthgrow.cli import main
+    from hf_depthgrow.training.trainer import GrownTrainer
+
+    # Refused before anything loads: --resume without a trials folder, with an empty one, with --gather.
+    with monkeypatch.context() as before_loading:
+        _never_load(before_loading)
+        for extra, message in ((("--resume",), "add --trials-dir DIR"), (("--resume", "--trials-dir", str(tmp_path / "none")), "nothing to resume in"),
+                               (("--resume", "--gather", str(tmp_path)), "drop one of --resume and --gather")):  # fmt: skip
+            assert main(_argv(lm_dir, tmp_path / "refused", *extra)) == 2
+            _one_line(capsys, message, only=True)
+    assert not (tmp_path / "refused").exists() and not (tmp_path / "none").exists()
 
     trials = tmp_path / "trials"
-    assert main(_argv(lm_dir, tmp_path / "run", "--trials-dir", str(trials))) == 0
-    assert main(_argv(lm_dir, tmp_path / "gathered", "--gather", str(trials))) == 0
-    run, gathered = (json.loads((tmp_path / d / "compare.json").read_text()) for d in ("run", "gathered"))
-    assert gathered["budgets"] == run["budgets"] and gathered["rows"] == run["rows"]
+    # 16 steps: checkpoints at the rungs 4 and 8, the kill lands with 8 or more steps of the second trial to go.
+    argv = lambda out, *extra: _argv(lm_dir, out, "--max-steps", "16", *extra)  # noqa: E731
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    driver = subprocess.Popen([sys.executable, "-c", "import sys; from hf_depthgrow.cli import main; sys.exit(main(sys.argv[1:]))",
+                               *argv(tmp_path / "killed", "--trials-dir", str(trials))], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while driver.poll() is None and time.monotonic() < deadline:
+        stored = {p.name for p in (trials / "trials").glob("*/digest.json") for p in [p.parent]}
+        if stored and any(p.parent.parent.name not in stored for p in (trials / "checkpoints").glob("*/*/digest.json")):
+            os.kill(driver.pid, signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert driver.wait(timeout=60) == -signal.SIGKILL, driver.stderr.read().decode()[-2000:]
+    assert len(stored) == 1 and not (tmp_path / "killed").exists()
+
+    runs, steps, real_step = [], [], GrownTrainer.training_step
+    monkeypatch.setattr(engine, "run_trial", lambda spec, inputs, **kw: runs.append((spec.name, kw["resume"])) or real_run(spec, inputs, **kw))
+    real_run = engine.trial_steps.__globals__["run_trial"]
+    monkeypatch.setattr(GrownTrainer, "training_step", lambda self, step: steps.append(step) or real_step(self, step))
+    assert main(argv(tmp_path / "resumed", "--trials-dir", str(trials), "--resume")) == 0
+    (name, resume), = runs
+    assert name == "layers@lr0.003@seed0" and resume is not None and steps == list(range(resume.step + 1, 17)) and resume.step in (4, 8)
+    monkeypatch.setattr(engine, "run_trial", real_run)
+    monkeypatch.setattr(GrownTrainer, "training_step", real_step)
+    assert main(argv(tmp_path / "whole")) == 0  # uninterrupted, no store
+    assert main(argv(tmp_path / "gathered", "--gather", str(trials))) == 0
+    whole = _timeless(json.loads((tmp_path / "whole" / "compare.json").read_text()))
+    for other in ("resumed", "gathered"):
+        report = _timeless(json.loads((tmp_path / other / "compare.json").read_text()))
+        assert report["budgets"] == whole["budgets"] and report["rows"] == whole["rows"], other
     capsys.readouterr()
     out = tmp_path / "other"
-    assert main(_argv(lm_dir, out, "--gather", str(trials), "--learning-rates", "1e-3")) == 2
+    assert main(argv(out, "--gather", str(trials), "--learning-rates", "1e-3")) == 2
     _one_line(capsys, "2 of 2 trials are not stored in", "top:1@lr0.001@seed0, layers@lr0.001@seed0")
-    assert main(_argv(lm_dir, out, "--gather", str(tmp_path / "nowhere"))) == 2
+    assert main(argv(out, "--gather", str(tmp_path / "nowhere"))) == 2
     _one_line(capsys, "is not a folder of stored trials")
     assert not out.exists()
+
+
+def _timeless(report):
+    """A report without its wall-clock seconds (the only numbers two runs of the same comparison may differ in)."""
+    if isinstance(report, dict):
+        return {k: _timeless(v) for k, v in report.items() if "seconds" not in k}
+    return [_timeless(v) for v in report] if isinstance(report, list) else report

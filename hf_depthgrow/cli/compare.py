@@ -12,7 +12,9 @@ with `--budgets` at every budget as if trained alone (a warmup-stable-decay sche
 validation: one single-block arm per position and seed, and how well each predictor ranks them.
 Writes `compare.json`, `compare.md`, `compare.png`, `compare_frontier.png`, `compare_curves.png` (3+ budgets) and
 `probe_validation.*` into `--output-dir`; `--trials-dir` stores every finished trial: the same command again
-resumes, training only the trials not stored;
+resumes, training only the trials not stored, each from its start; with `--resume` each unfinished trial
+continues from the checkpoint it left there (after its last scored budget or rung), and a folder with nothing
+of this sweep is refused;
 with `--report-to tensorboard` (or `wandb`) the trackers' logs go to `<output-dir>/logs/` (or `--logging-dir`).
 
 Exit codes: 0 done; 2 bad input (one line on stderr, before anything loads or changes on disk).
@@ -20,6 +22,7 @@ Exit codes: 0 done; 2 bad input (one line on stderr, before anything loads or ch
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,6 +58,11 @@ class CompareScript:
     trials_dir: str | None = field(
         default=None, metadata={"help": "Store every finished trial here; the same command again resumes (reruns only what is missing)."}
     )
+    resume: bool = field(
+        default=False,
+        metadata={"help": "Continue an interrupted sweep in --trials-dir: stored trials are reused, unfinished ones continue "
+                          "from their last checkpoint (without it they start over); refused if there is nothing to resume."},
+    )  # fmt: skip
     gather: str | None = field(
         default=None, metadata={"help": "Rebuild the result from the trials stored in this folder (a --trials-dir), training nothing."}
     )
@@ -78,6 +86,29 @@ def _check_trials_dir(script: CompareScript) -> None:
         raise ValueError(f"trials_dir {script.trials_dir} lies inside output_dir {script.output_dir}, which --overwrite replaces: put it beside it")
     if trials.exists() and not trials.is_dir():
         raise ValueError(f"trials_dir {script.trials_dir} exists and is not a folder")
+
+
+def _check_resume(script: CompareScript) -> None:
+    """`--resume` needs a trials folder holding something: one line before anything loads (what matches is checked later)."""
+    if not script.resume:
+        return
+    if script.gather is not None:
+        raise ValueError("resume continues training and gather trains nothing: drop one of --resume and --gather")
+    if script.trials_dir is None:
+        raise ValueError("resume continues the trials stored in --trials-dir: add --trials-dir DIR (the interrupted run's)")
+    from ..comparison.store import CHECKPOINTS, KIND
+
+    folder = Path(script.trials_dir)
+    if not any(any((folder / sub).glob("*")) for sub in (KIND, CHECKPOINTS) if (folder / sub).is_dir()):
+        raise ValueError(f"resume: nothing to resume in {script.trials_dir}: no stored trial and no checkpoint (drop --resume to start the sweep)")
+
+
+def _ray_first(stack, cfg: CompareConfig) -> None:
+    """`--engine ray`: join (or start) Ray and check the resources per trial before the model loads; held for the whole run."""
+    if cfg.engine == "ray":
+        from ..comparison.ray_engine import ray_cluster
+
+        stack.enter_context(ray_cluster(cfg.ray_address, cfg.resources_per_trial))
 
 
 def build_parser() -> ConfigParser:
@@ -131,13 +162,26 @@ def _run(argv: list[str]) -> int:
     from ..plots import plot_comparison, plot_validation
     from ..probe import baselines, lookahead
 
+    del compare_plans, validate_probe, resolve_family, staged_output  # loaded now, used in _compare
     del plot_comparison, plot_validation, baselines, lookahead  # loaded, not used here
 
     script, cfg = build_parser().parse(argv)
+    _check_resume(script)
     if script.gather is not None:
         script, cfg = gathering(script, cfg)
     check_output_dir(script.output_dir, overwrite=script.overwrite, inputs={"model": script.model, "data": script.data})
     _check_trials_dir(script)
+    with contextlib.ExitStack() as stack:
+        _ray_first(stack, cfg)  # an unreachable --ray-address or resources Ray lacks: one line, nothing loaded
+        return _compare(script, cfg, argv)
+
+
+def _compare(script: CompareScript, cfg: CompareConfig, argv: list[str]) -> int:
+    from ..comparison import compare_plans
+    from ..comparison.validation import validate_probe
+    from ..growth.families import resolve_family
+    from ..pipeline.output import staged_output
+
     model, splits, retention = _load(script, cfg)
     depth = len(resolve_family(model)[1])
     if script.oracle_positions and max(script.oracle_positions) > depth:
@@ -146,7 +190,7 @@ def _run(argv: list[str]) -> int:
     # <output_dir>/logs, written into the staged folder so that they move into place with it.
     with staged_output(script.output_dir) as tmp:
         result = compare_plans(model, splits["train"], splits["held_out"], splits["test"], config=_logs(cfg, tmp), retention_data=retention,
-                                trials_dir=script.trials_dir)  # fmt: skip
+                                trials_dir=script.trials_dir, resume=script.resume)  # fmt: skip
         if result.config["logging_dir"] and not cfg.logging_dir:
             result.config["logging_dir"] = "logs"  # relative to the output folder: the staged path is gone after the move
         result.save(tmp)
