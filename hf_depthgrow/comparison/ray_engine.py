@@ -340,11 +340,15 @@ def _collector(specs, store, bar):
 
         def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
             spec = specs[trial.config["index"]]
-            if store is not None and spec.name not in self.results:  # kept beside the stored trials, for --resume
-                from .trial_checkpoint import TrialCheckpoint
+            if store is None or spec.name in self.results:
+                return
+            from .trial_checkpoint import TrialCheckpoint
 
+            try:  # kept beside the stored trials, for --resume; a failure here must not stop Tune registering it
                 with checkpoint.as_directory() as folder:
                     store.save_checkpoint(spec, TrialCheckpoint.load(folder))
+            except Exception as err:  # noqa: BLE001
+                warnings.warn(f"trial {spec.name}: its checkpoint was not kept under {store.root} ({err}); --resume would start it over", stacklevel=2)
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             spec = specs[trial.config["index"]]
