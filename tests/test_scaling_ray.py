@@ -25,7 +25,7 @@ def study(out, **kw) -> StudyConfig:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
+def fresh_accelerate_state():
     """The serial cells start from what a Ray trial's fresh process has: no Accelerate state left by an earlier test
     (AcceleratorState is a process singleton: a bf16 run before would put these cells under bf16 autocast)."""
     import torch
