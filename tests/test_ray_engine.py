@@ -192,6 +192,15 @@ def test_a_trial_that_fails_on_ray_is_named_with_its_error(local_ray, setting):
         ray_engine.run_ray([bad], inputs, max_failures=0)
 
 
+def test_resume_needs_a_trials_dir_holding_something_of_this_comparison(setting, tmp_path, monkeypatch):
+    (tmp_path / "trials" / "trials" / ("0" * 64)).mkdir(parents=True)  # another comparison's trial
+    monkeypatch.setattr("hf_depthgrow.comparison.trial.trial_steps", None)  # nothing may train
+    with pytest.raises(ValueError, match=r"resume: nothing to resume in .*: none of the 4 trials is stored or checkpointed there"):
+        _run(setting, trials_dir=tmp_path / "trials", resume=True)
+    with pytest.raises(ValueError, match="resume continues the trials stored in trials_dir: set trials_dir"):
+        _run(setting, resume=True)
+
+
 def test_engine_settings_are_checked_before_any_work(monkeypatch):
     from hf_depthgrow.comparison import CompareConfig
 
