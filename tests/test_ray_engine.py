@@ -152,7 +152,8 @@ def test_a_killed_trial_resumes_from_its_checkpoint_and_ends_identical(local_ray
                                  original=dict(original))  # fmt: skip
     arm = build_arms(base, ["at:2"], [])[1]
     # Checkpoints after the branches of budgets 4 and 8; 58 more steps after the second leave time to kill it.
-    killed_spec, resumed_spec = (TrialSpec(arm, lr, 0, budgets, warmup_steps=1, scheduler="wsd") for lr, budgets in ((3e-3, (4, 8, 64)), (1e-3, (4, 8))))
+    killed_spec, resumed_spec = (TrialSpec(arm, lr, 0, budgets, warmup_steps=1, scheduler="wsd")
+                                 for lr, budgets in ((3e-3, (4, 8, 64)), (1e-3, (4, 8))))  # fmt: skip
     want = run_trial(killed_spec, inputs())
     saved = []
     want_resumed = run_trial(resumed_spec, inputs(), checkpoint=saved.append)

@@ -71,7 +71,8 @@ class TrialCheckpoint:
         cuda = [v for k, v in sorted(self.tensors.items(), key=lambda kv: kv[0]) if k.startswith(_RNG + "cuda.")]
         set_rng_state({**rng, **s["rng"], **({"cuda": cuda} if cuda else {})})
         trainer._step, trainer.units_seen = self.step, s["units_seen"]
-        partial = _rebuild(result.spec, s["result"], {k[len("score.") :]: v for k, v in self.tensors.items() if k.startswith("score.")}, partial=True)
+        scores = {k[len("score.") :]: v for k, v in self.tensors.items() if k.startswith("score.")}
+        partial = _rebuild(result.spec, s["result"], scores, partial=True)
         result.scores, result.heldout_curve, result.trainable_parameters = partial.scores, partial.heldout_curve, partial.trainable_parameters
 
     @property
