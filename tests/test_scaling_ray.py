@@ -108,7 +108,10 @@ def test_a_stored_cell_is_verified_before_reuse(serial, tmp_path):
     assert before == {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
-def _recipe():
+def _recipe(monkeypatch):
+    # The recipe sets the study's command for its report when none is set: set here, so that it ends with the test
+    # (a later torchrun test's report would otherwise name this one's command).
+    monkeypatch.setenv("HF_DEPTHGROW_STUDY_COMMAND", "python recipes/scaling_study.py (test)")
     spec = importlib.util.spec_from_file_location("scaling_study_recipe", REPO / "recipes" / "scaling_study.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -118,7 +121,7 @@ def _recipe():
 def test_engine_ray_without_ray_is_one_line_before_any_work(monkeypatch, tmp_path, capsys):
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "tasks": {"lm": GRID}}))
-    main = _recipe().main
+    main = _recipe(monkeypatch).main
     monkeypatch.setattr(ray_engine, "ray_available", lambda: False)
     assert main(["--config", str(config), "--engine", "ray", "--max-concurrent-trials", "2"]) == 2
     assert capsys.readouterr().err == 'scaling_study.py: engine \'ray\' needs Ray, which is not installed: pip install "hf_depthgrow[ray]"\n'
@@ -133,10 +136,10 @@ def test_engine_ray_without_ray_is_one_line_before_any_work(monkeypatch, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_an_unreachable_ray_address_is_one_line_and_nothing_is_written(tmp_path, capsys):
+def test_an_unreachable_ray_address_is_one_line_and_nothing_is_written(tmp_path, capsys, monkeypatch):
     pytest.importorskip("ray")
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "tasks": {"lm": GRID}}))
-    assert _recipe().main(["--config", str(config), "--engine", "ray", "--ray-address", "127.0.0.1:1"]) == 2
+    assert _recipe(monkeypatch).main(["--config", str(config), "--engine", "ray", "--ray-address", "127.0.0.1:1"]) == 2
     assert capsys.readouterr().err.startswith("scaling_study.py: ray_address 127.0.0.1:1: no Ray cluster reachable there")
     assert not (tmp_path / "out").exists()
