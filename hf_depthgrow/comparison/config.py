@@ -97,6 +97,11 @@ class CompareConfig:
     ray_address: str | None = field(default=None, metadata={"help": "engine ray: the cluster (host:port, ray://host:port or auto); none: a local Ray."})
     max_concurrent_trials: int | None = field(default=None, metadata={"help": "engine ray: trials at once (none: as many as the resources allow)."})
     resources_per_trial: int = field(default=1, metadata={"help": "engine ray: CPUs per trial (also its torch threads)."})
+    workers_per_trial: int = field(
+        default=1,
+        metadata={"help": "engine ray: processes per trial (above 1: a Ray Train TorchTrainer of N DDP workers, each with "
+                          "--resources-per-trial and batch_size / N rows of every step)."},
+    )  # fmt: skip
 
     def __post_init__(self):
         def fail(msg):
@@ -145,6 +150,9 @@ class CompareConfig:
         from .ray_engine import check_engine  # engine, Ray settings; Ray itself is not imported
 
         check_engine(self)
+        from .ray_workers import check_workers  # workers_per_trial: above 1 on Ray only, dividing the batch
+
+        check_workers(self)
 
     def _check_grid(self, name: str) -> None:
         rates = getattr(self, name)

@@ -83,7 +83,7 @@ def ray_engine(cfg, store=None):
     import functools
 
     return functools.partial(run_ray, address=cfg.ray_address, max_concurrent_trials=cfg.max_concurrent_trials,
-                             resources_per_trial=cfg.resources_per_trial, store=store)  # fmt: skip
+                             resources_per_trial=cfg.resources_per_trial, workers_per_trial=getattr(cfg, "workers_per_trial", 1), store=store)  # fmt: skip
 
 
 def run_ray(
@@ -98,6 +98,7 @@ def run_ray(
     storage: str | None = None,
     store=None,
     max_failures: int = 2,
+    workers_per_trial: int = 1,
 ) -> list[TrialResult]:
     """Run `specs` as Ray Tune trials; results in the specs' order, equal to `run_serial`'s.
 
@@ -114,6 +115,8 @@ def run_ray(
             temporary folder, removed after the run (the results are returned, and stored with `store`).
         store: A `TrialStore`: stored trials are reused, and each new one is stored as it finishes.
         max_failures: Times a failed trial (its process killed, say) is run again from its last checkpoint.
+        workers_per_trial: Processes per trial: above 1, each trial is a Ray Train `TorchTrainer` of that many
+            workers, each with `resources_per_trial` (`comparison.ray_workers`).
 
     Example:
         ```python
@@ -138,7 +141,8 @@ def run_ray(
         warn_unresumed(store, todo)
     if todo:
         with ray_cluster(address, resources):
-            found.update(_tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, store if use_store else None, bar))
+            found.update(_tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, store if use_store else None, bar,
+                               workers_per_trial))  # fmt: skip
     return [found[s.name] for s in specs]
 
 
@@ -273,14 +277,19 @@ def _shippable(inputs: TrialInputs) -> TrialInputs:
     return dataclasses.replace(inputs, tracking=tracking)
 
 
-def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar) -> dict[str, TrialResult]:
+def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar, workers=1) -> dict[str, TrialResult]:
     from ray import tune
 
     collect = _collector(specs, store, bar)
-    # --resume: each unfinished trial's checkpoint, read on the driver and shipped (no shared folder needed).
-    resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}
-    trainable = tune.with_parameters(_trainable, specs=specs, inputs=_shippable(inputs), threads=max(1, int(resources["cpu"])),
-                                     gpus=resources.get("gpu", 0), resume=resume)
+    if workers > 1:  # each trial a Ray Train TorchTrainer of `workers` processes (comparison.ray_workers)
+        from .ray_workers import worker_trainable
+
+        trainable, resources = worker_trainable(specs, _shippable(inputs), resources, workers)
+    else:
+        # --resume: each unfinished trial's checkpoint, read on the driver and shipped (no shared folder needed).
+        resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}
+        trainable = tune.with_parameters(_trainable, specs=specs, inputs=_shippable(inputs), threads=max(1, int(resources["cpu"])),
+                                         gpus=resources.get("gpu", 0), resume=resume)
     with tempfile.TemporaryDirectory(prefix="hf_depthgrow-ray-") as tmp:
         tuner = tune.Tuner(
             tune.with_resources(trainable, resources),

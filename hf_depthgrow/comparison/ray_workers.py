@@ -1,0 +1,149 @@
+"""A trial that spans processes: under `--engine ray --workers-per-trial N`, each Tune trial is a Ray Train
+`TorchTrainer` of N workers, every one running the package's own `run_trial` on the same spec.
+
+Ray Train sets up the torch process group (gloo on CPU workers, NCCL when the workers ask for GPUs) and the
+torchrun variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `ACCELERATE_TORCH_DEVICE`) before the
+worker function runs, so the `Accelerator` that `GrownTrainer` builds finds a multi-process state: DDP, the
+data order split by rank (`DataOrder`), gradients all-reduced every optimizer step. The trial's batch stays the
+global batch: each of the N workers takes `batch_size / N` rows of it per step, and the trainer's loss is the
+global token-weighted mean, so the optimizer step is the 1-worker step up to float reassociation.
+Every rank evaluates; rank 0's `TrialResult` is the trial's (reported to Tune, stored by the driver).
+
+The inputs (base model, rows) go into Ray's object store once per sweep; the Tune trial (a small driver that
+only starts the `TorchTrainer`) passes their reference on, and each worker reads them from there once
+(benchmarks/bench_ray_workers.py measures what that costs per worker).
+
+Example:
+    ```python
+    >>> results = run_ray(specs, inputs, workers_per_trial=2)  # every trial: 2 gloo processes, DDP
+    ```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+
+import torch
+
+from .trial import TrialInputs, TrialSpec, run_trial
+
+__all__ = ["check_workers", "check_worker_resources", "worker_trainable"]
+
+# The Tune trial itself only waits for its TorchTrainer, so it asks for no CPU: N workers of one CPU each then fit
+# on N CPUs (any CPU share for it would leave the workers one short). A placement group bundle may not be empty,
+# hence one byte of memory.
+DRIVER_RESOURCES = {"cpu": 0, "memory": 1}
+
+
+def check_workers(cfg) -> None:
+    """`workers_per_trial` of a `CompareConfig`, checked before any work: an int >= 1, above 1 only on Ray, dividing the batch."""
+    n = cfg.workers_per_trial
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"workers_per_trial must be an int >= 1, got {n!r}")
+    if n > 1 and cfg.engine != "ray":
+        raise ValueError(f"workers_per_trial {n} needs engine 'ray' (a trial spans processes as a Ray Train TorchTrainer), but engine is {cfg.engine!r}")
+    if cfg.batch_size % n:
+        raise ValueError(f"batch_size {cfg.batch_size} does not split over {n} workers per trial: each worker takes batch_size / {n} rows per step")
+
+
+def check_worker_resources(ray, resources: dict, workers: int) -> None:
+    """N workers of `resources` each must fit in the cluster at once; refused up front, naming what is missing."""
+    have = ray.cluster_resources()
+    for k, v in resources.items():
+        total = have.get(k.upper(), 0)
+        if v * workers > total:
+            raise ValueError(f"{workers} workers per trial with {v:g} {k.upper()} each need {v * workers:g} {k.upper()}, but the Ray cluster has {total:g}")
+
+
+def worker_trainable(specs: list[TrialSpec], inputs: TrialInputs, resources: dict, workers: int):
+    """`(trainable, trial resources)` for Tune: a trial that runs `specs[config["index"]]` as a TorchTrainer of `workers` processes.
+
+    `resources` are each worker's (`{"cpu": c}`, optionally `"gpu"`); the trial itself asks `DRIVER_RESOURCES`.
+    """
+    import ray
+    from ray import tune
+
+    check_worker_resources(ray, resources, workers)
+    # In a list, so that Tune hands the trial the reference and not the model: only the workers read it.
+    shipped = [ray.put(inputs)]
+    trainable = tune.with_parameters(_trial, specs=specs, shipped=shipped, resources=dict(resources), workers=workers)
+    return trainable, dict(DRIVER_RESOURCES)
+
+
+def _trial(config: dict, specs: list[TrialSpec], shipped: list, resources: dict, workers: int) -> None:
+    """One Tune trial: a TorchTrainer of `workers` processes on one spec; rank 0's packed result reported to Tune."""
+    import ray
+    from ray import train, tune
+    from ray.train.torch import TorchTrainer
+
+    spec = specs[config["index"]]
+    # Ray Train keeps a worker's metrics only with a checkpoint; rank 0 hands its result to this actor instead
+    # (no CPU: the workers hold them all; no storage shared across nodes needed).
+    mailbox = ray.remote(num_cpus=0)(_Mailbox).remote()
+    cpus, gpus = max(1, int(resources["cpu"])), resources.get("gpu", 0)
+    per_worker = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+    # OMP_NUM_THREADS: else Accelerate sets a CPU worker's threads to the node's cores / workers. On CPU workers,
+    # ACCELERATE_USE_CPU (what `accelerate launch --cpu` sets): without it Accelerate sees no accelerator and runs each
+    # worker as a lone process (DistributedType.NO) despite the process group; and CUDA_VISIBLE_DEVICES hidden from
+    # the start, since Ray leaves it alone for a worker that asked for no GPU (every CPU trial would use GPU 0).
+    env = {"OMP_NUM_THREADS": str(cpus)}
+    if not gpus:
+        env.update(ACCELERATE_USE_CPU="true", CUDA_VISIBLE_DEVICES="")
+    storage = tempfile.mkdtemp(prefix="hf_depthgrow-train-")  # Ray Train's run state; nothing is checkpointed there
+    started = time.perf_counter()
+    try:
+        trainer = TorchTrainer(
+            _worker, train_loop_config={"spec": spec, "shipped": shipped, "threads": cpus, "mailbox": mailbox},
+            scaling_config=train.ScalingConfig(num_workers=workers, use_gpu=bool(gpus), resources_per_worker=per_worker),
+            # A worker that dies fails the trial; Tune's FailureConfig runs the whole trial again (it is deterministic).
+            run_config=train.RunConfig(name=f"{spec.name}".replace("@", "_"), storage_path=storage, worker_runtime_env={"env_vars": env},
+                                       failure_config=train.FailureConfig(max_failures=0)),
+        )  # fmt: skip
+        trainer.fit()
+        packed = ray.get(mailbox.take.remote())
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+        ray.kill(mailbox)
+    tune.report({"trial": packed, "seconds": time.perf_counter() - started, "workers": workers})
+
+
+class _Mailbox:
+    """Holds rank 0's packed `TrialResult` until the trial's driver takes it."""
+
+    def __init__(self):
+        self.packed = None
+
+    def put(self, packed: str) -> None:
+        self.packed = packed
+
+    def take(self) -> str:
+        if self.packed is None:
+            raise RuntimeError("the trial's workers finished without rank 0's result")
+        return self.packed
+
+
+def _worker(config: dict) -> None:
+    """One of the trial's processes: `run_trial` on its share of every global batch; rank 0 reports the result."""
+    import ray
+    from ray import train
+
+    from .ray_engine import _pack
+
+    torch.set_num_threads(config["threads"])
+    context = train.get_context()
+    world, rank = context.get_world_size(), context.get_world_rank()
+    inputs = ray.get(config["shipped"][0])
+    # The trial's batch is the global one: TrainConfig's per-device batch is its share (DataOrder gives rank r
+    # the r-th slice of the same seeded global batch), so N workers step as one process with the whole batch.
+    inputs = dataclasses.replace(inputs, batch_size=inputs.batch_size // world)
+    result = run_trial(config["spec"], inputs)
+    from accelerate.state import PartialState
+
+    seen = PartialState().num_processes
+    if seen != world:  # each worker would have trained alone on its share: a different trial, refused
+        raise RuntimeError(f"Accelerate ran {seen} process(es) in a trial of {world} Ray Train workers: the process group was not picked up")
+    if rank == 0:  # every rank holds the same trained model and scores; rank 0's is the trial's
+        ray.get(config["mailbox"].put.remote(_pack(result)))

@@ -1,0 +1,99 @@
+"""Issue 31, item 2: a trial spans processes (--workers-per-trial N, a Ray Train TorchTrainer of N gloo workers)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hf_depthgrow.comparison import build_arms, ray_engine
+from hf_depthgrow.comparison.runner import example_losses
+from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec, run_trial
+from hf_depthgrow.testing import tiny_inputs, tiny_model
+
+# Two workers each take half of every global batch; DDP all-reduces the halves' gradients (the trainer scales
+# each half's token sum by world / global weight), which is the full batch's mean gradient up to float
+# reassociation (a sum of two partial sums, then a mean). Across the steps of a trial that reassociation
+# moves fp32 losses by ~1e-6 relative; 1e-4 leaves room and still fails for a trial that trained on other
+# data or on half the batch (those move the losses by 1e-2 and more here).
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The in-process trial runs as a Ray worker does: one torch thread, and no Accelerate state an earlier test left
+    (AcceleratorState is a process singleton; see tests/test_ray_engine.py)."""
+    import torch
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.train.torch")
+    # As on CI's 2 cores: one trial of two single-CPU workers.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
+    batch = tiny_inputs(model, batch=n, seq=seq, seed=seed)
+    batch["labels"] = batch["input_ids"].clone()
+    return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+
+
+@pytest.mark.ray
+def test_a_two_worker_trial_equals_the_one_process_trial(local_ray):
+    base = tiny_model("llama")
+    train, heldout, test = lm_rows(base, 24, 0), lm_rows(base, 8, 1), lm_rows(base, 12, 2)
+    original = {"test": example_losses(base, test, 4), "heldout": 4.0}
+
+    def inputs():
+        return TrialInputs(base=base, train_rows=train, eval_rows=heldout, test_rows=test, retention_rows=None, batch_size=4,
+                           selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=dict(original))  # fmt: skip
+
+    # Two budgets (a branched decay) and rungs: every piece of the trial runs under DDP.
+    spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 1e-2, 0, (4, 8), warmup_steps=1, scheduler="wsd", rungs=(2,))
+    want = run_trial(spec, inputs())
+    (got,) = ray_engine.run_ray([spec], inputs(), workers_per_trial=2, max_failures=0)
+    assert sorted(got.scores) == [4, 8] and [s for s, _ in got.heldout_curve] == [s for s, _ in want.heldout_curve]
+    np.testing.assert_allclose([v for _, v in got.heldout_curve], [v for _, v in want.heldout_curve], rtol=RTOL)
+    for b in (4, 8):
+        assert got.scores[b].selected == want.scores[b].selected == "new"
+        assert got.scores[b].units_seen == want.scores[b].units_seen
+        np.testing.assert_allclose(got.scores[b].test, want.scores[b].test, rtol=RTOL)
+    # The trained model moved well past the tolerance: the equality above is not the untrained model's.
+    assert np.abs(got.scores[8].test - original["test"][0]).max() > 100 * RTOL * np.abs(original["test"][0]).max()
+    with pytest.raises(ValueError, match=r"2 workers per trial with 2 CPU each need 4 CPU, but the Ray cluster has 2"):
+        ray_engine.run_ray([spec], inputs(), workers_per_trial=2, resources_per_trial=2)
+
+
+def test_workers_per_trial_is_checked_before_any_work():
+    from hf_depthgrow.comparison import CompareConfig
+
+    for kw, message in ((dict(workers_per_trial=0), "workers_per_trial must be an int >= 1, got 0"),
+                        (dict(workers_per_trial=1.5), "workers_per_trial must be an int >= 1, got 1.5"),
+                        (dict(workers_per_trial=2), "workers_per_trial 2 needs engine 'ray' .* but engine is 'serial'"),
+                        (dict(workers_per_trial=3, engine="ray", batch_size=8), "batch_size 8 does not split over 3 workers")):  # fmt: skip
+        if kw.get("engine") == "ray" and not ray_engine.ray_available():
+            continue
+        with pytest.raises(ValueError, match=message):
+            CompareConfig(**kw)
+
+
+def test_cli_workers_per_trial_with_the_serial_engine_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from hf_depthgrow.cli import main
+
+    out = tmp_path / "out"
+    assert main(["compare", "--workers-per-trial", "2", "--output-dir", str(out), "--model", str(tmp_path / "no-model")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("hf-depthgrow compare: workers_per_trial 2 needs engine 'ray' (a trial spans processes as a Ray Train "
+                   "TorchTrainer), but engine is 'serial'")  # fmt: skip
+    assert not out.exists()
