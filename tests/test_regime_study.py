@@ -12,11 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "configs" / "regime_study"
+FULL_STUDY = "python recipes/regime_study.py --config recipes/configs/regime_study/default.yaml --engine ray"
 
 
 def load_recipe():
@@ -52,22 +54,24 @@ def test_config_loads_and_validates(name):
     for seed in cfg.seeds:  # the continued training's CompareConfig builds for every seed
         compare = cfg.compare_config(seed)
         assert compare.seed == seed and compare.sweep == cfg.budgets and compare.scheduler == "wsd"
+    assert cfg.oracle_config().sweep == cfg.oracle_budgets and cfg.oracle_budgets[1] >= 8 * cfg.oracle_budgets[0]
     assert "python recipes/regime_study.py" in path.read_text()
 
 
 def test_default_config_reaches_the_regime():
-    """default.yaml: budgets span >= 32x and the largest is >= 100 tokens per parameter of the one-block arm."""
+    """default.yaml: budgets span >= 32x and the largest is >= 100 tokens per parameter of the one-block arm (the oracle's
+    larger budget too); every arm and predictor the issue names."""
     cfg = parse(["--config", str(CONFIGS / "default.yaml")])
     model = recipe.build_base(cfg, vocab_size=100)
     fig = recipe.regime_figures(cfg, model)
     assert fig["span"] >= 32
-    assert fig["tokens_per_parameter"][-1] >= 100
+    assert fig["tokens_per_parameter"][-1] >= 100 and fig["oracle_tokens_per_parameter"][-1] >= 100
     assert fig["block_parameters"] == sum(p.numel() for p in model.model.layers[0].parameters())
     assert set(cfg.growth) >= {"top:1", "probe:1"} and any(g.startswith("interleave:") for g in cfg.growth)
-    assert {"layers", "lora", "full"} <= set(cfg.controls) and any(c.startswith("lora:") for c in cfg.controls)
-    assert len(cfg.seeds) >= 2 and cfg.max_forgetting is not None
-    assert cfg.hidden_size == 64
-    assert recipe.__doc__.split("\n\n")[1].strip() == "python recipes/regime_study.py --config recipes/configs/regime_study/default.yaml"
+    assert {"layers", "lora", "full"} <= set(cfg.controls) and cfg.lookahead_arm
+    assert set(cfg.oracle_predictors) == {"z", "signal", "lookahead", "block_influence", "depth", "adept", "midas"}
+    assert len(cfg.seeds) >= 2 and cfg.max_forgetting is not None and cfg.num_layers >= 4
+    assert recipe.__doc__.split("\n\n")[1].strip() == FULL_STUDY
 
 
 def test_plateau_check_flat_and_not_flat():
@@ -126,6 +130,8 @@ def run_main(argv, capsys):
         (["--base-min-steps", "50", "--base-max-steps", "40"], "exceeds the cap"),
         (["--plateau-tolerance", "1.5"], "plateau_tolerance must be in (0, 1)"),
         (["--hidden-size", "15"], "multiple of num_heads"),
+        (["--oracle-budgets", "4", "16"], "the second >= 8x the first"),
+        (["--oracle-positions", "0", "1", "9"], "at least 4 distinct positions in 0..num_layers"),
         (["--lernig-rate", "1"], "unknown option --lernig-rate"),
     ],
 )
@@ -161,7 +167,8 @@ def test_smoke_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = proc.stdout
     assert "plateau check: held-out losses" in printed and "tokens per trainable parameter of the one-block growth arm" in printed
-    assert "seeds (data order of the continued training): [0, 1]" in printed
+    assert "seeds (data order of the continued training and of the oracle sweep): [0, 1]" in printed
+    assert "look-ahead (held-out loss drop" in printed and "oracle sweep:" in printed
     summary = json.loads((out / "study.json").read_text())
     cfg = parse(["--config", str(CONFIGS / "smoke.yaml")])
     assert summary["seeds"] == cfg.seeds
@@ -172,7 +179,14 @@ def test_smoke_end_to_end(tmp_path):
         assert per["crossover"] and per["validation"]  # 3 budgets: the fits and the crossover (validation says it needs 4)
         assert (out / f"seed{seed}" / "compare.json").is_file()
     arms = {row["arm"] for row in summary["table"]}
-    assert arms == set(cfg.growth) | set(cfg.controls)
+    pick = summary["lookahead"]
+    assert pick["arm"] == f"at:{pick['pick']}" and pick["pick"] == int(np.argmax(pick["scores"]))
+    assert arms == set(cfg.growth) | set(cfg.controls) | ({pick["arm"]} if not pick["same_as"] else set())
+    oracle = summary["oracle"]
+    assert [v["budget"] for v in oracle["budgets"]] == cfg.oracle_budgets and oracle["positions"] == list(range(cfg.num_layers + 1))
+    for view in oracle["budgets"]:
+        assert {r["predictor"] for r in view["table"]} >= set(cfg.oracle_predictors) and len(view["forgetting"]) == len(oracle["positions"])
+    assert oracle["across_budgets"]["budgets"] == cfg.oracle_budgets and (out / "oracle" / "probe_validation.json").is_file()
     assert len(summary["table"]) == len(arms) * len(cfg.budgets)
     for row in summary["table"]:
         means = [row["gain"][str(s)]["mean"] for s in cfg.seeds]
@@ -200,3 +214,19 @@ def test_smoke_end_to_end(tmp_path):
     assert other.returncode == 2 and "other settings (base_learning_rate)" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
     assert (base / "model.safetensors").read_bytes() == before
+
+
+def test_the_recipe_modules_use_the_public_api_only():
+    """recipes/regime/*.py as test_cli checks recipes/*.py: hf_depthgrow's public modules and subpackages, no private name."""
+    import ast
+
+    public = {"hf_depthgrow", "hf_depthgrow.config", "hf_depthgrow.losses", "hf_depthgrow.utils", "hf_depthgrow.comparison",
+              "hf_depthgrow.data", "hf_depthgrow.probe"}  # fmt: skip
+    offenders = []
+    for path in (REPO / "recipes" / "regime").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hf_depthgrow"):
+                names = [a.name for a in node.names]
+                if node.module not in public or any(n.startswith("_") for n in names):
+                    offenders.append(f"{path.name}: from {node.module} import {names}")
+    assert not offenders

@@ -14,6 +14,7 @@ from .config import CompareConfig
 from .result import ArmResult, BudgetView, CompareResult
 from .runner import compare_plans, example_losses
 from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, run_trial
+from .validation import ProbeValidation, validate_probe
 
 __all__ = [
     "CONTROL_KINDS",
@@ -23,6 +24,7 @@ __all__ = [
     "BudgetView",
     "CompareConfig",
     "CompareResult",
+    "ProbeValidation",
     "TrialInputs",
     "TrialResult",
     "TrialSpec",
@@ -34,4 +36,5 @@ __all__ = [
     "matched_layers",
     "resolve_growth",
     "run_trial",
+    "validate_probe",
 ]

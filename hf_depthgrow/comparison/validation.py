@@ -198,6 +198,18 @@ def _predictor_scores(model, train_data, eval_data, positions, probe_result, pre
     return scores, seconds
 
 
+class _OriginalPerSeed(dict):
+    """The original's losses shared by the oracle's trials, except its training-loss baseline (`losses`): that one is
+    keyed on the fallback rule's selection rows, which follow each trial's seed, and one engine call holds every seed,
+    so each trial takes its own (the same numbers a per-seed `compare_plans` shares)."""
+
+    def get(self, key, default=None):
+        return default if key == "losses" else super().get(key, default)
+
+    def setdefault(self, key, default=None):
+        return default if key == "losses" else super().setdefault(key, default)
+
+
 def _oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result, trials_dir):
     """Every position x seed trial in one engine call, then one `CompareResult` per seed (as `compare_plans` would give)."""
     from tqdm.auto import tqdm
@@ -217,7 +229,7 @@ def _oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result
     rows = {k: training_rows(data[k], f"{k}_data", model=model) for k in ("train", "eval")}
     rows.update({k: _checked_rows(model, data[k], f"{k}_data", cfg.batch_size) if data[k] is not None else None for k in ("test", "retention")})
     arms = build_arms(model, names, [], reference=None, probe_result=probe_result, seed=cfg.seed, lora_target_modules=cfg.lora_target_modules)
-    original = {"test": example_losses(model, rows["test"], cfg.batch_size)}
+    original = _OriginalPerSeed(test=example_losses(model, rows["test"], cfg.batch_size))
     if rows["retention"] is not None:
         original["retention"] = example_losses(model, rows["retention"], cfg.batch_size)
     original["heldout"] = _weighted(*example_losses(model, rows["eval"], cfg.batch_size))
