@@ -101,6 +101,13 @@ def test_a_stored_cell_is_verified_before_reuse(serial, tmp_path):
     with pytest.warns(UserWarning, match=r"lm_L1_d16_n60\.json is unreadable \(its content does not match its sha256 digest\)"):
         run_study(study(out))
     assert timeless(json.loads(edited.read_text())) == timeless(cells(out_serial)["lm_L1_d16_n60.json"])
+    # The report is aggregated from verified cells only: an edited one is refused, not reported.
+    row = json.loads(edited.read_text())
+    row["test"]["delta"] = 1.0
+    edited.write_text(json.dumps(row))
+    with pytest.raises(ValueError, match=r"lm_L1_d16_n60\.json: its content does not match its sha256 digest"):
+        run_study(study(out), only_aggregate=True)
+    edited.write_text(json.dumps(cells(out_serial)["lm_L1_d16_n60.json"]))
     # A cell of another study in the same folder is refused before anything runs or is written.
     before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(ValueError, match=r"lm_L1_d16_n60\.json holds a cell computed with grid\.train_steps=10, this study has 11"):

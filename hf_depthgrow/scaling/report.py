@@ -21,8 +21,13 @@ NEAR_DIAGONAL = 0.5
 
 
 def load_cells(cells_dir: str | os.PathLike) -> list[dict]:
-    """Every finished cell, sorted by task, data size, width, depth."""
-    rows = [json.loads(p.read_text()) for p in sorted(Path(cells_dir).glob("*.json"))]
+    """Every finished cell, sorted by task, data size, width, depth; a cell that fails its digest is refused."""
+    from .units import check_digest
+
+    rows = []
+    for path in sorted(Path(cells_dir).glob("*.json")):
+        rows.append(json.loads(path.read_text()))
+        check_digest(path, rows[-1])
     return sorted(rows, key=lambda r: (r["name"], r["data_size"], r["width"], r["depth"]))
 
 

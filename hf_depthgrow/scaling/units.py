@@ -20,7 +20,7 @@ from pathlib import Path
 from ..utils import json_safe, write_json
 from .config import TaskGrid
 
-__all__ = ["CellSpec", "cell_name", "compute_cell", "load_cell", "save_cell"]
+__all__ = ["CellSpec", "cell_name", "check_digest", "compute_cell", "load_cell", "save_cell"]
 
 
 def cell_name(task_name: str, depth: int, width: int, n: int) -> str:
@@ -79,6 +79,13 @@ def compute_cell(spec: CellSpec, data, device="cpu") -> dict:
 def _digest(row: dict) -> str:
     text = json.dumps(json_safe({k: v for k, v in row.items() if k != "sha256"}), sort_keys=True, allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_digest(path: str | Path, row: dict) -> None:
+    """Refuse a stored cell whose content fails its digest (edited or damaged); one written before digests passes."""
+    if "sha256" in row and row["sha256"] != _digest(row):
+        raise ValueError(f"{path}: its content does not match its sha256 digest (edited or damaged): run the study again "
+                         "without --aggregate-only to recompute it")  # fmt: skip
 
 
 def save_cell(path: str | Path, row: dict) -> Path:
