@@ -35,7 +35,7 @@ class RegimeStudyConfig:
     base_warmup_steps: int = field(default=100, metadata={"help": "Base linear warm-up steps."})
     base_min_steps: int = field(default=1000, metadata={"help": "No plateau check before this step."})
     base_max_steps: int = field(default=3600, metadata={"help": "The cap: base training stops here, flat or not (and says so)."})
-    base_eval_every: int = field(default=100, metadata={"help": "Held-out evaluation every N base steps."})
+    base_eval_every: int = field(default=50, metadata={"help": "Held-out evaluation every N base steps."})
     plateau_tolerance: float = field(default=0.01, metadata={"help": "Flat: held-out losses of the window within this share of the last."})
     plateau_window: float = field(default=0.2, metadata={"help": "The window: this last share of the steps."})
     base_only: bool = field(default=False, metadata={"help": "Stop after the base (train or reuse it, print the plateau check)."})
@@ -64,6 +64,7 @@ class RegimeStudyConfig:
     lookahead_arm: bool = field(default=True, metadata={"help": "Add the look-ahead's pick (at:k, best of every position) as a growth arm."})
     lookahead_steps: int = field(default=4, metadata={"help": "Optimizer steps per position of the look-ahead (the arm's and the oracle's)."})
     oracle_budgets: list[int] | None = field(default_factory=lambda: [76, 608], metadata={"help": "Two budgets >= 8x apart of the oracle sweep (None: no sweep)."})
+    oracle_seeds: list[int] | None = field(default=None, metadata={"help": "Seeds (data orders) of the oracle sweep (None: seeds)."})
     oracle_positions: list[int] | None = field(default=None, metadata={"help": "Oracle positions, an even grid (None: every position 0..L)."})
     oracle_predictors: list[str] = field(default_factory=lambda: list(ORACLE_PREDICTORS), metadata={"help": "Predictors scored by the oracle."})
 
@@ -94,6 +95,8 @@ class RegimeStudyConfig:
             b = self.oracle_budgets
             if len(b) != 2 or not all(isinstance(x, int) and x >= 1 for x in b) or b[1] < 8 * b[0]:
                 raise ValueError(f"oracle_budgets must be two step counts, the second >= 8x the first, got {b!r}")
+            if self.oracle_seeds is not None and (not self.oracle_seeds or len(set(self.oracle_seeds)) != len(self.oracle_seeds)):
+                raise ValueError(f"oracle_seeds must be distinct and non-empty (or null: seeds), got {self.oracle_seeds!r}")
             positions = self.oracle_positions if self.oracle_positions is not None else range(self.num_layers + 1)
             if len(set(positions)) < 4 or not all(isinstance(k, int) and 0 <= k <= self.num_layers for k in positions):
                 raise ValueError(f"the oracle needs at least 4 distinct positions in 0..num_layers ({self.num_layers}), got {list(positions)}")

@@ -93,7 +93,7 @@ def run_oracle(cfg, model, data: dict, probe_result, learning_rate: float, trial
     from hf_depthgrow.comparison import validate_probe
 
     positions = cfg.oracle_positions if cfg.oracle_positions is not None else list(range(cfg.num_layers + 1))
-    return validate_probe(model, data["train"], data["held"], data["test"], positions=positions, seeds=cfg.seeds, learning_rate=learning_rate,
+    return validate_probe(model, data["train"], data["held"], data["test"], positions=positions, seeds=cfg.oracle_seeds or cfg.seeds, learning_rate=learning_rate,
                           config=cfg.oracle_config(), probe_result=probe_result, predictors=tuple(cfg.oracle_predictors),
                           lookahead_steps=cfg.lookahead_steps, retention_data=data["retention"], trials_dir=trials_dir)  # fmt: skip
 
