@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -297,8 +298,10 @@ def test_cli_refuses_bad_budgets_and_a_trials_dir_inside_the_output(tmp_path, ca
         assert not out.exists()
 
 
-def test_a_trial_that_diverges_keeps_the_original_at_every_later_budget(setting, monkeypatch):
-    """A NaN gradient from step 3 on the trunk: every budget falls back to the original, the budget's tokens still count."""
+def test_a_trial_that_diverges_keeps_the_original_at_every_later_budget(setting, monkeypatch, tmp_path):
+    """A NaN gradient from step 3 on the trunk: every budget falls back to the original, the budget's tokens still
+    count, and the trial is stored (its budgets share the original's arrays, which safetensors refused to write:
+    the committed SmolLM2 sweep lost its lora@1e-2 trial that way)."""
     import hf_depthgrow.comparison.trial as trial
     from hf_depthgrow import new_block_parameters
 
@@ -325,3 +328,13 @@ def test_a_trial_that_diverges_keeps_the_original_at_every_later_budget(setting,
         score = result.scores[budget]
         assert score.selected == "old" and score.units_seen == budget * 4 * 12
         np.testing.assert_array_equal(score.test, inputs.original["test"][0])
+    from hf_depthgrow.comparison.store import TrialStore
+
+    store = TrialStore(tmp_path / "trials", inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a store that cannot write only warns: make that a failure here
+        assert store.save(result) is not None
+    back = store.load(result.spec)
+    for budget in (6, 12):
+        np.testing.assert_array_equal(back.scores[budget].test, result.scores[budget].test)
+        assert back.scores[budget].selected == "old"

@@ -152,7 +152,8 @@ def _result_entry(result: TrialResult) -> tuple[dict, dict]:
         for name in _ARRAYS:
             value = getattr(s, name)
             if value is not None:
-                tensors[f"{b}.{name}"] = torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64))
+                # A copy: budgets that kept the original share one array, and safetensors refuses shared memory.
+                tensors[f"{b}.{name}"] = torch.from_numpy(np.array(value, dtype=np.float64))
     return _finite_json(meta), tensors
 
 
