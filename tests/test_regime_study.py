@@ -160,8 +160,10 @@ def test_smoke_end_to_end(tmp_path):
     """`--smoke` as CI runs it: base, plateau check, compare at every budget for two seeds, the summary."""
     out = tmp_path / "study"
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The wall-time limits only catch a hang: on a shared machine wall time was 10-20x the CPU time; the budget is the
+    # CPU assertion below.
     proc = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+                          capture_output=True, text=True, timeout=1800, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -206,11 +208,11 @@ def test_smoke_end_to_end(tmp_path):
     assert AutoModelForCausalLM.from_pretrained(base).config.hidden_size == cfg.hidden_size
     before = (base / "model.safetensors").read_bytes()
     rerun = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only"],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0 and "reusing the base" in rerun.stdout and "base step" not in rerun.stdout
     # Other base settings: refused in one line, the saved base untouched.
     other = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only",
-                            "--base-learning-rate", "0.01"], capture_output=True, text=True, timeout=120)
+                            "--base-learning-rate", "0.01"], capture_output=True, text=True, timeout=900)
     assert other.returncode == 2 and "other settings (base_learning_rate)" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
     assert (base / "model.safetensors").read_bytes() == before
