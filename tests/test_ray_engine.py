@@ -349,3 +349,17 @@ def _timeless(report):
     if isinstance(report, dict):
         return {k: _timeless(v) for k, v in report.items() if "seconds" not in k}
     return [_timeless(v) for v in report] if isinstance(report, list) else report
+
+
+def test_a_ray_that_cannot_start_is_one_line(monkeypatch):
+    """Ray raises a bare `Exception` when its node times out starting up (seen on an overloaded machine): one line."""
+    import types
+
+    from hf_depthgrow.comparison.ray_engine import _connect
+
+    def init(**kwargs):
+        raise Exception("The current node timed out during startup. This could happen because some of the Ray processes\nfailed")
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init)
+    with pytest.raises(ValueError, match=r"^Ray could not start a local instance \(The current node timed out during startup\. [^\n]*\)$"):
+        _connect(fake, None)

@@ -174,8 +174,10 @@ def _connect(ray, address: str | None) -> bool:
         return False
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    except (ConnectionError, RuntimeError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception when its node times out starting up
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if address is None:
+            raise ValueError(f"Ray could not start a local instance ({first})") from None
         raise ValueError(f"ray_address {address}: could not join the Ray cluster ({first})") from None
     return True
 
