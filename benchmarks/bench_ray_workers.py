@@ -91,9 +91,7 @@ def run_one(args, workers: int) -> dict:
     import ray
     import torch
 
-    from hf_depthgrow.comparison import build_arms, ray_engine
-    from hf_depthgrow.comparison.runner import example_losses
-    from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec
+    from hf_depthgrow.comparison import TrialInputs, TrialSpec, build_arms, example_losses, ray_engine
     from hf_depthgrow.testing import tiny_inputs, tiny_model
 
     torch.set_num_threads(1)
