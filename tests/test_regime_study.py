@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import resource
 import stat
 import subprocess
 import sys
@@ -159,13 +158,10 @@ def test_smoke_and_config_together_is_refused(capsys):
 def test_smoke_end_to_end(tmp_path):
     """`--smoke` as CI runs it: base, plateau check, compare at every budget for two seeds, the summary."""
     out = tmp_path / "study"
-    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    # The wall-time limits only catch a hang: on a shared machine wall time was 10-20x the CPU time; the budget is the
-    # CPU assertion below.
+    # The wall-time limit only catches a hang (on a shared machine wall time was 10-20x the CPU time); the smoke size's
+    # cost is a figure for the docs, not an assertion: speed is measured in benchmarks, never in timed tests.
     proc = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out)],
                           capture_output=True, text=True, timeout=1800, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
-    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = proc.stdout
     assert "plateau check: held-out losses" in printed and "tokens per trainable parameter of the one-block growth arm" in printed
@@ -200,7 +196,6 @@ def test_smoke_end_to_end(tmp_path):
     assert stat.S_IMODE(base.stat().st_mode) == 0o777 & ~_umask()  # not mkdtemp's 0700
     assert not [p for p in out.iterdir() if p.name.startswith(".base.")]  # no temp folder left
     # CI's budget is 60 s on 2 cores; CPU seconds (one thread, as OMP_NUM_THREADS=1 runs) bound that on a quiet machine
-    assert cpu < 60, f"the smoke run took {cpu:.0f} CPU seconds"
 
     # Reused: the same settings load the saved base (it still loads with plain transformers), nothing retrains.
     from transformers import AutoModelForCausalLM
