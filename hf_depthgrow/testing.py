@@ -98,6 +98,12 @@ def tiny_inputs(model: nn.Module, *, batch: int = 2, seq: int = 12, seed: int = 
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
+def tiny_rows(model: nn.Module, n: int, seed: int = 0, seq: int = 12) -> list[dict]:
+    """`tiny_inputs` as `n` rows (the list-of-rows data form), for the functions that take data."""
+    batch = tiny_inputs(model, batch=n, seq=seq, seed=seed)
+    return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+
+
 def model_output(model: nn.Module, inputs: dict) -> torch.Tensor:
     """Logits of the model's head (what exactness is judged on)."""
     with torch.no_grad():

@@ -17,23 +17,17 @@ from hf_depthgrow.comparison.engine import run_serial
 from hf_depthgrow.comparison.grids import extension, halving_survivor
 from hf_depthgrow.comparison.runner import example_losses
 from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec, run_trial
-from hf_depthgrow.testing import tiny_inputs, tiny_model
+from hf_depthgrow.testing import tiny_model, tiny_rows
 from hf_depthgrow.training import TrainConfig
 from hf_depthgrow.training.branching import restore_branch_point, retarget, save_branch_point
 from hf_depthgrow.training.schedules import stable_end
 from hf_depthgrow.training.trainer import GrownTrainer
 
 
-def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
-    batch = tiny_inputs(model, batch=n, seq=seq, seed=seed)
-    batch["labels"] = batch["input_ids"].clone()
-    return [{k: v[i] for k, v in batch.items()} for i in range(n)]
-
-
 @pytest.fixture(scope="module")
 def setting():
     model = tiny_model("llama")
-    rows = {name: lm_rows(model, n, seed) for name, n, seed in (("train", 24, 0), ("eval", 8, 1), ("test", 12, 2), ("ret", 10, 3))}
+    rows = {name: tiny_rows(model, n, seed) for name, n, seed in (("train", 24, 0), ("eval", 8, 1), ("test", 12, 2), ("ret", 10, 3))}
     return model, rows
 
 

@@ -35,14 +35,6 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    # One local instance for the module, as on CI's 2 cores: two single-CPU trials at once.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
 
 @pytest.fixture(scope="module")
 def setting():

@@ -34,15 +34,6 @@ def one_thread():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("ray.train.torch")
-    # As on CI's 2 cores: one trial of two single-CPU workers.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
 
 def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
     batch = tiny_inputs(model, batch=n, seq=seq, seed=seed)
@@ -52,6 +43,7 @@ def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
 
 @pytest.mark.ray
 def test_a_two_worker_trial_equals_the_one_process_trial(local_ray):
+    pytest.importorskip("ray.train.torch")
     base = tiny_model("llama")
     train, heldout, test = lm_rows(base, 24, 0), lm_rows(base, 8, 1), lm_rows(base, 12, 2)
     original = {"test": example_losses(base, test, 4), "heldout": 4.0}

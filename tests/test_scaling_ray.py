@@ -37,13 +37,6 @@ def fresh_accelerate_state():
     torch.set_num_threads(before)  # run_study sets the study's `threads`
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
 
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory):

@@ -13,22 +13,16 @@ from hf_depthgrow.comparison import compare_plans
 from hf_depthgrow.comparison import engine as engine_module
 from hf_depthgrow.comparison.config import CompareConfig
 from hf_depthgrow.comparison.validation import gain_within, validate_probe
-from hf_depthgrow.testing import tiny_inputs, tiny_model
+from hf_depthgrow.testing import tiny_model, tiny_rows
 
 POSITIONS = [0, 1, 3, 4]
 SEEDS = [0, 1]
 
 
-def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
-    batch = tiny_inputs(model, batch=n, seq=seq, seed=seed)
-    batch["labels"] = batch["input_ids"].clone()
-    return [{k: v[i] for k, v in batch.items()} for i in range(n)]
-
-
 @pytest.fixture(scope="module")
 def setting():
     model = tiny_model("llama")
-    rows = {name: lm_rows(model, n, seed) for name, n, seed in (("train", 24, 0), ("eval", 8, 1), ("test", 12, 2), ("ret", 10, 3))}
+    rows = {name: tiny_rows(model, n, seed) for name, n, seed in (("train", 24, 0), ("eval", 8, 1), ("test", 12, 2), ("ret", 10, 3))}
     cfg = CompareConfig(budgets=[2, 6], warmup_steps=1, batch_size=4, selection_max_examples=8, n_bootstrap=100, progress=False,
                         growth_learning_rates=[1e-2], max_forgetting=1e9)  # fmt: skip
     return model, rows, cfg
