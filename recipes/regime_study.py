@@ -55,7 +55,7 @@ than wall time (wall was 5-10x CPU):
 - A bare training step of this model at 32 x 128 tokens: 0.131 CPU s (0.065 at 16 x 128; width 64: 0.117 at
   16 x 128), so the 3600-step cap is 8-11 CPU minutes depending on the load.
 - One trial of each arm kind on this model at budgets 8 and 128 (130 steps, 16 x 128 tokens, evaluations at both
-  budgets and their rungs; `/work/logs/regime_trialtime.py`, CPU s): top:1 15.5, interleave:2 22.6, layers 14.6,
+  budgets and their rungs; measured with a throwaway script around compare_plans, not committed; CPU s): top:1 15.5, interleave:2 22.6, layers 14.6,
   lora 27.5: ~6 s of evaluation and set-up plus 0.073 (top:1), 0.128 (interleave:2), 0.066 (layers), 0.165 (lora)
   CPU s per step; full not measured (taken as layers').
 - Priced from those: a trial of the study is 726 steps (608 + the smaller budgets' decays) plus ~15 s of
