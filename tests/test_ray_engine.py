@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hf_depthgrow.comparison import compare_plans
+from hf_depthgrow.comparison import CompareConfig, compare_plans
 from hf_depthgrow.comparison import ray_engine
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
@@ -195,8 +195,6 @@ def test_resume_needs_a_trials_dir_holding_something_of_this_comparison(setting,
 
 
 def test_engine_settings_are_checked_before_any_work(monkeypatch):
-    from hf_depthgrow.comparison import CompareConfig
-
     for kw, message in ((dict(engine="spark"), "engine must be one of"), (dict(ray_address="head:6379"), "is for engine 'ray'"),
                         (dict(engine="ray", ray_address="head"), "host:port, ray://host:port or auto"),
                         (dict(max_concurrent_trials=0), "max_concurrent_trials must be an int >= 1"),
@@ -355,3 +353,21 @@ def test_a_ray_that_cannot_start_is_one_line(monkeypatch):
     fake = types.SimpleNamespace(is_initialized=lambda: False, init=init)
     with pytest.raises(ValueError, match=r"^Ray could not start a local instance \(The current node timed out during startup\. [^\n]*\)$"):
         _connect(fake, None)
+
+
+@pytest.mark.ray
+def test_the_oracle_sweep_on_ray_equals_the_serial_one(local_ray, setting):
+    """validate_probe submits every position x seed trial in one engine call: on Ray they run at once, same numbers."""
+    from hf_depthgrow.comparison import validate_probe
+
+    model, rows = setting
+
+    def oracle(**kw):
+        cfg = CompareConfig(budgets=[4], warmup_steps=1, batch_size=4, selection_max_examples=None, n_bootstrap=200,
+                            progress=False, **kw)  # fmt: skip
+        return validate_probe(model, rows["train"], rows["eval"], rows["test"], positions=[0, 1, 2, 3], seeds=[0],
+                              learning_rate=1e-2, config=cfg, predictors=("depth",), n_permutations=100)  # fmt: skip
+
+    serial, on_ray = oracle(), oracle(engine="ray", max_concurrent_trials=2)
+    assert on_ray.realized == serial.realized and on_ray.realized_by_seed == serial.realized_by_seed
+    assert on_ray.table == serial.table and len(set(serial.realized)) > 1  # the positions really differ
