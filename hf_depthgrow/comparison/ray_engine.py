@@ -26,15 +26,12 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
-import json
 import logging
 import os
 import socket
 import tempfile
 import uuid
-import warnings
 
-import numpy as np
 import torch
 
 from .trial import TrialInputs, TrialResult, TrialSpec, run_trial
@@ -48,7 +45,6 @@ HALVING_REFUSED = (
     "its rung first, so it would not reproduce the serial choice (drop --successive-halving or use --engine serial)"
 )
 _CONNECT_TIMEOUT_S = 5.0
-logger = logging.getLogger(__name__)
 
 
 def ray_available() -> bool:
@@ -242,6 +238,8 @@ def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, thread
     """
     from ray import tune
 
+    from .ray_results import pack
+
     torch.set_num_threads(threads)
     if not gpus:
         # Ray leaves CUDA_VISIBLE_DEVICES alone for a trial that asked for no GPU: it would train on GPU 0,
@@ -250,7 +248,7 @@ def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, thread
     spec = specs[config["index"]]
     start = _tune_checkpoint(tune) or (resume or {}).get(spec.name)
     result = run_trial(spec, inputs, checkpoint=functools.partial(_report_checkpoint, tune), resume=start)
-    tune.report({"trial": _pack(result), "seconds": result.seconds, "resumed_from": start.step if start is not None else 0})
+    tune.report({"trial": pack(result), "seconds": result.seconds, "resumed_from": start.step if start is not None else 0})
 
 
 def _tune_checkpoint(tune):
@@ -282,7 +280,9 @@ def _shippable(inputs: TrialInputs) -> TrialInputs:
 def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar, workers=1) -> dict[str, TrialResult]:
     from ray import tune
 
-    collect = _collector(specs, store, bar)
+    from .ray_results import collector, unpack
+
+    collect = collector(specs, store, bar)
     if workers > 1:  # each trial a Ray Train TorchTrainer of `workers` processes (comparison.ray_workers)
         from .ray_workers import worker_trainable
 
@@ -312,7 +312,7 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
             if r.error is not None:
                 first = (str(r.error).strip().splitlines() or [type(r.error).__name__])[-1]
                 raise RuntimeError(f"trial {spec.name} failed under Ray ({max_failures} retries): {first}") from r.error
-            results[spec.name] = _unpack(spec, r.metrics["trial"])
+            results[spec.name] = unpack(spec, r.metrics["trial"])
     missing = [s.name for s in specs if s.name not in results]
     if missing:
         raise RuntimeError(f"Ray returned no result for {', '.join(missing)}")
@@ -332,73 +332,3 @@ def _quiet(fit):
             return fit()
     finally:
         tune_log.setLevel(level)
-
-
-def _collector(specs, store, bar):
-    """A Tune callback on the driver: each trial's result decoded, stored and counted as it arrives."""
-    from ray.tune import Callback
-
-    class Collect(Callback):
-        def __init__(self):
-            self.results: dict[str, TrialResult] = {}
-            self.checkpointed: dict[str, int] = {}  # the step of each trial's latest checkpoint
-
-        def on_trial_recover(self, iteration, trials, trial, **info):
-            spec = specs[trial.config["index"]]
-            step = self.checkpointed.get(spec.name)
-            where = f"its checkpoint at step {step}" if step is not None else "its start"
-            warnings.warn(f"trial {spec.name} failed ({trial.num_failures} time(s)): Ray runs it again from {where}", stacklevel=2)
-
-        def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
-            spec = specs[trial.config["index"]]
-            if store is None or spec.name in self.results:
-                return
-            from .trial_checkpoint import TrialCheckpoint
-
-            try:  # kept beside the stored trials, for --resume; a failure here must not stop Tune registering it
-                with checkpoint.as_directory() as folder:
-                    store.save_checkpoint(spec, TrialCheckpoint.load(folder))
-            except Exception as err:  # noqa: BLE001
-                warnings.warn(f"trial {spec.name}: its checkpoint was not kept under {store.root} ({err}); --resume would start it over", stacklevel=2)
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            spec = specs[trial.config["index"]]
-            if result.get("checkpoint_step") is not None:
-                self.checkpointed[spec.name] = result["checkpoint_step"]
-            if "trial" not in result or spec.name in self.results:
-                return
-            done = self.results[spec.name] = _unpack(spec, result["trial"])
-            if result.get("resumed_from"):
-                logger.info("trial %s continued from its checkpoint at step %d", spec.name, result["resumed_from"])
-            if store is not None:
-                store.save(done)
-                store.drop_checkpoints(spec)
-            if bar is not None:
-                bar.set_postfix_str(spec.name)
-                bar.update(1)
-
-    return Collect()
-
-
-def _pack(result: TrialResult) -> str:
-    """The result as JSON: floats written by `repr` read back bit for bit, `NaN`/`Infinity` included."""
-    scores = {}
-    for b, s in result.scores.items():
-        arrays = {n: None if getattr(s, n) is None else np.asarray(getattr(s, n), dtype=np.float64).tolist()
-                  for n in ("test", "test_weight", "retention", "retention_weight")}  # fmt: skip
-        scores[str(b)] = {"units_seen": s.units_seen, "heldout_loss": s.heldout_loss, "selected": s.selected,
-                          "train_losses": s.train_losses, "seconds": s.seconds, "arrays": arrays}  # fmt: skip
-    return json.dumps({"stopped_at": result.stopped_at, "trainable_parameters": result.trainable_parameters, "seconds": result.seconds,
-                       "heldout_curve": [[int(s), float(v)] for s, v in result.heldout_curve], "scores": scores}, default=float)  # fmt: skip
-
-
-def _unpack(spec: TrialSpec, text: str) -> TrialResult:
-    from .store import _rebuild
-
-    meta = json.loads(text)
-    tensors = {}
-    for b, s in meta["scores"].items():
-        for name, values in s.pop("arrays").items():
-            if values is not None:
-                tensors[f"{b}.{name}"] = torch.tensor(values, dtype=torch.float64)
-    return _rebuild(spec, meta, tensors)

@@ -130,7 +130,7 @@ def _worker(config: dict) -> None:
     import ray
     from ray import train
 
-    from .ray_engine import _pack
+    from .ray_results import pack
 
     torch.set_num_threads(config["threads"])
     context = train.get_context()
@@ -146,4 +146,4 @@ def _worker(config: dict) -> None:
     if seen != world:  # each worker would have trained alone on its share: a different trial, refused
         raise RuntimeError(f"Accelerate ran {seen} process(es) in a trial of {world} Ray Train workers: the process group was not picked up")
     if rank == 0:  # every rank holds the same trained model and scores; rank 0's is the trial's
-        ray.get(config["mailbox"].put.remote(_pack(result)))
+        ray.get(config["mailbox"].put.remote(pack(result)))
