@@ -371,3 +371,28 @@ def test_the_oracle_sweep_on_ray_equals_the_serial_one(local_ray, setting):
     serial, on_ray = oracle(), oracle(engine="ray", max_concurrent_trials=2)
     assert on_ray.realized == serial.realized and on_ray.realized_by_seed == serial.realized_by_seed
     assert on_ray.table == serial.table and len(set(serial.realized)) > 1  # the positions really differ
+
+
+def test_rows_that_view_one_token_stream_ship_compact():
+    """Bug: blocks cut from one stream by `view` (data.causal_lm_blocks) each pickled the whole stream into Ray's
+    object store, so the regime study's 38,702 Shakespeare rows asked for ~1.5 TB and filled the machine's memory."""
+    import pickle
+
+    import torch
+
+    from hf_depthgrow.comparison.trial import TrialInputs
+
+    stream = torch.arange(200 * 16, dtype=torch.long).view(200, 16)
+    ones = torch.ones(16, dtype=torch.long)
+    rows = [{"input_ids": b, "attention_mask": ones, "labels": b} for b in stream]
+    inputs = TrialInputs(base=None, train_rows=rows, eval_rows=rows[:4], test_rows=rows[4:8], retention_rows=None, batch_size=4,
+                         selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original={})  # fmt: skip
+    shipped = ray_engine._shippable(inputs)
+    size = len(pickle.dumps(shipped.train_rows))
+    assert size < 10 * stream.nbytes, size  # each row pickled the stream: 200 x 25.6 kB; now ~0.4 kB of pickling per tensor
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(shipped.train_rows, rows))
+    first = shipped.train_rows[0]
+    assert first["input_ids"] is first["labels"] and first["attention_mask"] is ones  # shared stays shared
+    assert rows[0]["input_ids"].untyped_storage().nbytes() == stream.nbytes  # the caller's rows are not changed
+    compact = [{"x": torch.zeros(3)}]
+    assert ray_engine._compact(compact) is compact

@@ -68,6 +68,72 @@ def test_a_two_worker_trial_equals_the_one_process_trial(local_ray):
         ray_engine.run_ray([spec], inputs(), workers_per_trial=2, resources_per_trial=2)
 
 
+# FSDP2 on gloo CPU processes, full precision: recipes/accelerate_configs/fsdp.yaml but for mixed precision (bf16 on CPU
+# would not compare with the fp32 trial).
+FSDP_CPU = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: false
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+"""
+
+
+@pytest.mark.ray
+def test_a_two_worker_fsdp2_trial_equals_the_one_process_trial(local_ray, tmp_path):
+    """--accelerate-config: the workers shard the model with FSDP2 (a worker that ran anything else fails the trial:
+    accelerate 1.16 runs DDP for an FSDP plugin on CPU unless the package's FSDP2 path takes over), same numbers."""
+    pytest.importorskip("ray.train.torch")
+    base = tiny_model("llama")
+    train, heldout, test = lm_rows(base, 16, 0), lm_rows(base, 8, 1), lm_rows(base, 8, 2)
+    original = {"test": example_losses(base, test, 4), "heldout": 4.0}
+
+    def inputs():
+        return TrialInputs(base=base, train_rows=train, eval_rows=heldout, test_rows=test, retention_rows=None, batch_size=4,
+                           selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=dict(original))  # fmt: skip
+
+    config = tmp_path / "fsdp.yaml"
+    config.write_text(FSDP_CPU)
+    spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 1e-2, 0, (3, 6), warmup_steps=1, scheduler="wsd")
+    want = run_trial(spec, inputs())
+    (got,) = ray_engine.run_ray([spec], inputs(), workers_per_trial=2, max_failures=0, accelerate_config=str(config))
+    for b in (3, 6):
+        assert got.scores[b].selected == want.scores[b].selected == "new"
+        np.testing.assert_allclose(got.scores[b].test, want.scores[b].test, rtol=RTOL)
+    assert np.abs(got.scores[6].test - original["test"][0]).max() > 20 * RTOL * np.abs(original["test"][0]).max()
+
+
+def test_accelerate_config_is_read_by_accelerates_launcher_and_checked_before_any_work(tmp_path):
+    from hf_depthgrow.comparison import CompareConfig
+    from hf_depthgrow.comparison.ray_workers import launch_env
+
+    env = launch_env("recipes/accelerate_configs/fsdp.yaml", 2)
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2" and env["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP"
+    assert not {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "OMP_NUM_THREADS"} & set(env)  # Ray Train's to set
+    zero2 = launch_env("recipes/accelerate_configs/deepspeed/zero2.yaml", 2)
+    assert zero2["ACCELERATE_USE_DEEPSPEED"] == "true" and zero2["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "2"
+    assert "ACCELERATE_USE_FSDP" not in launch_env("recipes/accelerate_configs/multi_gpu.yaml", 2)  # DDP: nothing to shard
+    with pytest.raises(ValueError, match=r"single_gpu.yaml: not a multi-process accelerate config \(it sets up a single process"):
+        launch_env("recipes/accelerate_configs/single_gpu.yaml", 2)
+    with pytest.raises(ValueError, match=r"accelerate_config .*nope.yaml: no such file"):
+        launch_env(str(tmp_path / "nope.yaml"), 2)
+    if not ray_engine.ray_available():
+        return
+    fsdp = "recipes/accelerate_configs/fsdp.yaml"
+    for kw, message in ((dict(accelerate_config=fsdp), "needs workers_per_trial >= 2, got 1"),
+                        (dict(accelerate_config=fsdp, workers_per_trial=2, controls=["layers", "lora:8"]),
+                         r"shards the model, and the trainer trains LoRA \(lora:8\) only unsharded")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            CompareConfig(engine="ray", **kw)
+    CompareConfig(engine="ray", workers_per_trial=2, accelerate_config="recipes/accelerate_configs/multi_gpu.yaml", controls=["lora"])
+
+
 def test_workers_per_trial_is_checked_before_any_work():
     from hf_depthgrow.comparison import CompareConfig
 

@@ -102,6 +102,12 @@ class CompareConfig:
         metadata={"help": "engine ray: processes per trial (above 1: a Ray Train TorchTrainer of N DDP workers, each with "
                           "--resources-per-trial and batch_size / N rows of every step)."},
     )  # fmt: skip
+    accelerate_config: str | None = field(
+        default=None,
+        metadata={"help": "workers_per_trial > 1: an accelerate config file (recipes/accelerate_configs/fsdp.yaml, deepspeed/"
+                          "zero2.yaml) whose set-up every trial's workers take, as under `accelerate launch --config_file`: "
+                          "FSDP2 or DeepSpeed ZeRO instead of DDP (native growth blocks, layers and full; not LoRA)."},
+    )  # fmt: skip
 
     def __post_init__(self):
         def fail(msg):

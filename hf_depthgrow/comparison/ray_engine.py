@@ -79,7 +79,8 @@ def ray_engine(cfg, store=None):
     import functools
 
     return functools.partial(run_ray, address=cfg.ray_address, max_concurrent_trials=cfg.max_concurrent_trials,
-                             resources_per_trial=cfg.resources_per_trial, workers_per_trial=getattr(cfg, "workers_per_trial", 1), store=store)  # fmt: skip
+                             resources_per_trial=cfg.resources_per_trial, workers_per_trial=getattr(cfg, "workers_per_trial", 1), store=store,
+                             accelerate_config=getattr(cfg, "accelerate_config", None))  # fmt: skip
 
 
 def run_ray(
@@ -95,6 +96,7 @@ def run_ray(
     store=None,
     max_failures: int = 2,
     workers_per_trial: int = 1,
+    accelerate_config: str | None = None,
 ) -> list[TrialResult]:
     """Run `specs` as Ray Tune trials; results in the specs' order, equal to `run_serial`'s.
 
@@ -113,6 +115,8 @@ def run_ray(
         max_failures: Times a failed trial (its process killed, say) is run again from its last checkpoint.
         workers_per_trial: Processes per trial: above 1, each trial is a Ray Train `TorchTrainer` of that many
             workers, each with `resources_per_trial` (`comparison.ray_workers`).
+        accelerate_config: With `workers_per_trial` above 1, an accelerate config file (FSDP2, DeepSpeed ZeRO) the
+            workers are set up by, as `accelerate launch --config_file` would (`ray_workers.launch_env`); default DDP.
 
     Example:
         ```python
@@ -123,6 +127,8 @@ def run_ray(
     """
     if halving:
         raise ValueError(HALVING_REFUSED)
+    if accelerate_config is not None and workers_per_trial < 2:
+        raise ValueError(f"accelerate_config {accelerate_config} sets up the workers of a multi-process trial: it needs workers_per_trial >= 2")
     resources = _resources(resources_per_trial)
     use_store = store is not None and store.enabled
     if use_store:
@@ -138,7 +144,7 @@ def run_ray(
     if todo:
         with ray_cluster(address, resources):
             found.update(_tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, store if use_store else None, bar,
-                               workers_per_trial))  # fmt: skip
+                               workers_per_trial, accelerate_config))  # fmt: skip
     return [found[s.name] for s in specs]
 
 
@@ -270,14 +276,35 @@ def _report_checkpoint(tune, checkpoint) -> None:
 
 
 def _shippable(inputs: TrialInputs) -> TrialInputs:
-    """The inputs as a trial sees them elsewhere: a relative tracker folder made absolute (Tune moves into the trial's folder)."""
+    """The inputs as a trial sees them elsewhere: a relative tracker folder made absolute (Tune moves into the trial's
+    folder), and rows whose tensors view a larger storage (blocks cut from one token stream by `view`) made compact:
+    pickling a view writes its whole storage, so 38,702 such rows of one 40 MB stream would have shipped 1.5 TB."""
     tracking = dict(inputs.tracking)
     if tracking.get("logging_dir"):
         tracking["logging_dir"] = os.path.abspath(tracking["logging_dir"])
-    return dataclasses.replace(inputs, tracking=tracking)
+    rows = {k: _compact(getattr(inputs, k)) for k in ("train_rows", "eval_rows", "test_rows", "retention_rows")}
+    return dataclasses.replace(inputs, tracking=tracking, **rows)
 
 
-def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar, workers=1) -> dict[str, TrialResult]:
+def _compact(rows):
+    """`rows` (a list of row dicts) with every tensor that views a larger storage cloned; a tensor shared by several
+    rows stays shared (one clone). Anything else is returned as it is."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return rows
+    clones: dict[int, torch.Tensor] = {}
+
+    def compact(value):
+        if not torch.is_tensor(value) or value.untyped_storage().nbytes() <= value.nbytes:
+            return value
+        if id(value) not in clones:
+            clones[id(value)] = value.clone()
+        return clones[id(value)]
+
+    out = [{k: compact(v) for k, v in row.items()} for row in rows]
+    return out if clones else rows
+
+
+def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar, workers=1, accelerate_config=None) -> dict[str, TrialResult]:
     from ray import tune
 
     from .ray_results import collector, unpack
@@ -286,7 +313,7 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
     if workers > 1:  # each trial a Ray Train TorchTrainer of `workers` processes (comparison.ray_workers)
         from .ray_workers import worker_trainable
 
-        trainable, resources = worker_trainable(specs, _shippable(inputs), resources, workers)
+        trainable, resources = worker_trainable(specs, _shippable(inputs), resources, workers, accelerate_config)
     else:
         # --resume: each unfinished trial's checkpoint, read on the driver and shipped (no shared folder needed).
         resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}

@@ -18,7 +18,7 @@ from .trial import TrialResult, TrialSpec
 
 __all__ = ["collector", "pack", "unpack"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("hf_depthgrow.comparison.ray_engine")  # the engine's messages, under the name users configure
 
 
 def collector(specs, store, bar):

@@ -7,7 +7,8 @@ Everything a step reads is in the point, and the data order is indexed by the st
 standalone WSD run of that budget (bit for bit on CPU in fp32: `tests/test_budget_sweep.py`) and the trunk
 continues exactly as if it had not branched.
 
-Sharded runs (FSDP, DeepSpeed) are refused: their optimizer state lives in the engine.
+FSDP2 runs branch too (each rank saves and restores its own shards); DeepSpeed runs are refused: their optimizer
+state lives in the engine.
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ class BranchPoint:
 
 
 def _check(trainer) -> None:
-    if getattr(trainer, "sharded", False):
-        raise NotImplementedError("branching a decay needs unsharded optimizer state: run budget sweeps with DDP or one process")
+    # FSDP2 keeps each parameter and its optimizer moments as DTensors of this rank's shard, which clone, copy and
+    # load like tensors (every rank saves and restores its own shard); DeepSpeed keeps them inside its engine.
+    if getattr(trainer, "deepspeed", False):
+        raise NotImplementedError("branching a decay needs the optimizer state outside DeepSpeed's engine: run budget sweeps "
+                                  "with DDP, FSDP2 or one process")
     if trainer.config.lr_scheduler != "wsd":
         raise ValueError(f"a decay branches only off a warmup-stable-decay run (lr_scheduler='wsd'), not {trainer.config.lr_scheduler!r}")
 
