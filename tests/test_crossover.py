@@ -124,6 +124,9 @@ def test_no_crossover_and_already_ahead():
     assert none["status"] == "none" and none["tokens"] is None
     assert none["text"].startswith("no crossover predicted within 100x the largest budget (probe:1 vs lora)")
     assert none["share_with_crossover"] < 0.5
+    far = _crossover({"probe:1": per_example(control, sd=0.0), "lora": per_example(better, sd=0.0), "layers": per_example(control, sd=0.0)})
+    assert far["on_gain"]["share_with_crossover"] == 0.0
+    assert "95% bootstrap interval entirely beyond 100x; 0% of" in far["on_gain"]["text"]  # was "[infx, beyond 100x: open-ended]"
     losses["probe:1"], losses["lora"] = losses["lora"], losses["probe:1"]
     ahead = _crossover(losses)["on_gain"]
     assert ahead["status"] == "ahead" and ahead["multiple"] == 1.0

@@ -41,16 +41,23 @@ def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 
+def trial_setup(train: int, test: int):
+    """A tiny Llama, its original test losses, and a maker of fresh `TrialInputs` (a trial fills `original` in)."""
+    base = tiny_model("llama")
+    rows = {"train": lm_rows(base, train, 0), "heldout": lm_rows(base, 8, 1), "test": lm_rows(base, test, 2)}
+    original = {"test": example_losses(base, rows["test"], 4), "heldout": 4.0}
+
+    def inputs():
+        return TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["heldout"], test_rows=rows["test"], retention_rows=None,
+                           batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=dict(original))  # fmt: skip
+
+    return base, original, inputs
+
+
 @pytest.mark.ray
 def test_a_two_worker_trial_equals_the_one_process_trial(local_ray):
     pytest.importorskip("ray.train.torch")
-    base = tiny_model("llama")
-    train, heldout, test = lm_rows(base, 24, 0), lm_rows(base, 8, 1), lm_rows(base, 12, 2)
-    original = {"test": example_losses(base, test, 4), "heldout": 4.0}
-
-    def inputs():
-        return TrialInputs(base=base, train_rows=train, eval_rows=heldout, test_rows=test, retention_rows=None, batch_size=4,
-                           selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=dict(original))  # fmt: skip
+    base, original, inputs = trial_setup(train=24, test=12)
 
     # Two budgets (a branched decay) and rungs: every piece of the trial runs under DDP.
     spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 1e-2, 0, (4, 8), warmup_steps=1, scheduler="wsd", rungs=(2,))
@@ -90,13 +97,7 @@ def test_a_two_worker_fsdp2_trial_equals_the_one_process_trial(local_ray, tmp_pa
     """--accelerate-config: the workers shard the model with FSDP2 (a worker that ran anything else fails the trial:
     accelerate 1.16 runs DDP for an FSDP plugin on CPU unless the package's FSDP2 path takes over), same numbers."""
     pytest.importorskip("ray.train.torch")
-    base = tiny_model("llama")
-    train, heldout, test = lm_rows(base, 16, 0), lm_rows(base, 8, 1), lm_rows(base, 8, 2)
-    original = {"test": example_losses(base, test, 4), "heldout": 4.0}
-
-    def inputs():
-        return TrialInputs(base=base, train_rows=train, eval_rows=heldout, test_rows=test, retention_rows=None, batch_size=4,
-                           selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=dict(original))  # fmt: skip
+    base, original, inputs = trial_setup(train=16, test=8)
 
     config = tmp_path / "fsdp.yaml"
     config.write_text(FSDP_CPU)

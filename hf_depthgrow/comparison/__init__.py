@@ -11,6 +11,7 @@ rate, scored at every budget), `engine` (where trials run), `store` (stored, ver
 from .aggregate import aggregate
 from .arms import CONTROL_KINDS, Arm, build_arms, lora_rank_for, matched_layers, resolve_growth
 from .config import CompareConfig
+from .crossover import fit_learning_curve, predict_crossover, validate_fit
 from .result import ArmResult, BudgetView, CompareResult
 from .runner import compare_plans, example_losses
 from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, run_trial
@@ -32,9 +33,12 @@ __all__ = [
     "build_arms",
     "compare_plans",
     "example_losses",
+    "fit_learning_curve",
     "lora_rank_for",
     "matched_layers",
+    "predict_crossover",
     "resolve_growth",
     "run_trial",
+    "validate_fit",
     "validate_probe",
 ]

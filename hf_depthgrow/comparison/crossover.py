@@ -246,8 +246,10 @@ def _crossover_text(e: dict, horizon: float, confidence: float) -> str:
     low, high = interval["multiple"]
     shown = f"beyond {horizon:g}x: open-ended" if interval["open_ended"] else f"{high:.3g}x"
     ahead = f" ({e['share_ahead']:.0%} already ahead)" if e["share_ahead"] else ""
+    # A replicate that never crosses counts as infinitely far: both ends infinite means no crossing in the interval.
+    where = f"entirely beyond {horizon:g}x" if not math.isfinite(low) else f"[{low:.3g}x, {shown}]"
     return (
-        f"{head}; {confidence:.0%} bootstrap interval [{low:.3g}x, {shown}]; {e['share_with_crossover']:.0%} of "
+        f"{head}; {confidence:.0%} bootstrap interval {where}; {e['share_with_crossover']:.0%} of "
         f"{e['replicates']} replicates cross within {horizon:g}x{ahead}"
     )
 

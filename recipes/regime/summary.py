@@ -19,7 +19,7 @@ def summarize(results: dict, base: dict, figures: dict, lookahead: dict | None =
                        "best_within": (v["frontier_detail"] or {}).get("best_within"), "verdict": v["verdict"]} for v in seeds[s]],
                        "crossover": curves.get("crossover_text"), "within_forgetting": curves.get("within_text"),
                        "validation": curves.get("validation_text"), "best_control": r.statistics.get("best_control"),
-                       "best_growth": r.statistics.get("best_growth")}  # fmt: skip
+                       "best_growth": r.statistics.get("best_growth"), "half": half_check(r)}  # fmt: skip
     first = next(iter(seeds.values()))
     table = []
     for i, view in enumerate(first):
@@ -36,6 +36,53 @@ def summarize(results: dict, base: dict, figures: dict, lookahead: dict | None =
                           "on_frontier": [s for s in seeds if arm in (seeds[s][i]["frontier"] or [])]})  # fmt: skip
     return {"seeds": list(results), "base": {k: v for k, v in base.items() if k != "curve"}, "base_curve": base.get("curve"),
             "regime": figures, "per_seed": per_seed, "table": table, "lookahead": lookahead, "oracle": oracle}  # fmt: skip
+
+
+def half_check(result, n_bootstrap: int = 500, seed: int = 0) -> dict | None:
+    """The crossover predicted from the smaller half of the budgets, against what the larger half measured.
+
+    The best growth arm and the best control are those the comparison chose on held-out at the largest budget of the
+    smaller half; their curves are fitted there (`predict_crossover`), and at every budget of the larger half the
+    measured test-loss lead of growth over that control (paired over test examples, percentile bootstrap) says
+    whether the crossover happened where the fit said it would."""
+    import numpy as np
+
+    from hf_depthgrow.comparison import predict_crossover
+
+    views = result.views
+    if len(views) < 6:
+        return None  # 3 budgets to fit, 3 to check
+    small, large = views[: len(views) // 2], views[len(views) // 2 :]
+    pick = small[-1].statistics
+    g, c = pick.get("best_growth"), pick.get("best_control")
+    if g is None or c is None:
+        return None
+    trained = [a for a in small[-1].arms if a.kind != "original"]
+    growth, controls = [a.name for a in trained if a.kind == "growth"], [a.name for a in trained if a.kind != "growth"]
+    losses = {a.name: [v.arm_result(a.name).test_per_example for v in small] for a in trained}
+    cross = predict_crossover([v.units_seen for v in small], losses, growth=growth, controls=controls, best_growth=g, best_control=c,
+                              n_bootstrap=n_bootstrap, seed=seed)["on_gain"]  # fmt: skip
+    rng, measured = np.random.default_rng(seed), []
+    for v in large:
+        lead = v.arm_result(c).test_per_example - v.arm_result(g).test_per_example  # > 0: growth's test loss is lower
+        draws = [lead[rng.integers(0, len(lead), len(lead))].mean() for _ in range(n_bootstrap)]
+        measured.append({"steps": v.steps, "tokens": v.units_seen, "lead": float(lead.mean()),
+                         "interval": [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]})  # fmt: skip
+    ahead = [m["tokens"] for m in measured if m["interval"][0] > 0]
+    return {"growth": g, "control": c, "fit_steps": [v.steps for v in small], "predicted": cross.get("text"),
+            "predicted_tokens": cross.get("tokens"), "predicted_interval": cross.get("interval"), "measured": measured,
+            "measured_crossover_tokens": ahead[0] if ahead else None}  # fmt: skip
+
+
+def _half_lines(s, half: dict | None) -> list[str]:
+    if not half:
+        return []
+    at = "; ".join(f"{m['steps']} steps {m['lead']:+.4f} [{m['interval'][0]:+.4f}, {m['interval'][1]:+.4f}]" for m in half["measured"])
+    seen = (f"growth certainly ahead from {half['measured_crossover_tokens']:,} tokens on" if half["measured_crossover_tokens"]
+            else "growth not certainly ahead at any of them")  # fmt: skip
+    return [f"- seed {s}, fitted on {half['fit_steps']} steps only ({half['growth']} against {half['control']}, chosen on held-out at "
+            f"{half['fit_steps'][-1]} steps): {half['predicted']}. Measured lead of growth (control's test loss minus growth's, "
+            f"95% bootstrap) at the larger half: {at}: {seen}."]
 
 
 def summary_markdown(summary: dict) -> str:
@@ -67,6 +114,9 @@ def summary_markdown(summary: dict) -> str:
     lines += ["", "## Crossover and its validation", ""]
     for s, p in summary["per_seed"].items():
         lines += [f"- seed {s}: {text}" for text in (p["crossover"], p["within_forgetting"], p["validation"]) if text]
+    lines += ["", "### From the smaller half of the budgets to the larger", ""]
+    for s, p in summary["per_seed"].items():
+        lines += _half_lines(s, p.get("half"))
     lines += _lookahead_lines(summary.get("lookahead")) + _oracle_lines(summary.get("oracle"))
     return "\n".join(lines) + "\n"
 
