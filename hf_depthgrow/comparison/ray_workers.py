@@ -76,6 +76,8 @@ def launch_env(path, workers: int) -> dict[str, str]:
 
     if not os.path.isfile(path):
         raise ValueError(f"accelerate_config {path}: no such file")
+    # `_validate_launch_command` is private, but it is where accelerate turns a config file into launch arguments (its
+    # defaults, the FSDP/DeepSpeed fields); a hand-written reader would drift from what `accelerate launch` does.
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
