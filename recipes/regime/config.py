@@ -53,6 +53,7 @@ class RegimeStudyConfig:
     layers_learning_rates: list[float] = field(default_factory=lambda: [1e-3, 3e-3], metadata={"help": "Layers control's grid."})
     full_learning_rates: list[float] = field(default_factory=lambda: [3e-4, 1e-3], metadata={"help": "Full control's grid."})
     lr_extensions: int = field(default=1, metadata={"help": "x3 rates an arm's grid may gain when its choice is at an edge."})
+    max_learning_rate: float = field(default=0.1, metadata={"help": "The largest rate a grid extension may try (the cap)."})
     max_forgetting: float = field(default=0.05, metadata={"help": "Forgetting budget EPS in nats (retention loss rise)."})
     seeds: list[int] = field(default_factory=lambda: [0, 1], metadata={"help": "Data orders of the continued training (>= 2)."})
     n_bootstrap: int = field(default=1000, metadata={"help": "Paired bootstrap resamples (the curve fits use at most 500)."})
@@ -110,7 +111,8 @@ class RegimeStudyConfig:
 
         grids = {f"{k}_learning_rates": getattr(self, f"{k}_learning_rates") for k in ("growth", "lora", "layers", "full")}
         return CompareConfig(growth=list(self.growth), controls=list(self.controls), reference=self.reference, budgets=list(self.budgets),
-                             batch_size=self.batch_size, lr_extensions=self.lr_extensions, max_forgetting=self.max_forgetting,
+                             batch_size=self.batch_size, lr_extensions=self.lr_extensions, max_learning_rate=self.max_learning_rate,
+                             max_forgetting=self.max_forgetting,
                              seed=seed, n_bootstrap=self.n_bootstrap, progress=self.progress,
                              selection_max_examples=self.selection_max_examples, engine=self.engine,
                              max_concurrent_trials=self.max_concurrent_trials, **grids)  # fmt: skip
