@@ -35,37 +35,22 @@ Settings (default.yaml; why each): 4 layers x 32 (heads 4, MLP 86): 53,536 param
 tokens per parameter is 1.24M tokens (width 64 needs 5M, four times the steps at 1.8x the cost per token: the
 study could not fit). The base takes 32 x 128 tokens per step at a constant 1e-2 after 100 warm-up steps (a
 constant rate: flat means it stopped improving, not that a decay ended): 0.13-0.18 CPU s per step, so the
-3600-step cap (14.7M tokens, ~275 per parameter) guards 8-11 CPU minutes; the plateau check stopped it at 1300. Continued training: 16 x 128 tokens per step, budgets 19..608 steps
-(32x; 3.1 .. 100.3 tokens per parameter), two rates per arm kind (the extension rule adds a third at the edge),
-two seeds; the oracle at 76 and 608 steps (12.5 and 100.3 tokens per parameter).
+3600-step cap (14.7M tokens, ~275 per parameter) guards 8-11 CPU minutes. Continued training: 16 x 128 tokens
+per step, budgets 19..608 steps (32x; 3.1 .. 100.3 tokens per parameter), a grid per arm kind one x3 step above
+where a first run ended at the top edge, two extensions up to 0.3 (every choice ended interior), two seeds; the
+oracle at 76 and 608 steps (12.5 and 100.3 tokens per parameter).
 
-Cost, measured on the shared 2-core CPU while other work loaded it heavily (load average 8 to 24), one thread
-(`OMP_NUM_THREADS=1`); CPU seconds from `/usr/bin/time` or `time.process_time()`, which the load inflates far less
-than wall time (wall was 5-10x CPU):
-- Base, `python recipes/regime_study.py --config recipes/configs/regime_study/default.yaml --base-only` with
-  `base_eval_every: 100` (otherwise these settings): 53,536 parameters, 120 characters, 60,000 training blocks;
-  held-out 2.58 at step 100, 1.467 at 1000, 1.4356 at 1200, 1.4408 at 1300, where "held-out losses from step 1100
-  to 1300 (3 evaluations, the last 20% of the steps) lie within 0.58% of the last (1.4408); drop over the window
-  0.58%; tolerance 1.00%: FLAT". 244 s user + 3 s system CPU (38:50 wall), ~0.18 CPU s per step with loading.
-  That pass rested on three evaluations, the last a rise; default.yaml evaluates every 50 steps (the same training:
-  evaluations draw no random numbers; the losses at every 100 steps came out identical) so that a window holds at
-  least 5. With default.yaml as it is: "held-out losses from step 1050 to 1300 (6 evaluations, the last 20% of
-  the steps) lie within 0.87% of the last (1.4408); drop over the window 0.87%; tolerance 1.00%: FLAT"; 241 CPU s
-  in the training loop, 255 s user + 4 s system for the whole command (43:24 wall at load average 13-20).
-- A bare training step of this model at 32 x 128 tokens: 0.131 CPU s (0.065 at 16 x 128; width 64: 0.117 at
-  16 x 128), so the 3600-step cap is 8-11 CPU minutes depending on the load.
-- One trial of each arm kind on this model at budgets 8 and 128 (130 steps, 16 x 128 tokens, evaluations at both
-  budgets and their rungs; measured with a throwaway script around compare_plans, not committed; CPU s): top:1 15.5, interleave:2 22.6, layers 14.6,
-  lora 27.5: ~6 s of evaluation and set-up plus 0.073 (top:1), 0.128 (interleave:2), 0.066 (layers), 0.165 (lora)
-  CPU s per step; full not measured (taken as layers').
-- Priced from those: a trial of the study is 726 steps (608 + the smaller budgets' decays) plus ~15 s of
-  evaluation at 6 budgets: top:1, probe:1 and the look-ahead's pick ~68 s each, interleave:2 ~108, layers ~63,
-  full ~66, lora ~135: ~576 s per rate and seed; x 2 rates x 2 seeds = 38 CPU minutes, 58 if every arm's grid
-  extends once (a 2-rate grid always chooses an edge, so expect the 58). Oracle: 5 positions x 2 seeds x ~50 s
-  (623 steps at top:1's rate) = 8 CPU minutes. With the base (<= 11) and the probe, look-ahead and predictors
-  (~1): ~78 CPU minutes serial, so ~45 minutes of wall time with `--engine ray` (two trials at once on 2 cores).
-  The whole study has not been run; the serial engine alone would exceed the issue's 60 minutes.
-- `--smoke`: see smoke.yaml.
+Cost, measured on the 2-core CPU (two torch threads; a lowest-priority background job alongside):
+- The base: the plateau check passed at step 1850 ("held-out losses from step 1500 to 1850 (8 evaluations, the
+  last 20% of the steps) lie within 1.00% of the last (1.4129); drop over the window -0.40%"), 170 s wall, 302 s
+  CPU. With one thread (`OMP_NUM_THREADS=1`) the same seed passed at step 1300 (1.4408): float reductions depend
+  on the thread count, so the stopping step does too; the check, not a step count, is the rule.
+- The whole study with `--engine ray` (two trials at once): 28 min 35 s wall for the committed run, which reused
+  the base and the trials a first run (2 min 50 s of base, 20 min 20 s of trials, stopped to raise the grids) had
+  stored at the rates both grids share; about 52 minutes for the two together, an upper bound on a fresh run
+  (it counts the look-ahead twice and trials the final grids dropped). The results: docs/decisions.md, "A
+  miniature of LLaMA Pro's regime".
+- `--smoke`: 42 s wall (one thread; smoke.yaml).
 """
 
 from __future__ import annotations
