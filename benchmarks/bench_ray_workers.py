@@ -8,6 +8,9 @@ Ray of 2 CPUs, then `run_ray([spec], inputs, workers_per_trial=W)` on one growth
 trained). `W = 1` is a plain Tune trial process; `W = 2` a Tune trial that starts a `TorchTrainer` of 2 gloo
 workers (DDP), each taking half of every batch. `--zero-copy` adds `W = 2` with `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1`
 (the workers read the base's tensors from Ray's shared object store instead of unpickling a private copy).
+`--fsdp` adds `W = 2` under FSDP2 (`accelerate_config`: an FSDP2 config with full precision, as
+`tests/test_ray_workers.py` uses): each worker keeps its shard of every parameter and of the trained block's
+Adam moments, after reading the whole base from the object store once (growth and sharding start from it).
 
 A thread samples every trial and worker process of that Ray (psutil, every 0.25 s): peak RSS and peak USS (memory
 private to the process; the object store's shared pages count in RSS, not in USS). The frozen base's size is
@@ -50,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--examples", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--zero-copy", action="store_true", help="also 2 workers with RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1")
+    p.add_argument("--fsdp", action="store_true", help="also 2 workers under FSDP2 (--accelerate-config)")
     p.add_argument("--quick", action="store_true", help="smoke sizes: 2 layers, d = 64, 2 steps")
     p.add_argument("--write-results", action="store_true")
     p.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
@@ -86,7 +90,21 @@ class Sampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
-def run_one(args, workers: int) -> dict:
+FSDP2_CPU = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: false
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+"""
+
+
+def run_one(args, workers: int, fsdp: bool = False) -> dict:
     """One setting in this process: a fresh local Ray, one trial, the peaks of its processes."""
     import ray
     import torch
@@ -108,12 +126,19 @@ def run_one(args, workers: int) -> dict:
                          selection_max_examples=None, lora_target_modules=None, grow_kwargs=None,
                          original={"test": example_losses(base, test, args.batch_size), "heldout": 9.0})  # fmt: skip
     spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 3e-3, 0, (args.steps,), warmup_steps=1)
+    config = None
+    if fsdp:
+        import tempfile
+
+        config = Path(tempfile.mkdtemp(prefix="bench-fsdp-")) / "fsdp2.yaml"
+        config.write_text(FSDP2_CPU)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     sampler = Sampler()
     sampler.start()
     started = time.perf_counter()
     try:
-        (result,) = ray_engine.run_ray([spec], inputs, workers_per_trial=workers, max_failures=0)
+        (result,) = ray_engine.run_ray([spec], inputs, workers_per_trial=workers, max_failures=0,
+                                       accelerate_config=None if config is None else str(config))
     finally:
         wall = time.perf_counter() - started
         sampler.stop.set()
@@ -124,7 +149,8 @@ def run_one(args, workers: int) -> dict:
             "parameters": sum(p.numel() for p in base.parameters()), "peaks": list(sampler.peaks.values())}  # fmt: skip
 
 
-SETTINGS = {"1 process": (1, {}), "2 workers": (2, {}), "2 workers, zero-copy tensors": (2, {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"})}
+SETTINGS = {"1 process": (1, {}), "2 workers": (2, {}), "2 workers, zero-copy tensors": (2, {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}),
+            "2 workers, FSDP2": (2, {})}
 
 
 def run_setting(argv: list[str], name: str) -> dict:
@@ -151,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     raw = sys.argv[1:] if argv is None else list(argv)
     if args.one:
-        print(json.dumps(run_one(args, SETTINGS[args.one][0])))
+        print(json.dumps(run_one(args, SETTINGS[args.one][0], fsdp="FSDP2" in args.one)))
         return 0
-    names = [n for n in SETTINGS if args.zero_copy or "zero-copy" not in n]
+    names = [n for n in SETTINGS if (args.zero_copy or "zero-copy" not in n) and (args.fsdp or "FSDP2" not in n)]
     load_before = os.getloadavg()[0]
     runs = {n: [] for n in names}
     for _ in range(args.repeats):
