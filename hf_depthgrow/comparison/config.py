@@ -105,7 +105,7 @@ class CompareConfig:
     accelerate_config: str | None = field(
         default=None,
         metadata={"help": "workers_per_trial > 1: an accelerate config file (recipes/accelerate_configs/fsdp.yaml, deepspeed/"
-                          "zero2.yaml) whose set-up every trial's workers take, as under `accelerate launch --config_file`: "
+                          "zero2.yaml) whose set-up every trial's workers take, as `accelerate launch` would give it: "
                           "FSDP2 or DeepSpeed ZeRO instead of DDP (native growth blocks, layers and full; not LoRA)."},
     )  # fmt: skip
 
