@@ -8,7 +8,7 @@ Ray of 2 CPUs, then `run_ray([spec], inputs, workers_per_trial=W)` on one growth
 trained). `W = 1` is a plain Tune trial process; `W = 2` a Tune trial that starts a `TorchTrainer` of 2 gloo
 workers (DDP), each taking half of every batch. `--zero-copy` adds `W = 2` with `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1`
 (the workers read the base's tensors from Ray's shared object store instead of unpickling a private copy).
-`--fsdp` adds `W = 2` under FSDP2 (`accelerate_config`: an FSDP2 config with full precision, as
+`--fsdp` adds `W = 2` under FSDP2 (`accelerate_config`: `hf_depthgrow.testing.fsdp2_cpu_config`, full precision, as
 `tests/test_ray_workers.py` uses): each worker keeps its shard of every parameter and of the trained block's
 Adam moments, after reading the whole base from the object store once (growth and sharding start from it).
 
@@ -90,20 +90,6 @@ class Sampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
-FSDP2_CPU = """compute_environment: LOCAL_MACHINE
-distributed_type: FSDP
-fsdp_config:
-  fsdp_version: 2
-  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
-  fsdp_cpu_ram_efficient_loading: false
-  fsdp_reshard_after_forward: true
-  fsdp_state_dict_type: SHARDED_STATE_DICT
-mixed_precision: 'no'
-num_machines: 1
-num_processes: 2
-"""
-
-
 def run_one(args, workers: int, fsdp: bool = False) -> dict:
     """One setting in this process: a fresh local Ray, one trial, the peaks of its processes."""
     import ray
@@ -130,8 +116,9 @@ def run_one(args, workers: int, fsdp: bool = False) -> dict:
     if fsdp:
         import tempfile
 
-        config = Path(tempfile.mkdtemp(prefix="bench-fsdp-")) / "fsdp2.yaml"
-        config.write_text(FSDP2_CPU)
+        from hf_depthgrow.testing import fsdp2_cpu_config
+
+        config = fsdp2_cpu_config(tempfile.mkdtemp(prefix="bench-fsdp-"))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     sampler = Sampler()
     sampler.start()

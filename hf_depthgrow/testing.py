@@ -6,6 +6,8 @@ Used by the test-suite and handy for users' own tests. Norm weights are drawn aw
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import transformers as tf
 from torch import nn
@@ -130,3 +132,27 @@ def byte_level_tokenizer(texts: list[str], *, vocab_size: int = 300) -> tf.PreTr
     )
     tok.train_from_iterator(texts, trainer)
     return tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+
+
+# FSDP2 on gloo CPU processes in full precision: recipes/accelerate_configs/fsdp.yaml but for mixed precision
+# (bf16 on CPU would not compare with an fp32 single-process run).
+FSDP2_CPU_CONFIG = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: false
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+"""
+
+
+def fsdp2_cpu_config(folder) -> Path:
+    """Write `FSDP2_CPU_CONFIG` as `folder/fsdp2_cpu.yaml` (an `accelerate_config` for multi-worker trials on CPU)."""
+    path = Path(folder) / "fsdp2_cpu.yaml"
+    path.write_text(FSDP2_CPU_CONFIG)
+    return path

@@ -8,7 +8,7 @@ import pytest
 from hf_depthgrow.comparison import build_arms, ray_engine
 from hf_depthgrow.comparison.runner import example_losses
 from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec, run_trial
-from hf_depthgrow.testing import tiny_inputs, tiny_model
+from hf_depthgrow.testing import fsdp2_cpu_config, tiny_inputs, tiny_model
 
 # Two workers each take half of every global batch; DDP all-reduces the halves' gradients (the trainer scales
 # each half's token sum by world / global weight), which is the full batch's mean gradient up to float
@@ -75,23 +75,6 @@ def test_a_two_worker_trial_equals_the_one_process_trial(local_ray):
         ray_engine.run_ray([spec], inputs(), workers_per_trial=2, resources_per_trial=2)
 
 
-# FSDP2 on gloo CPU processes, full precision: recipes/accelerate_configs/fsdp.yaml but for mixed precision (bf16 on CPU
-# would not compare with the fp32 trial).
-FSDP_CPU = """\
-compute_environment: LOCAL_MACHINE
-distributed_type: FSDP
-fsdp_config:
-  fsdp_version: 2
-  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
-  fsdp_cpu_ram_efficient_loading: false
-  fsdp_reshard_after_forward: true
-  fsdp_state_dict_type: SHARDED_STATE_DICT
-mixed_precision: 'no'
-num_machines: 1
-num_processes: 2
-"""
-
-
 @pytest.mark.ray
 def test_a_two_worker_fsdp2_trial_equals_the_one_process_trial(local_ray, tmp_path):
     """--accelerate-config: the workers shard the model with FSDP2 (a worker that ran anything else fails the trial:
@@ -99,8 +82,7 @@ def test_a_two_worker_fsdp2_trial_equals_the_one_process_trial(local_ray, tmp_pa
     pytest.importorskip("ray.train.torch")
     base, original, inputs = trial_setup(train=16, test=8)
 
-    config = tmp_path / "fsdp.yaml"
-    config.write_text(FSDP_CPU)
+    config = fsdp2_cpu_config(tmp_path)  # recipes/accelerate_configs/fsdp.yaml in full precision
     spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 1e-2, 0, (3, 6), warmup_steps=1, scheduler="wsd")
     want = run_trial(spec, inputs())
     (got,) = ray_engine.run_ray([spec], inputs(), workers_per_trial=2, max_failures=0, accelerate_config=str(config))
