@@ -7,6 +7,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -377,3 +378,65 @@ def test_smollm2_grown_exports_exactly_in_its_source_quantisation(tmp_path):
     ids = tokenizer("The sea is a vast and mysterious realm, teeming with life", return_tensors="pt")["input_ids"]
     # The cached float model is the dequantised source; Q4_1 re-quantises it byte for byte, so the figure is 0.
     assert (logits(reloaded, ids) - logits(model, ids)).abs().max().item() <= ATOL_F32
+
+
+# Gemma-3 as llama.cpp runs it: every 6th layer full, the rest sliding. Six blocks at a period boundary, copying the
+# period below, keep the pattern over the grown depth; one block anywhere breaks it.
+# transformers' GGUF loader assumes query_pre_attn_scalar 256, llama.cpp head_dim (as for gemma2 above).
+GEMMA3 = dict(num_hidden_layers=6, layer_types=None, tie_word_embeddings=True, head_dim=256, query_pre_attn_scalar=256)
+GEMMA3_PERIOD = [{"at": 6, "copy_from": i} for i in range(6)]
+
+
+def test_gemma3_round_trips_exactly_with_its_sliding_window_period(tokenizer, tmp_path):
+    model = tiny_model("gemma3_text", vocab_size=len(tokenizer), **GEMMA3)
+    ids = ids_of(tokenizer)
+    assert ids.shape[1] > model.config.sliding_window  # the windowed layers see a truncated context
+    original = logits(model, ids)
+    grow_depth(model, GEMMA3_PERIOD)
+    path = export_gguf(model, tokenizer, tmp_path / "grown.gguf", dtype="f32")
+    header = read_gguf_header(path)
+    assert header.value("general.architecture") == "gemma3" and header.value("gemma3.block_count") == 12
+    assert header.value("gemma3.attention.sliding_window") == model.config.sliding_window
+    assert header.value("gemma3.rope.freq_base") == pytest.approx(1e6)
+    back = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32, attn_implementation=model.config._attn_implementation
+    ).eval()
+    assert back.config.layer_types == model.config.layer_types
+    reloaded = logits(back, ids)
+    assert (reloaded - logits(model, ids)).abs().max().item() <= ATOL_F32
+    assert (reloaded - original).abs().max().item() <= ATOL_F32
+    stored = {t.name: torch.from_numpy(t.data.copy()) for t in gguf.GGUFReader(path).tensors}
+    q_norm = model.model.layers[0].self_attn.q_norm.weight.detach()
+    assert torch.equal(stored["blk.0.attn_q_norm.weight"], q_norm + 1)
+
+
+@pytest.mark.parametrize(
+    "growth, overrides, match",
+    [
+        ([3], {}, "must keep llama.cpp's Gemma-3 period"),
+        ([{"at": 6, "copy_from": 5}], {}, "must keep llama.cpp's Gemma-3 period"),
+        (GEMMA3_PERIOD, dict(query_pre_attn_scalar=64), "query_pre_attn_scalar must equal head_dim"),
+        (GEMMA3_PERIOD, dict(final_logit_softcapping=30.0), "softcapping must be off"),
+    ],
+)
+def test_gemma3_growth_that_breaks_llama_cpps_period_is_refused(tokenizer, tmp_path, growth, overrides, match):
+    model = tiny_model("gemma3_text", vocab_size=len(tokenizer), **{**GEMMA3, **overrides})
+    grow_depth(model, growth)
+    with pytest.raises(ValueError, match=match) as raised:
+        export_gguf(model, tokenizer, tmp_path / "grown.gguf", dtype="f32")
+    assert "\n" not in str(raised.value) and not (tmp_path / "grown.gguf").exists()
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q5_1"])
+def test_quantized_export_of_untrained_zero_blocks_is_finite_and_keeps_them_zero(tokenizer, tmp_path, dtype):
+    # Zero blocks quantize to scale 0: a naive amax/127 scale divides 0 by 0 (llama.cpp PRs 3010, 7313).
+    model = tiny_llama(tokenizer, hidden_size=64, intermediate_size=128)
+    grow_depth(model, [2])
+    path = export_gguf(model, tokenizer, tmp_path / "q.gguf", dtype=dtype)
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    values = {name: gguf.quants.dequantize(t.data, t.tensor_type) for name, t in tensors.items()}
+    assert all(np.isfinite(v).all() for v in values.values())
+    quantized = [n for n, t in tensors.items() if t.tensor_type == getattr(gguf.GGMLQuantizationType, dtype.upper())]
+    assert "blk.2.attn_output.weight" in quantized and "blk.2.ffn_down.weight" in quantized
+    assert not values["blk.2.attn_output.weight"].any() and not values["blk.2.ffn_down.weight"].any()
+    assert values["blk.1.attn_output.weight"].any()  # an original layer keeps its weights

@@ -55,7 +55,7 @@ def _family_problem(model) -> str | None:
     if not hasattr(model, "lm_head"):
         return f"{type(model).__name__} has no language-model head: export a *ForCausalLM model"
     family = FAMILIES[model_type]
-    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    rope_type = _rope(config).get("rope_type", "default")
     activation = getattr(config, "hidden_activation", None) or config.hidden_act
     # transformers reads no rope scaling back from a GGUF: a scaled model would reload as a different function.
     biases = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
@@ -81,8 +81,34 @@ def _family_problem(model) -> str | None:
         checks["layer_types must alternate sliding/full from layer 0, as llama.cpp's gemma2 assumes (grow in pairs, "
                "e.g. [{'at': k, 'copy_from': k - 2}, {'at': k, 'copy_from': k - 1}] for an even k)"] = (
             list(getattr(config, "layer_types", None) or pattern) == pattern)  # fmt: skip
+    if model_type == "gemma3_text":
+        checks.update(_gemma3_checks(config, head_dim))
     failed = [text for text, ok in checks.items() if not ok]
     return f"{model_type} model cannot be exported exactly: " + "; ".join(failed) if failed else None
+
+
+def _rope(config, layer_type: str = "full_attention") -> dict:
+    """The rope parameters of one layer type (Gemma-3 keeps one dict per type, other families one for all)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return rope.get(layer_type, rope) if isinstance(rope.get(layer_type), dict) else rope
+
+
+def _gemma3_checks(config, head_dim: int) -> dict:
+    """What llama.cpp's gemma3 graph hard-codes, as `{failure text: holds}`."""
+    # llama.cpp: every 6th layer attends fully (set_swa_pattern(6)), local rope base 10000, q scaled by
+    # 1/sqrt(head_dim), no softcapping. transformers' GGUF loader rebuilds the same defaults, so a grown model is
+    # exact in both only while its layer types keep that period.
+    pattern = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(config.num_hidden_layers)]
+    sliding = _rope(config, "sliding_attention")
+    return {
+        "layer_types must keep llama.cpp's Gemma-3 period (every 6th layer full, the rest sliding): grow whole "
+        "periods, e.g. six blocks at a period boundary k copying layers k-6..k-1": list(config.layer_types) == pattern,
+        "the sliding layers' rope_theta must be 10000 (llama.cpp's gemma3 hard-codes it)":
+            float(sliding.get("rope_theta", 10000.0)) == 10000.0 and sliding.get("rope_type", "default") == "default",
+        f"query_pre_attn_scalar must equal head_dim ({head_dim})": config.query_pre_attn_scalar == head_dim,
+        "attn_logit_softcapping and final_logit_softcapping must be off (llama.cpp's gemma3 has none)":
+            not config.attn_logit_softcapping and not config.final_logit_softcapping,
+    }  # fmt: skip
 
 
 def _growth_problem(model) -> str | None:
@@ -105,7 +131,7 @@ def check_exportable(model, tokenizer=None, path=None, *, dtype: str = "f16", so
         ```python
         >>> check_exportable(tiny_model("bert"), dtype="f16")
         Traceback (most recent call last):
-        ValueError: model_type 'bert' cannot be exported to GGUF here (supported: ['gemma2', 'llama', 'mistral', 'qwen2'])
+        ValueError: model_type 'bert' cannot be exported to GGUF here (supported: ['gemma2', 'gemma3_text', 'llama', 'mistral', 'qwen2'])
         ```
     """
     if dtype not in DTYPES:
@@ -169,11 +195,10 @@ def _architecture_metadata(writer, config) -> None:
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads or config.num_attention_heads)
     writer.add_rope_dimension_count(head_dim)  # transformers reads this back as head_dim
-    if head_dim * config.num_attention_heads != config.hidden_size and config.model_type != "gemma2":
+    if head_dim * config.num_attention_heads != config.hidden_size and config.model_type not in ("gemma2", "gemma3_text"):
         writer.add_key_length(head_dim)  # llama.cpp otherwise assumes hidden_size / heads
         writer.add_value_length(head_dim)
-    rope = getattr(config, "rope_parameters", None) or {}
-    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
+    writer.add_rope_freq_base(float(_rope(config).get("rope_theta", getattr(config, "rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
     if config.model_type == "gemma2":  # what convert_hf_to_gguf.py's Gemma2Model writes
@@ -181,6 +206,10 @@ def _architecture_metadata(writer, config) -> None:
         writer.add_value_length(head_dim)
         writer.add_attn_logit_softcapping(float(config.attn_logit_softcapping))
         writer.add_final_logit_softcapping(float(config.final_logit_softcapping))
+        writer.add_sliding_window(int(config.sliding_window))
+    if config.model_type == "gemma3_text":  # convert_hf_to_gguf.py's Gemma3Model: no softcapping keys
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
         writer.add_sliding_window(int(config.sliding_window))
     writer.add_uint32(gguf.Keys.General.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION)
 

@@ -48,6 +48,8 @@ FAMILIES = {
     "mistral": GGUFFamily("llama", permute_qk=True),
     "qwen2": GGUFFamily("qwen2"),  # q/k/v biases: llama.cpp's qwen2 graph reads them
     "gemma2": GGUFFamily("gemma2", norm_offset=1.0, activation="gelu_pytorch_tanh"),
+    # Gemma-3's text model: q/k norms (stored as 1 + w like every Gemma norm), two rope bases, a fixed window period
+    "gemma3_text": GGUFFamily("gemma3", norm_offset=1.0, activation="gelu_pytorch_tanh"),
 }
 ARCHITECTURES = {model_type: family.arch for model_type, family in FAMILIES.items()}
 # GGUF value types (`gguf.GGUFValueType`), as plain ints: the header is parsed with `struct`, not numpy.
