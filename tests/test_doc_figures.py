@@ -1,0 +1,45 @@
+"""Every figure the README and docs/decisions.md print comes from a committed result (docs/figures.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("doc_figures", ROOT / "docs" / "figures.py")
+figures = importlib.util.module_from_spec(_spec)
+sys.modules["doc_figures"] = figures
+_spec.loader.exec_module(figures)
+
+
+@pytest.mark.parametrize("doc", figures.DOCS, ids=lambda p: p.name)
+def test_every_figure_in_the_docs_is_found_in_the_committed_results(doc):
+    missing = [f"{doc.name}:{line}: {text}" for line, text, source in figures.check(doc, figures.results_pool(doc)) if source is None]
+    assert not missing, "figures not found in the committed results (python docs/figures.py):\n" + "\n".join(missing)
+
+
+def test_an_interval_must_match_one_stored_object(tmp_path, monkeypatch):
+    results = tmp_path / "docs" / "decisions" / "run"
+    results.mkdir(parents=True)
+    (results / "compare.json").write_text('{"gain": {"mean": 0.817, "low": 0.788, "high": 0.844}, "other": [0.9, 0.95]}')
+    monkeypatch.setattr(figures, "ROOT", tmp_path)
+    doc = tmp_path / "docs" / "decisions.md"
+    doc.write_text(
+        "## A run\n\nSee [it](decisions/run/compare.md).\n\n"
+        "Gain 0.817 [0.788, 0.844].\n"  # one object: found
+        "Gain 0.817 [0.788, 0.950].\n"  # every number stored, but not in one object: not found
+        "Gain 0.818 [0.788, 0.844].\n"  # a misprinted point
+        "Forgets 0.844 less; 43 of 48 (89.6%); 95% intervals.\n"  # a lone figure, its own arithmetic, a level
+        "```\n0.123 inside code is not a figure\n```\n"
+    )
+    pool = figures.Pool(sorted((tmp_path / "docs").rglob("*.json")))
+    found = {(line, text): source for line, text, source in figures.check(doc, pool)}
+    assert found[(5, "0.817 [0.788, 0.844]")] is not None
+    assert found[(6, "0.817 [0.788, 0.950]")] is None
+    assert found[(7, "0.818 [0.788, 0.844]")] is None
+    assert found[(8, "0.844")] is not None and found[(8, "89.6%")] == "(its own arithmetic)"
+    assert found[(8, "95%")] == "(not a result)"
+    assert not any(text == "0.123" for _, text in found)
