@@ -372,6 +372,14 @@ class ScriptArguments:
                   "flag": "--data", "deprecated": ["--dataset"]},
     )
     block_size: int = field(default=256, metadata={"help": "Tokens per causal-LM block / padded text length."})
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Stream --data (a Hub id, a .jsonl/.txt file or a folder of shards) instead of loading it: "
+                          "blocks are tokenized as training reaches them, in stream order (needs --max-steps)."},
+    )
+    held_out_blocks: int = field(
+        default=64, metadata={"help": "With --streaming: the stream's first blocks, kept as held-out data (0: none)."}
+    )
     max_examples: int | None = field(default=None, metadata={"help": "Use at most this many examples (before the split)."})
     eval_fraction: float = field(default=0.1, metadata={"help": "Held-out share for evaluation; 0: none."})
     split_seed: int = field(default=0, metadata={"help": "Seed of the train/held-out split."})
@@ -380,6 +388,8 @@ class ScriptArguments:
     stepping_stone_max_batches: int | None = field(default=None, metadata={"help": "Batches of training data f~_S is built on."})
 
     def __post_init__(self):
+        if isinstance(self.held_out_blocks, bool) or not isinstance(self.held_out_blocks, int) or self.held_out_blocks < 0:
+            raise ValueError(f"held_out_blocks must be an int >= 0, got {self.held_out_blocks!r}")
         if self.block not in ("auto", "native", "adapter"):
             raise ValueError(f"block must be auto, native or adapter, got {self.block!r}")
         if self.init not in ("copy", "random"):

@@ -46,6 +46,18 @@ def _load_dataset(args: ScriptArguments, model, tokenizer):
                      max_examples=args.max_examples, seed=args.split_seed)  # fmt: skip
 
 
+def _streamed(args: ScriptArguments, config: TrainConfig, model, tokenizer):
+    """`(train rows, held-out)` from a stream: exactly the blocks `--max-steps` reads, checked before training."""
+    from accelerate import PartialState
+
+    from ..data.streaming import stream_data
+
+    per_step = config.per_device_train_batch_size * PartialState().num_processes * config.gradient_accumulation_steps
+    held_out, rows = stream_data(args.dataset, tokenizer, block_size=args.block_size, train_blocks=config.max_steps * per_step,
+                                 held_out_blocks=args.held_out_blocks, model=model)  # fmt: skip
+    return rows, held_out
+
+
 def run(args: ScriptArguments, config: TrainConfig):
     """Load, grow, split, train: what `main` does after parsing. Returns the `TrainResult`."""
     from ..growth.engine import GrowthConfig, grow_depth, growth_record
@@ -63,8 +75,10 @@ def run(args: ScriptArguments, config: TrainConfig):
         raise ValueError("stepping_stone=True needs positions (the stone is built while growing)")
     check_model_source(args.model)  # cheap checks before the (expensive) model load
     check_data_source(args.dataset)
+    if args.streaming and config.max_steps <= 0:
+        raise ValueError("--streaming needs --max-steps > 0: a stream has no epochs")
     model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype))
-    train_ds, eval_ds = args.split(_load_dataset(args, model, tokenizer))
+    train_ds, eval_ds = _streamed(args, config, model, tokenizer) if args.streaming else args.split(_load_dataset(args, model, tokenizer))
     stone = None
     if args.positions:
         if growth_record(model) and config.trainable != "full":

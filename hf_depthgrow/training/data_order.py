@@ -43,6 +43,10 @@ def training_rows(data, name: str = "train_data", model=None):
         raise ValueError(f"{name}: {err}") from None
     if len(rows) == 0:
         raise ValueError(f"{name} is empty: no example to read")
+    if getattr(rows, "streamed", False):  # checked whole by one pass over the stream, not by random reads
+        if model is not None and not rows.checked_against_model:
+            rows.check(model)
+        return rows
     first = rows[0]
     if not isinstance(first, Mapping):
         raise DataFormError(f"{name}: rows must be dicts of model inputs, got {type(first).__name__}. Accepted: {ACCEPTED_FORMS}.")
@@ -118,8 +122,10 @@ class DataOrder:
         ```
     """
 
-    def __init__(self, num_rows: int, per_device: int, world: int, seed: int):
+    def __init__(self, num_rows: int, per_device: int, world: int, seed: int, *, sequential: bool = False):
+        # sequential: rows in their own order, for streamed rows, whose shuffle would need the whole corpus
         self.num_rows, self.per_device, self.world, self.seed = num_rows, per_device, world, seed
+        self.sequential = sequential
         self.global_batch = per_device * world
         self.batches_per_epoch = num_rows // self.global_batch
         if self.batches_per_epoch == 0:
@@ -132,7 +138,8 @@ class DataOrder:
     def _permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._epoch:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._epoch, self._perm = epoch, torch.randperm(self.num_rows, generator=generator)
+            perm = torch.arange(self.num_rows) if self.sequential else torch.randperm(self.num_rows, generator=generator)
+            self._epoch, self._perm = epoch, perm
         return self._perm
 
     def global_indices(self, position: int) -> list[int]:
@@ -147,8 +154,11 @@ class DataOrder:
         return rows[rank * self.per_device : (rank + 1) * self.per_device]
 
 
-def selection_rows(num_rows: int, max_examples: int | None, seed: int) -> list[int]:
+def selection_rows(num_rows: int, max_examples: int | None, seed: int, *, first: bool = False) -> list[int]:
     """The training rows `L_S` is taken on: all, or a fixed seeded subset of `max_examples` (sorted).
+
+    `first=True` takes the first `max_examples` rows instead (streamed rows: a seeded subset would read the
+    whole stream for every evaluation of `L_S`).
 
     Example:
         ```python
@@ -156,6 +166,8 @@ def selection_rows(num_rows: int, max_examples: int | None, seed: int) -> list[i
         [0, 1, 2, 3, 4]
         ```
     """
+    if first and max_examples:
+        return list(range(min(max_examples, num_rows)))
     if max_examples and max_examples < num_rows:
         gen = torch.Generator().manual_seed(seed + 7)
         return sorted(torch.randperm(num_rows, generator=gen)[:max_examples].tolist())

@@ -73,7 +73,11 @@ def model_fingerprint(model) -> str:
 
 
 def data_fingerprint(rows, samples: int = 16) -> dict:
-    """Row count and a hash of up to `samples` evenly spaced rows (first and last included)."""
+    """Row count and a hash of up to `samples` evenly spaced rows (first and last included).
+
+    Streamed rows give their own: a hash of every token, taken in the pass that checked the stream."""
+    if getattr(rows, "streamed", False):
+        return rows.fingerprint()
     n = len(rows)
     picks = sorted({round(i * (n - 1) / max(samples - 1, 1)) for i in range(min(samples, n))})
     h = hashlib.sha256()

@@ -367,6 +367,11 @@ def build_caches(model: nn.Module, train_rows, eval_rows, index: int | None, *, 
     """
     n_eval = len(eval_rows) if eval_rows is not None else 0
     mode, why = cache_mode(config, accelerator, index, len(train_rows), n_eval)
+    if getattr(train_rows, "streamed", False) and mode != "off":
+        # Each streamed row is read once, and caching it would hold the corpus the stream exists not to hold.
+        if config.prefix_cache != "auto":
+            raise ValueError(f"prefix_cache={config.prefix_cache!r} cannot cache streamed training rows: use 'off' or 'auto'")
+        mode, why = "off", "prefix cache off: the training rows are streamed (each is read once)"
     t_cache = time.perf_counter()
 
     def build(rows, desc):

@@ -1,0 +1,156 @@
+"""Streaming continued pretraining: peak memory and tokens/s as the corpus grows 10x, against loading it whole.
+
+    python benchmarks/bench_streaming.py --write-results
+
+The corpus is the Python docs (Debian's python3.11-doc; Shakespeare where it is missing) written as JSON-lines
+shards, at 1x and 10x its base size. Each run trains one new block of a small random Llama (4 layers x 64, a
+byte-level tokenizer) through every block of the corpus once, so the 10x run trains 10x the steps:
+
+- streamed: `hf_depthgrow.data.streaming.stream_data` (blocks tokenized as training reaches them);
+- loaded: `hf_depthgrow.data.load_data` on the same folder (what a user would otherwise run: the corpus
+  tokenized up front into a `datasets.Dataset` of blocks), then the same training.
+
+Every run is a fresh process; peak memory is the kernel's `VmHWM` at the end (the whole process: load,
+tokenize, train). tokens/s counts the training tokens over the wall time of `train()` alone for the loaded
+runs and of `stream_data` + `train()` for the streamed ones (the stream's check pass is part of its cost).
+Medians over `--repeats` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from results_file import rerun_command, write_section  # noqa: E402
+
+REPO = HERE.parent
+SECTION = "## Streaming continued pretraining: memory as the corpus grows"
+BLOCK, BATCH = 128, 8
+
+
+def _corpus(folder: Path, chars: int) -> Path:
+    from hf_depthgrow.data.corpora import python_docs_texts, shakespeare_texts
+
+    try:
+        texts = python_docs_texts()
+    except (FileNotFoundError, ValueError):
+        texts = shakespeare_texts()
+    folder.mkdir(parents=True)
+    written, shard = 0, 0
+    while written < chars:
+        with open(folder / f"shard-{shard:04d}.jsonl", "w") as f:
+            for text in texts:
+                piece = text[: chars - written]
+                f.write(json.dumps({"text": piece}) + "\n")
+                written += len(piece)
+                if written >= chars:
+                    break
+        shard += 1
+    return folder
+
+
+def _peak_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def worker(mode: str, corpus: str, tokenizer_dir: str) -> dict:
+    import torch
+    import transformers
+
+    from hf_depthgrow import grow_depth
+    from hf_depthgrow.testing import tiny_model
+    from hf_depthgrow.training.trainer import train
+
+    torch.set_num_threads(1)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = tiny_model("llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128)
+    grow_depth(model, [2])
+    start = time.perf_counter()
+    if mode == "streamed":
+        from hf_depthgrow.data.sources import _read_local
+        from hf_depthgrow.data.streaming import _blocks, stream_data
+
+        # Count the corpus's blocks without holding them, to train through every one as the loaded run does.
+        texts = _read_local(Path(corpus), None, None, lazy=True)[0]
+        n = sum(1 for _ in _blocks(texts, tokenizer, BLOCK, tokenizer.eos_token_id)) // BATCH * BATCH
+        start = time.perf_counter()
+        _, rows = stream_data(corpus, tokenizer, block_size=BLOCK, train_blocks=n, model=model)
+    else:
+        from hf_depthgrow.data import load_data
+
+        rows = load_data(corpus, model=model, tokenizer=tokenizer, block_size=BLOCK)
+        n = len(rows) // BATCH * BATCH
+        start = time.perf_counter()
+    train(model, rows, max_steps=n // BATCH, per_device_train_batch_size=BATCH, fallback=False, progress_bar=False,
+          prefix_cache="off", output_dir=tempfile.mkdtemp())  # fmt: skip
+    seconds = time.perf_counter() - start
+    return {"blocks": n, "tokens_per_s": n * BLOCK / seconds, "seconds": seconds, "peak_mb": _peak_mb()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-chars", type=int, default=200_000, help="characters of the 1x corpus")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--write-results", action="store_true")
+    parser.add_argument("--worker", nargs=3, metavar=("MODE", "CORPUS", "TOKENIZER"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(*args.worker)))
+        return 0
+    from hf_depthgrow.testing import byte_level_tokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_streaming_"))
+    corpora = {scale: _corpus(tmp / f"x{scale}", args.base_chars * scale) for scale in (1, 10)}
+    sample = [json.loads(line)["text"] for line in (corpora[1] / "shard-0000.jsonl").read_text().splitlines()]
+    byte_level_tokenizer(sample).save_pretrained(tmp / "tokenizer")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    results = {}
+    for scale, corpus in corpora.items():
+        for mode in ("loaded", "streamed"):
+            runs = []
+            for _ in range(args.repeats):
+                out = subprocess.run([sys.executable, __file__, "--worker", mode, str(corpus), str(tmp / "tokenizer")],
+                                     env=env, capture_output=True, text=True, check=True)  # fmt: skip
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            results[(scale, mode)] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            print(scale, mode, results[(scale, mode)], flush=True)
+    rows = []
+    for mode in ("loaded", "streamed"):
+        one, ten = results[(1, mode)], results[(10, mode)]
+        rows.append(f"| {mode} | {one['blocks']:.0f} / {ten['blocks']:.0f} | {one['peak_mb']:.0f} | {ten['peak_mb']:.0f} | "
+                    f"{ten['peak_mb'] / one['peak_mb']:.3f}x | {one['tokens_per_s']:.0f} | {ten['tokens_per_s']:.0f} | "
+                    f"{ten['tokens_per_s'] / one['tokens_per_s']:.3f}x |")  # fmt: skip
+    import torch
+
+    text = "\n".join([
+        SECTION, "",
+        f"Command: `{rerun_command('bench_streaming.py', sys.argv[1:] if argv is None else argv)}`", "",
+        f"Corpus: {args.base_chars:,} characters (1x) and {10 * args.base_chars:,} (10x) of text as JSON-lines shards; "
+        f"one new block of a random Llama (4 layers x 64, byte-level tokenizer) trained once through every block of "
+        f"{BLOCK} tokens, batch {BATCH}, one thread; torch {torch.__version__}, {os.cpu_count()} cores (shared with "
+        f"other jobs: tokens/s is a wall-clock figure). Medians of {args.repeats} fresh processes each. 'loaded' is "
+        "`load_data` on the folder then `train`; 'streamed' is `stream_data` (its check pass included) then `train`.", "",
+        "| data | blocks 1x / 10x | peak RSS 1x MB | peak RSS 10x MB | 10x / 1x | tokens/s 1x | tokens/s 10x | 10x / 1x |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows, "",
+    ])  # fmt: skip
+    print(text)
+    if args.write_results:
+        write_section(HERE / "RESULTS.md", SECTION, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
