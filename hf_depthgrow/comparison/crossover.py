@@ -8,6 +8,10 @@ indices once and applies them to every arm and budget (the examples are the same
 recomputes each weighted test loss, and refits. Arms are never chosen here: the caller picks the best growth
 arm and the best control on held-out data and passes their names.
 
+A prediction is an extrapolation, and past one pass over the training data (`fresh_tokens`) it extrapolates
+into epochs of the same text: the text then says so, in epochs. A fit whose floor `E` sits at its bound (0, or
+the smallest measured loss) has its floor placed by the bound, not the data: no crossover is read from it.
+
 Only numpy and scipy: no torch.
 """
 
