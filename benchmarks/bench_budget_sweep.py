@@ -64,9 +64,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _settings(args) -> dict:
     grids = {"growth_learning_rates": [3e-3], "layers_learning_rates": [1e-3], "lora_learning_rates": [3e-3]} if args.quick else {}
-    # The warm-up is fixed in steps, so every separate run warms up exactly as the sweep does.
+    # The warm-up is fixed in steps, so every separate run warms up exactly as the sweep does. A timing: a repeated
+    # block costs what a new one does, so the sizes may repeat training blocks.
     return {"growth": GROWTH, "controls": CONTROLS, "batch_size": args.batch_size, "warmup_steps": 1, "lr_scheduler": "wsd",
-            "progress": False, "n_bootstrap": 200, "lr_extensions": 0, **grids}  # fmt: skip
+            "progress": False, "n_bootstrap": 200, "lr_extensions": 0, "allow_repeated_data": True, **grids}  # fmt: skip
 
 
 def sweep(model, data, args) -> dict:

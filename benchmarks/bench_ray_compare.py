@@ -74,9 +74,10 @@ def _data(model, n: int):
 
 
 def _settings(args) -> dict:
-    # 2 arms x 2 rates = 4 trials, one round (no extension): the engine is what differs.
+    # 2 arms x 2 rates = 4 trials, one round (no extension): the engine is what differs (a timing: a repeated block costs
+    # what a new one does, so the default 60 steps of 8 on 128 blocks may repeat them).
     return {"growth": ["top:1"], "controls": ["layers"], "learning_rates": [1e-3, 3e-3], "lr_extensions": 0, "max_steps": args.steps,
-            "batch_size": args.batch_size, "warmup_steps": 1, "progress": False, "n_bootstrap": 200}  # fmt: skip
+            "batch_size": args.batch_size, "warmup_steps": 1, "progress": False, "n_bootstrap": 200, "allow_repeated_data": True}  # fmt: skip
 
 
 def run(model, data, args, engine: str):

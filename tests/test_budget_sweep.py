@@ -166,7 +166,7 @@ def swept(setting):
     result = compare_plans(
         base, rows["train"], rows["eval"], rows["test"], retention_data=rows["ret"], growth=["top:1"],
         controls=["layers", "lora", "lora:4"], budgets=[2, 4, 6, 8], growth_learning_rates=[1e-5, 3e-5], lr_extensions=1,
-        batch_size=4, progress=False, n_bootstrap=200, max_forgetting=0.5,
+        batch_size=4, progress=False, n_bootstrap=200, max_forgetting=0.5, allow_repeated_data=True,  # 32 blocks of 24
     )  # fmt: skip
     return base, before, result
 
@@ -253,7 +253,8 @@ def test_stored_trials_resume_without_training_and_a_tampered_one_is_rerun(setti
 
     base, rows = setting
     kw = dict(retention_data=rows["ret"], growth=["top:1"], controls=["layers"], budgets=[4, 8], learning_rates=[1e-3, 3e-3],
-              lr_extensions=0, batch_size=4, progress=False, n_bootstrap=100, trials_dir=tmp_path / "trials")  # fmt: skip
+              lr_extensions=0, batch_size=4, progress=False, n_bootstrap=100, trials_dir=tmp_path / "trials",
+              allow_repeated_data=True)  # fmt: skip
     first = compare_plans(base, rows["train"], rows["eval"], rows["test"], **kw)
     entries = sorted((tmp_path / "trials" / "trials").iterdir())
     assert len(entries) == 4 and all((e / "digest.json").is_file() for e in entries)

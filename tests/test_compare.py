@@ -131,7 +131,7 @@ def compared():
     result = compare_plans(
         model, data["train"], data["eval"], data["test"], retention_data=data["ret"],
         growth=["top:1", "at:2", "bottom:1"], controls=["layers", "lora"], learning_rates=[1e-3, 5e-3],
-        max_steps=6, progress=False, n_bootstrap=300, successive_halving=True, lr_extensions=0,
+        max_steps=6, progress=False, n_bootstrap=300, successive_halving=True, lr_extensions=0, allow_repeated_data=True,
     )  # fmt: skip
     return model, data, before, result
 
@@ -154,7 +154,7 @@ def test_successive_halving_keeps_the_run_it_would_have_trained_alone():
     """The survivor of halving is bit-identical to training that rate alone (same schedule, same data order)."""
     model = tiny_model("llama")
     rows = {name: lm_rows(model, n, seed) for name, n, seed in (("train", 24, 0), ("eval", 8, 1), ("test", 8, 2))}
-    kw = dict(growth=["at:2"], controls=[], max_steps=8, progress=False, n_bootstrap=100, lr_extensions=0)
+    kw = dict(growth=["at:2"], controls=[], max_steps=8, progress=False, n_bootstrap=100, lr_extensions=0, allow_repeated_data=True)
     halved = compare_plans(model, rows["train"], rows["eval"], rows["test"], learning_rates=[1e-4, 5e-3], successive_halving=True, **kw)
     chosen = halved.arm("at:2").learning_rate
     alone = compare_plans(model, rows["train"], rows["eval"], rows["test"], learning_rates=[chosen], **kw)

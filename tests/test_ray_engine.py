@@ -44,7 +44,8 @@ def setting():
 
 
 SETTINGS = dict(growth=["at:2"], controls=["layers"], learning_rates=[1e-3, 1e-2], lr_extensions=0, budgets=[4, 8],
-                warmup_steps=1, batch_size=4, selection_max_examples=None, n_bootstrap=200, progress=False)  # fmt: skip
+                warmup_steps=1, batch_size=4, selection_max_examples=None, n_bootstrap=200, progress=False,
+                allow_repeated_data=True)  # fmt: skip
 
 
 def _run(setting, **kw):
@@ -295,7 +296,7 @@ def test_cli_resume_after_the_driver_is_killed_and_gather_give_the_uninterrupted
 
     trials = tmp_path / "trials"
     # 16 steps: checkpoints at the rungs 4 and 8, the kill lands with 8 or more steps of the second trial to go.
-    argv = lambda out, *extra: _argv(lm_dir, out, "--max-steps", "16", *extra)  # noqa: E731
+    argv = lambda out, *extra: _argv(lm_dir, out, "--max-steps", "16", "--allow-repeated-data", *extra)  # noqa: E731
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     driver = subprocess.Popen([sys.executable, "-c", "import sys; from hf_depthgrow.cli import main; sys.exit(main(sys.argv[1:]))",
                                *argv(tmp_path / "killed", "--trials-dir", str(trials))], env=env,

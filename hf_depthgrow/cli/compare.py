@@ -1,14 +1,16 @@
 """`hf-depthgrow compare`: growth plans against equal-budget controls, paired, corrected across arms.
 
     hf-depthgrow compare                                   # SmolLM2 on Shakespeare, retention on Python docs
-    hf-depthgrow compare --growth probe:1 interleave:2 top:1 --controls layers lora --max-steps 40
+    hf-depthgrow compare --growth probe:1 interleave:2 top:1 --controls layers lora --max-steps 40 --max-examples 640
     hf-depthgrow compare --oracle-positions 0 10 20 30 --oracle-seeds 0 1 2   # also validate the probe
-    hf-depthgrow compare --budgets 10 20 40 80 160 --max-forgetting 0.05 --trials-dir runs/sweep-trials   # budgets as an axis
+    hf-depthgrow compare --budgets 10 20 40 80 160 --max-examples 2400 --max-forgetting 0.05 --trials-dir runs/sweep-trials   # budgets as an axis
 
 Every arm trains with the same steps, batch size, data order and schedule, its learning rate chosen on the
 held-out split from its kind's own grid (extended x3 past an edge), and is scored on the same test examples;
 with `--budgets` at every budget as if trained alone (a warmup-stable-decay schedule branched per budget); with
-`--retention-data` also on a general-domain set (forgetting). `--oracle-positions` adds the probe
+`--retention-data` also on a general-domain set (forgetting). Every step draws new training blocks: a largest
+budget that needs more blocks than the training split holds is refused unless `--allow-repeated-data` (then a
+warning, and the epochs of every budget in compare.md/json). `--oracle-positions` adds the probe
 validation: one single-block arm per position and seed, and how well each predictor ranks them.
 Writes `compare.json`, `compare.md`, `compare.png`, `compare_frontier.png`, `compare_curves.png` (3+ budgets) and
 `probe_validation.*` into `--output-dir`; `--trials-dir` stores every finished trial: the same command again
@@ -178,11 +180,13 @@ def _run(argv: list[str]) -> int:
 
 def _compare(script: CompareScript, cfg: CompareConfig, argv: list[str]) -> int:
     from ..comparison import compare_plans
+    from ..comparison.fresh_data import data_plan
     from ..comparison.validation import validate_probe
     from ..growth.families import resolve_family
     from ..pipeline.output import staged_output
 
     model, splits, retention = _load(script, cfg)
+    data_plan(cfg, len(splits["train"]))  # budgets that would repeat training blocks: one line before the output is staged
     depth = len(resolve_family(model)[1])
     if script.oracle_positions and max(script.oracle_positions) > depth:
         raise ValueError(f"oracle_positions go up to {max(script.oracle_positions)}, but the model has {depth} layers (positions 0..{depth})")

@@ -4,6 +4,7 @@ Modules by job: `arms` (growth placements and the controls matched to them), `co
 `grids` (each arm kind's learning-rate grid and its extension), `trial` (the trial unit: one arm at one
 rate, scored at every budget), `engine` (where trials run), `store` (stored, verified trials: resume),
 `aggregate` (trials to a CompareResult), `frontier` (gain x forgetting), `crossover` (learning-curve fits),
+`fresh_data` (the training blocks the budgets need: refused or warned where they would repeat, epochs per budget),
 `runner` (`compare_plans`), `result` and `sweep_report` (CompareResult: tables, verdicts, JSON/Markdown/plots),
 `plots` (the sweep's figures), `validation` (the probe against an oracle sweep).
 """

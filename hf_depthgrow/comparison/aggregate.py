@@ -4,7 +4,8 @@ Reads only `TrialResult`s and the original's losses, so trials run in this proce
 read back from storage all give the same result. Per budget and arm, the learning rate is the one with the
 lowest held-out loss at that budget; the arm's row is that trial's score. Then, per budget: the corrected
 paired intervals (`runner`'s statistics), the frontier and the control curve (`frontier`), the arm within
-the forgetting budget; across budgets: learning-curve fits and the predicted crossover (`crossover`).
+the forgetting budget, the epochs of the training data it took (`fresh_data`); across budgets: learning-curve
+fits and the predicted crossover (`crossover`), which says where it lies beyond the fresh data.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from ..evaluation.decisions import corrected_intervals
 from . import frontier as fr
+from .fresh_data import DataPlan
 from .grids import best_rate, halving_survivor
 from .result import ArmResult, BudgetView, CompareResult
 from .trial import HALVING_RUNGS, TrialResult
@@ -136,13 +138,16 @@ def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: di
     if original.get("retention") is not None:
         parts = retention_parts(len(original["retention"][0]), cfg.retention_selection_fraction, cfg.seed)
     base = ArmResult.original(arms[0], original, parts)
+    blocks = (extra.get("num_examples") or {}).get("train")
+    plan = DataPlan(blocks, cfg.batch_size, tuple(budgets), cfg.allow_repeated_data) if blocks else None
     views = []
     for b in budgets:
         rows = [base] + [_arm_row(arm, ts, b, parts) for arm, ts in by_arm.values()]
         units = {r.units_seen for r in rows[1:]}
         if len(units) > 1:
             raise RuntimeError(f"the arms saw different amounts of data at {b} steps {sorted(units)}: the budget was not equal")
-        view = BudgetView(steps=b, units_seen=units.pop() if units else 0, arms=rows, statistics=statistics(rows, base, cfg))
+        view = BudgetView(steps=b, units_seen=units.pop() if units else 0, arms=rows, statistics=statistics(rows, base, cfg),
+                          epochs=plan.epochs(b) if plan else None)  # fmt: skip
         if parts is not None:
             view.frontier = _frontier(view, base, cfg, original["retention"][0][parts[0]])
         views.append(view)
@@ -159,6 +164,8 @@ def learning_curves(views: list[BudgetView], weight: np.ndarray, cfg) -> dict | 
     from .crossover import predict_crossover, validate_fit
 
     last = views[-1]
+    # One pass over the training data, in the tokens a block held at the largest budget: where fresh data ends.
+    fresh = last.units_seen / last.epochs if last.epochs and last.units_seen else None
     trained = [a for a in last.arms if a.kind != "original"]
     growth, controls = [a.name for a in trained if a.kind == "growth"], [a.name for a in trained if a.kind in CONTROLS]
     tokens = [v.units_seen for v in views]
@@ -176,7 +183,7 @@ def learning_curves(views: list[BudgetView], weight: np.ndarray, cfg) -> dict | 
         best_within = min(within, key=lambda c: last.arm_result(c).heldout_loss) if within else None
     cross = predict_crossover(tokens, losses, weights, growth=growth, controls=controls, best_growth=last.statistics["best_growth"],
                               best_control=last.statistics["best_control"], controls_within=within,
-                              best_control_within=best_within, **boot)  # fmt: skip
+                              best_control_within=best_within, fresh_tokens=fresh, **boot)  # fmt: skip
     out.update(crossover=cross, crossover_text=cross["on_gain"]["text"])
     if cross.get("within_forgetting"):
         out["within_text"] = f"within forgetting {cfg.max_forgetting:g} nats: {cross['within_forgetting']['text']}"

@@ -58,6 +58,11 @@ class CompareConfig:
         default=None, metadata={"help": "Budgets (optimizer steps, increasing): every arm is scored at each, as if trained alone (WSD schedule)."}
     )
     batch_size: int = field(default=8, metadata={"help": "Examples per optimizer step (and per evaluation batch)."})
+    allow_repeated_data: bool = field(
+        default=False,
+        metadata={"help": "Let the largest budget need more training blocks than there are (steps x batch size): blocks then "
+                          "repeat (epochs are reported per budget). Without it such a comparison is refused before anything trains."},
+    )  # fmt: skip
     lr_scheduler: str = field(
         default="auto", metadata={"help": "auto (cosine for one budget, wsd for several), cosine, linear, constant or wsd.", "choices": ["auto", *SCHEDULERS]}
     )
@@ -131,7 +136,7 @@ class CompareConfig:
             positive_int(name)
         if self.selection_max_examples is not None:
             positive_int("selection_max_examples")
-        for name in ("successive_halving", "progress"):
+        for name in ("successive_halving", "progress", "allow_repeated_data"):
             if not isinstance(getattr(self, name), bool):
                 fail(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_budgets()

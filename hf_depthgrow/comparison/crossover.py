@@ -8,6 +8,10 @@ indices once and applies them to every arm and budget (the examples are the same
 recomputes each weighted test loss, and refits. Arms are never chosen here: the caller picks the best growth
 arm and the best control on held-out data and passes their names.
 
+A prediction is an extrapolation, and past one pass over the training data (`fresh_tokens`) it extrapolates
+into epochs of the same text: the text then says so, in epochs. A fit whose floor `E` sits at its bound (0, or
+the smallest measured loss) has its floor placed by the bound, not the data: no crossover is read from it.
+
 Only numpy and scipy: no torch.
 """
 
@@ -18,6 +22,7 @@ import math
 import numpy as np
 
 from ..utils import json_safe
+from .fresh_data import format_epochs
 from .learning_curve import FLAT_NATS, LearningCurveFit, _check_tokens, _fit, fit_learning_curve
 
 __all__ = ["FLAT_NATS", "HORIZON", "LearningCurveFit", "fit_learning_curve", "predict_crossover", "validate_fit"]
@@ -113,7 +118,7 @@ def _first_crossing(g: LearningCurveFit, c: LearningCurveFit, d_max: float, hori
 def predict_crossover(
     tokens, losses: dict, weights: dict | None = None, *, growth, controls, best_growth: str, best_control: str,
     controls_within=None, best_control_within: str | None = None, horizon: float = HORIZON,
-    n_bootstrap: int = 200, seed: int = 0, confidence: float = 0.95,
+    n_bootstrap: int = 200, seed: int = 0, confidence: float = 0.95, fresh_tokens: float | None = None,
 ) -> dict:  # fmt: skip
     """Fit every arm's learning curve and predict the budget at which `best_growth` overtakes `best_control`.
 
@@ -130,11 +135,16 @@ def predict_crossover(
         horizon: How far to search, as a multiple of the largest budget.
         n_bootstrap: Replicates of the bootstrap over test examples (`0`: no interval). seed: their seed.
         confidence: Level of the percentile intervals.
+        fresh_tokens: The tokens of one pass over the training data: the fresh data that exists. A prediction
+            past it (or a search that runs past it) is said to be beyond the fresh data, in epochs; `None`: not said.
 
     Returns:
         A JSON-ready dict: `fits` (`{arm: LearningCurveFit.to_dict()}`), `on_gain` (the crossover of
-        `best_growth` against `best_control`: `status` "crossover" / "none" / "ahead" / "unfit", `tokens`,
-        `multiple`, `interval`, `share_with_crossover`, `share_ahead`, `text`), `within_forgetting` (the same
+        `best_growth` against `best_control`: `status` "crossover" / "none" / "ahead" / "unfit" /
+        "floor_at_bound" (either fit's floor sits at its bound, so no crossover can be read from them; what the
+        fits gave is kept in `fitted_status`), `tokens`, `multiple`, `interval`, `share_with_crossover`,
+        `share_ahead`, with `fresh_tokens`: `epochs` (of the prediction) and `beyond_fresh_data`; and `text`),
+        `within_forgetting` (the same
         against `best_control_within`; `{"status": "no_control", "text"}` when `controls_within` is empty;
         `None` without `controls_within`), and the settings. An interval's upper end is `"inf"`
         when some replicates predict no crossover within the horizon (`open_ended`).
@@ -147,6 +157,8 @@ def predict_crossover(
     _check_settings(n_bootstrap, confidence)
     if not horizon > 1:
         raise ValueError(f"horizon must be > 1 (a multiple of the largest budget), got {horizon}")
+    if fresh_tokens is not None and not (math.isfinite(fresh_tokens) and fresh_tokens > 0):
+        raise ValueError(f"fresh_tokens must be a finite number > 0 (the tokens of one pass over the training data), got {fresh_tokens}")
     _check_names(growth, controls, best_growth, best_control, controls_within, best_control_within)
     sweep = _Sweep(tokens, losses, weights, growth + controls)
     if len(sweep.tokens) < 3:
@@ -172,13 +184,13 @@ def predict_crossover(
                 if status != "unfit":
                     boot[key].append(multiple)
     out = {
-        "tokens": sweep.tokens.tolist(), "largest_tokens": float(sweep.tokens[-1]), "horizon": float(horizon),
+        "tokens": sweep.tokens.tolist(), "largest_tokens": float(sweep.tokens[-1]), "horizon": float(horizon), "fresh_tokens": fresh_tokens,
         "fits": {arm: fit.to_dict() for arm, fit in fitted.items()},
         "bootstrap": {"requested": n_bootstrap, "seed": seed, "confidence": confidence},
         "within_forgetting": None,
     }  # fmt: skip
     for key, (g, c) in pairs.items():
-        out[key] = _crossover_entry(g, c, fitted, curves, sweep.tokens[-1], horizon, boot[key], confidence)
+        out[key] = _crossover_entry(g, c, fitted, curves, sweep.tokens[-1], horizon, boot[key], confidence, fresh_tokens)
     if controls_within is not None and best_control_within is None:
         out["within_forgetting"] = {
             "status": "no_control", "text": "no control stays within the forgetting budget: nothing to overtake"
@@ -203,11 +215,15 @@ def _check_names(growth, controls, best_growth, best_control, controls_within, b
             raise ValueError(message)
 
 
-def _crossover_entry(g, c, fitted, curves, d_max, horizon, replicates, confidence) -> dict:
-    status, multiple = _first_crossing(fitted[g], fitted[c], d_max, horizon)
+def _crossover_entry(g, c, fitted, curves, d_max, horizon, replicates, confidence, fresh_tokens=None) -> dict:
+    fitted_status, multiple = _first_crossing(fitted[g], fitted[c], d_max, horizon)
+    floors = {arm: fitted[arm].floor_at_bound for arm in (g, c) if fitted[arm].floor_at_bound}
+    # A floor placed by its bound decides any extrapolation by itself; inside the measured budgets ("ahead") it does not.
+    status = "floor_at_bound" if floors and fitted_status in ("crossover", "none") else fitted_status
     found = status in ("crossover", "ahead")
     entry = {
-        "growth": g, "control": c, "status": status,
+        "growth": g, "control": c, "status": status, "fitted_status": fitted_status,
+        "floor_at_bound": {arm: {"side": side, "E": fitted[arm].E} for arm, side in floors.items()},
         "multiple": multiple if found else None, "tokens": multiple * d_max if found else None,
         "measured_at_largest": {
             "growth": float(curves[g][-1]), "control": float(curves[c][-1]),
@@ -225,14 +241,42 @@ def _crossover_entry(g, c, fitted, curves, d_max, horizon, replicates, confidenc
         }  # fmt: skip
         entry["share_with_crossover"] = float(np.mean(np.isfinite(values)))
         entry["share_ahead"] = float(np.mean(values == 1.0))
+    if fresh_tokens is not None:
+        entry["fresh_tokens"] = float(fresh_tokens)
+        entry["epochs_at_largest"] = d_max / fresh_tokens
+        entry["epochs"] = entry["tokens"] / fresh_tokens if found else None
+        reach = entry["tokens"] if found else horizon * d_max  # how far the claim extrapolates
+        entry["beyond_fresh_data"] = bool(reach > fresh_tokens)
     entry["text"] = _crossover_text(entry, horizon, confidence)
     return entry
+
+
+def _fresh_note(e: dict, horizon: float) -> str:
+    """Where the claim stands against the fresh data (`""` without `fresh_tokens`): in epochs, and beyond it in words."""
+    if "fresh_tokens" not in e:
+        return ""
+    largest, ends = e["epochs_at_largest"], 1.0 / e["epochs_at_largest"]
+    where = f"which ends at {ends:.3g}x the largest budget" + (f" (the largest budget is already {format_epochs(largest)} epochs)" if ends < 1 else "")
+    if e["status"] == "crossover":
+        text = f", which is {format_epochs(e['epochs'])} epochs of the training data"
+        return text + (f": beyond the fresh data, {where}" if e["beyond_fresh_data"] else ": within the fresh data")
+    if e["status"] == "none":
+        if not e["beyond_fresh_data"]:
+            return f" ({horizon:g}x is {format_epochs(horizon * largest)} epochs of the training data: within the fresh data)"
+        return f"; {horizon:g}x is {format_epochs(horizon * largest)} epochs of the training data: the search runs beyond the fresh data, {where}"
+    if largest > 1:  # ahead, or a floor at its bound: only the measured budgets speak, and they already repeat data
+        return f"; the largest budget is already {format_epochs(largest)} epochs of the training data: beyond the fresh data"
+    return ""
 
 
 def _crossover_text(e: dict, horizon: float, confidence: float) -> str:
     g, c = e["growth"], e["control"]
     if e["status"] == "unfit":
         return f"no prediction: the learning curve of {g} or {c} could not be fitted"
+    if e["status"] == "floor_at_bound":
+        which = "; ".join(f"{arm}: E at its {f['side']} bound {f['E']:.4g}" + (", its lowest measured test loss" if f["side"] == "upper" else "")
+                          for arm, f in e["floor_at_bound"].items())  # fmt: skip
+        return f"the fit's floor is at its bound: no crossover can be read from it ({g} vs {c}; {which}){_fresh_note(e, horizon)}"
     if e["status"] == "ahead":
         fit = e["fitted_at_largest"]
         head = f"growth is already ahead at the largest budget ({g} fitted {fit['growth']:.4f} < {c} {fit['control']:.4f})"
@@ -240,6 +284,7 @@ def _crossover_text(e: dict, horizon: float, confidence: float) -> str:
         head = f"no crossover predicted within {horizon:g}x the largest budget ({g} vs {c})"
     else:
         head = f"{g} is predicted to overtake {c} at {e['tokens']:,.0f} tokens ({e['multiple']:.3g}x the largest budget)"
+    head += _fresh_note(e, horizon)
     interval = e["interval"]
     if interval is None:
         return head + " (no bootstrap interval)"

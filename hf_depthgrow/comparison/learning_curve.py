@@ -37,6 +37,9 @@ class LearningCurveFit:
     num_points (`int`): budgets fitted.
     converged (`bool`), message (`str`): whether the optimizer converged, and every caveat ("flat", a bound hit).
     flat (`bool`): the fitted curve drops by less than `FLAT_NATS` over the measured budgets; it predicts ~`E`.
+    floor_at_bound (`str` or `None`): `"upper"` when the floor `E` sits at the smallest measured loss, `"lower"` when
+        at 0 (a curve that is not flat): the bound, not the data, placed the floor, so nothing past the measured
+        budgets can be read from the fit.
     """
 
     E: float
@@ -47,6 +50,7 @@ class LearningCurveFit:
     converged: bool
     message: str
     flat: bool
+    floor_at_bound: str | None = None
 
     def predict(self, D):
         """Test loss predicted at `D` tokens: a float for a scalar, an array for an array."""
@@ -176,6 +180,7 @@ def _fit(d, L, log_g, replicate: bool = False) -> LearningCurveFit:
     drop = float(problem.term(best.x).max() - problem.term(best.x).min())
     flat = drop < FLAT_NATS
     notes = [] if best.success else [f"optimizer did not converge: {best.message}"]
+    floor = None
     if flat:
         notes.append(f"flat: the fitted drop over the measured budgets is {drop:.1e} nats (A -> 0); predicts ~E")
         if np.ptp(L) > 10 * FLAT_NATS:
@@ -185,7 +190,8 @@ def _fit(d, L, log_g, replicate: bool = False) -> LearningCurveFit:
             for side, bound in (("lower", problem.lower[i]), ("upper", problem.upper[i])):
                 if abs(best.x[i] - bound) <= 1e-8 * max(abs(bound), 1.0):
                     notes.append(f"{name} at its {side} bound {bound:.4g}: extrapolation is uncertain")
+                    floor = side if name == "E" else floor
     return LearningCurveFit(
         E=E, A=math.exp(la + alpha * log_g), alpha=alpha, rss=float(2.0 * best.cost), num_points=len(L),
-        converged=bool(best.success), message="; ".join(notes) if notes else "ok", flat=flat,
+        converged=bool(best.success), message="; ".join(notes) if notes else "ok", flat=flat, floor_at_bound=floor,
     )  # fmt: skip

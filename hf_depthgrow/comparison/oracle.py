@@ -69,7 +69,7 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
     for seed, c in cfgs.items():
         mine = [t for t in trials if t.spec.seed == seed]
         grids = {a.name: {"grid": c.grid(a.kind), "added": [], "stopped": "interior"} for a in trained}
-        results[seed] = aggregate(arms, mine, original, c, grids=grids, extra={"probe": None, "seconds": {}, "num_examples": {}})
+        results[seed] = aggregate(arms, mine, original, c, grids=grids, extra={"probe": None, "seconds": {}, "num_examples": {"train": len(rows["train"])}})
         logged = tracking.tracking_run(config=c.to_dict(), **_tracker_settings(c, "compare"))
         logged.log_comparison(results[seed], c.max_steps)
         logged.finish()

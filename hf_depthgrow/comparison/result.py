@@ -10,7 +10,7 @@ import numpy as np
 
 from ..evaluation.formatting import format_value
 from ..utils import atomic_write_text, json_safe, write_json
-from .sweep_report import frontier_sentence, sweep_markdown, view_dict
+from .sweep_report import frontier_sentence, steps_text, sweep_markdown, view_dict
 
 
 @dataclass
@@ -87,6 +87,7 @@ class BudgetView:
     arms: list[ArmResult]
     statistics: dict
     frontier: dict | None = None
+    epochs: float | None = None  # passes over the training data this budget makes
 
     def arm_result(self, name: str) -> ArmResult:
         return next(a for a in self.arms if a.name == name)
@@ -189,7 +190,7 @@ class CompareResult:
         lines = [
             "# Comparison at an equal budget", "",
             f"**Verdict:** {self.verdict}.", "",
-            f"Every arm: {self.config['max_steps']} optimizer steps of {self.config['batch_size']} examples, "
+            f"Every arm: {steps_text(self.config)} optimizer steps of {self.config['batch_size']} examples, "
             f"{self._schedule_text()}, learning rate chosen on held-out from {self._grid_text()}. "
             f"Intervals: {self.config['interval']}, {level:.0%} family-wise ({method} over the arms). "
             "Deltas are `loss(reference) - loss(arm)`: positive = the arm is better; forgetting = retention loss "

@@ -1,8 +1,9 @@
 """`compare_plans`: train every arm at equal budgets, evaluate them paired, and certify across arms.
 
 Order of work, so a bad input costs nothing: every data set is read and checked against the model,
-every arm is resolved (placements, matched controls) and the config validated; only then does
-anything train. The original's per-example losses on the test and retention sets are computed once
+the largest budget checked against the training blocks (`comparison.fresh_data`: refused where it would
+repeat them, unless allowed, and then said up front), every arm is resolved (placements, matched controls)
+and the config validated; only then does anything train. The original's per-example losses on the test and retention sets are computed once
 and shared by every arm. The work is then a loop over trials (`comparison.trial`: one arm, one learning
 rate, scored at every budget) run by an engine (`comparison.engine`; stored and resumable with
 `trials_dir`, `comparison.store`): first each arm's own grid, then x3 extensions for arms whose choice
@@ -14,6 +15,7 @@ corrected for the number of arms (`evaluation.decisions`), the gain x forgetting
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -29,6 +31,7 @@ from .aggregate import aggregate, rungs_of
 from .arms import Arm, build_arms
 from .config import CompareConfig
 from .engine import run_serial
+from .fresh_data import data_plan
 from .grids import best_rate, edge, extension
 from .result import CompareResult
 from .store import TrialStore, stored
@@ -120,6 +123,14 @@ def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs, eng
     return trials, grids
 
 
+def fresh_data_check(cfg: CompareConfig, num_blocks: int):
+    """Refuse a largest budget that would repeat training blocks (unless allowed), or say up front that it will."""
+    plan = data_plan(cfg, num_blocks)
+    if plan.repeats:
+        warnings.warn(plan.warning(), stacklevel=3)
+    return plan
+
+
 def _probe_if_needed(model, cfg: CompareConfig, train_rows, probe_result, probe_max_batches: int | None):
     needs = any(isinstance(g, str) and g.startswith("probe:") for g in cfg.growth)
     if probe_result is not None or not needs:
@@ -188,6 +199,7 @@ def compare_plans(
     tracking.check_logging_dir(cfg.report_to, cfg.logging_dir, "logging_dir is not set (hf-depthgrow compare defaults it to <output_dir>/logs)")
     started = time.perf_counter()
     train_rows = training_rows(train_data, "train_data", model=model)
+    fresh_data_check(cfg, len(train_rows))
     eval_rows = training_rows(eval_data, "eval_data", model=model)
     test_rows = _checked_rows(model, test_data, "test_data", cfg.batch_size)
     retention_rows = _checked_rows(model, retention_data, "retention_data", cfg.batch_size) if retention_data is not None else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..evaluation.formatting import format_value
 from ..utils import json_safe
+from .fresh_data import DataPlan, format_epochs
 
 
 def _span(row: dict) -> str:
@@ -35,6 +36,22 @@ def frontier_sentence(view) -> str | None:
     return "; ".join(parts)
 
 
+def steps_text(config: dict) -> str:
+    """The optimizer steps of every arm, for compare.md's header: one budget's count, or each budget's."""
+    budgets = config.get("budgets") or [config["max_steps"]]
+    return f"{budgets[0]}" if len(budgets) == 1 else "each budget's"
+
+
+def data_lines(result) -> list[str]:
+    """compare.md's training-data section: blocks, epochs per budget, and whether blocks repeat."""
+    blocks = (result.num_examples or {}).get("train")
+    if not blocks or not result.views:
+        return []
+    cfg = result.config
+    plan = DataPlan(blocks, cfg["batch_size"], tuple(v.steps for v in result.views), bool(cfg.get("allow_repeated_data")))
+    return ["## Training data", "", plan.markdown(), ""]
+
+
 def tokens_per_parameter(arm, units: int) -> float | None:
     return units / arm.trainable_parameters if arm.trainable_parameters else None
 
@@ -54,7 +71,7 @@ def view_dict(view) -> dict:
             zero = {"mean": 0.0, "low": 0.0, "high": 0.0}
             row["gain"], row["forgetting"] = zero, (zero if a.retention_loss is not None else None)
         arms[a.name] = row
-    return json_safe({"steps": view.steps, "tokens": view.units_seen, "arms": arms, "best_control": stats.get("best_control"),
+    return json_safe({"steps": view.steps, "tokens": view.units_seen, "epochs": view.epochs, "arms": arms, "best_control": stats.get("best_control"),
                       "best_growth": stats.get("best_growth"), "frontier": (view.frontier or {}).get("frontier"),
                       "frontier_detail": view.frontier, "verdict": frontier_sentence(view)})  # fmt: skip
 
@@ -75,14 +92,14 @@ def grid_lines(grids: dict) -> list[str]:
 
 def sweep_markdown(result) -> list[str]:
     """Markdown sections for the frontier, the per-budget tables (several budgets), the grids, halving and the fits."""
-    lines = []
+    lines = data_lines(result)
     views = result.views
     if len(views) > 1:
         lines += ["## Per budget", "", "Every budget is a complete run with its own decay (warmup-stable-decay), its rate chosen "
                   "on held-out for that budget. gain = paired test delta vs the original; forgetting on the retention "
-                  "set's test part; tok/param = tokens per trainable parameter; `F` = on the gain x forgetting frontier "
-                  "(held-out and retention selection part).", "",
-                  "| steps | arm | lr | tok/param | gain | forgetting | F |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "set's test part; epochs = passes over the training data; tok/param = tokens per trainable parameter; "
+                  "`F` = on the gain x forgetting frontier (held-out and retention selection part).", "",
+                  "| steps | epochs | arm | lr | tok/param | gain | forgetting | F |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for view in views:
             d = view_dict(view)
             for name, row in d["arms"].items():
@@ -90,7 +107,8 @@ def sweep_markdown(result) -> list[str]:
                     continue
                 mark = "F" if name in (d["frontier"] or []) else ""
                 forget = _span(row["forgetting"]) if row["forgetting"] else ""
-                lines.append(f"| {view.steps} | {name} | {format_value(row['learning_rate'])} | {format_value(row['tokens_per_parameter'])} | "
+                epochs = format_epochs(view.epochs) if view.epochs is not None else ""
+                lines.append(f"| {view.steps} | {epochs} | {name} | {format_value(row['learning_rate'])} | {format_value(row['tokens_per_parameter'])} | "
                              f"{_span(row['gain'])} | {forget} | {mark} |")
         lines.append("")
     sentences = [s for s in (frontier_sentence(v) for v in views) if s]

@@ -309,8 +309,12 @@ def validate_probe(
     """
     from dataclasses import replace
 
+    from ..training.data_order import training_rows
+    from .runner import fresh_data_check
+
     positions, seeds = _checked(positions, seeds, predictors, retention_data)
     cfg = config or CompareConfig()
+    fresh_data_check(cfg, len(training_rows(train_data, "train_data")))  # before the probe: short data costs nothing
     lr = float(learning_rate if learning_rate is not None else max(cfg.grid("growth")))
     names = [f"at:{k}" for k in positions]
     cfgs = {seed: replace(cfg, growth=names, controls=[], reference=None, learning_rates=[lr], seed=seed) for seed in seeds}

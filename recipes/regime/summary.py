@@ -60,8 +60,10 @@ def half_check(result, n_bootstrap: int = 500, seed: int = 0) -> dict | None:
     trained = [a for a in small[-1].arms if a.kind != "original"]
     growth, controls = [a.name for a in trained if a.kind == "growth"], [a.name for a in trained if a.kind != "growth"]
     losses = {a.name: [v.arm_result(a.name).test_per_example for v in small] for a in trained}
+    last = small[-1]
+    fresh = last.units_seen / last.epochs if last.epochs else None  # one pass over the training data, in tokens
     cross = predict_crossover([v.units_seen for v in small], losses, growth=growth, controls=controls, best_growth=g, best_control=c,
-                              n_bootstrap=n_bootstrap, seed=seed)["on_gain"]  # fmt: skip
+                              n_bootstrap=n_bootstrap, seed=seed, fresh_tokens=fresh)["on_gain"]  # fmt: skip
     rng, measured = np.random.default_rng(seed), []
     for v in large:
         lead = v.arm_result(c).test_per_example - v.arm_result(g).test_per_example  # > 0: growth's test loss is lower
