@@ -37,7 +37,6 @@ import warnings
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-import yaml
 
 __all__ = ["ConfigError", "ConfigParser", "ScriptArguments", "load_config", "option_name", "parse_args"]
 
@@ -283,14 +282,18 @@ class ConfigParser(argparse.ArgumentParser):
 
     def read_yaml(self, path: str | os.PathLike) -> dict:
         """The checked, converted values of a YAML file (keys are field names)."""
+        from .utils import kind_of, read_structured
+
         if not Path(path).is_file():
             raise FileNotFoundError(f"no such config file: {path}")
+        expected = "a mapping of option names to values"
         try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+            data = read_structured(path, expected=expected)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        data = {} if data is None else data  # an empty file sets nothing
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of option names to values, got {type(data).__name__}")
+            raise ConfigError(f"{path}: expected {expected}, got {kind_of(data)}")
         return self.check(data, source=str(path))
 
     def check(self, values: dict, *, source: str = "config") -> dict:

@@ -26,10 +26,13 @@ checks the plumbing, not the science): `python recipes/regime_study.py --smoke -
 4. **The oracle sweep** (`hf_depthgrow.comparison.validate_probe`): one block at every position 0..L, every seed,
    one run scored at both `oracle_budgets` (>= 8x apart) at the rate the grid chose for `top:1`; the predictors
    (z, signal, look-ahead, block influence, depth, ADEPT, MIDAS) ranked on gain and on gain within the
-   forgetting budget. Every trial of steps 3 and 4 is stored in `<output_dir>-trials`: a rerun trains only what
-   is missing.
+   forgetting budget. Every trial of steps 3 and 4 is stored in `<output_dir>-trials`: a rerun with `--resume`
+   trains only what is missing.
 5. **Summary**: `<output_dir>/study.json` and `study.md`; each seed's `compare.*` in `seed<S>/`, the oracle's in
-   `oracle/`. The plateau check, the tokens per trainable parameter of every budget and the seeds are printed.
+   `oracle/`. A folder the study did not write is refused; one it wrote needs `--resume` (continue: the base and
+   the stored trials are reused) or `--overwrite` (remove what it wrote there, then start afresh). Ctrl-C or SIGTERM
+   stops with one line, exit 130 / 143. The plateau check, the tokens per trainable parameter of every budget and
+   the seeds are printed.
 
 Settings (default.yaml; why each): 4 layers x 32 (heads 4, MLP 86): 53,536 parameters, one block 12,416, so 100
 tokens per parameter is 1.24M tokens (width 64 needs 5M, four times the steps at 1.8x the cost per token: the
@@ -79,12 +82,18 @@ def run(cfg: RegimeStudyConfig, log=print) -> dict | None:
     from dataclasses import replace
 
     from hf_depthgrow.comparison import compare_plans
-    from hf_depthgrow.utils import atomic_write_text, write_json
+    from hf_depthgrow.pipeline import claim_output_dir, record_outputs
+    from hf_depthgrow.utils import atomic_write_text, interrupt_hint, interrupt_stage, write_json
 
+    # A user's folder is never written into; an earlier study's only with --resume (continue) or --overwrite.
+    claim_output_dir(cfg.output_dir, resume=cfg.resume, overwrite=cfg.overwrite, what="a regime study")
     out, cpu = Path(cfg.output_dir), time.process_time()
+    interrupt_hint(f"the base and the finished trials are kept: the same command with --resume continues ({cfg.output_dir})")
+    interrupt_stage("the base")
     spent = lambda: f"{time.process_time() - cpu:.0f} CPU s so far"  # noqa: E731  (CPU: wall time on a shared machine is inflated)
     log(f"seeds (data order of the continued training and of the oracle sweep): {cfg.seeds}")
     model, tokenizer, retention, base = prepare_base(cfg, log=log)
+    record_outputs(out, [p for p in (out / "base").rglob("*") if p.is_file()])
     log(base["plateau"]["text"])
     figures = regime_figures(cfg, model)
     log(figures_text(cfg, figures))
@@ -102,27 +111,38 @@ def run(cfg: RegimeStudyConfig, log=print) -> dict | None:
     trials = out.with_name(out.name + "-trials")
     results = {}
     for seed in cfg.seeds:
+        interrupt_stage(f"the comparison of seed {seed}")
         config = replace(cfg.compare_config(seed), growth=growth)
         result = compare_plans(model, train, held, test, config=config, retention_data=retention, probe_result=probe_result, trials_dir=trials)
-        result.save(out / f"seed{seed}")
+        record_outputs(out, result.save(out / f"seed{seed}").values())
         log(f"seed {seed}: {result.verdict} ({spent()})")
         results[seed] = result
     oracle = None
     if cfg.oracle_budgets:
         rate = oracle_rate(cfg, results[cfg.seeds[0]])
         data = {"train": train, "held": held, "test": test, "retention": retention}
+        interrupt_stage("the oracle sweep")
         validation = run_oracle(cfg, model, data, probe_result, rate, trials)
-        validation.save(out / "oracle")
+        record_outputs(out, validation.save(out / "oracle").values())
         oracle = oracle_summary(validation)
         log(f"oracle sweep: {out / 'oracle' / 'probe_validation.md'} ({spent()})")
     summary = summarize(results, base, figures, lookahead=pick, oracle=oracle)
-    write_json(out / "study.json", summary)
-    atomic_write_text(out / "study.md", summary_markdown(summary))
+    record_outputs(out, [write_json(out / "study.json", summary), atomic_write_text(out / "study.md", summary_markdown(summary))])
     log(f"summary: {out / 'study.md'}")
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hf_depthgrow.utils import report_interrupt, signals_raised
+
+    with signals_raised():  # Ctrl-C or SIGTERM: one line saying how to go on, exit 130 / 143
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as err:
+            return report_interrupt("recipes/regime_study.py", err)
+
+
+def _main(argv: list[str] | None) -> int:
     from hf_depthgrow.config import parse_args
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -138,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run(cfg)
-    except BaseMismatchError as err:
+    except (BaseMismatchError, FileExistsError) as err:  # another base, or a folder that is not this study's: nothing changed
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

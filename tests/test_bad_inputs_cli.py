@@ -68,7 +68,8 @@ CASES = [
     (RUN + ["--output-dir", "o", "--trian-steps", "3"], "hf-depthgrow run: unknown option --trian-steps; did you mean --train-steps?"),
     (RUN + ["--output-dir", "o", "--config", "typo.yaml"], "hf-depthgrow run: typo.yaml: unknown key 'train_stepz'; did you mean 'train_steps'?"),
     (RUN + ["--output-dir", "o", "--config", "broken.yaml"],
-     "hf-depthgrow run: broken.yaml: not valid YAML (while parsing a flow sequence)"),
+     "hf-depthgrow run: broken.yaml: not valid YAML (while parsing a flow sequence: expected ',' or ']', but got '<stream end>', "
+     "line 2); expected a mapping of option names to values"),
     (["run", "--model", "my models/tiny", "--output-dir", "o"], "hf-depthgrow run: no such model folder: my models/tiny"),
     (RUN + ["--output-dir", "o", "--positions", "-1"], "hf-depthgrow run: positions must be a non-empty list of ints >= 0, got [-1]"),
     (RUN + ["--output-dir", "o", "--push-to-hub", "grown"],

@@ -190,6 +190,14 @@ def test_compare_with_budgets_scores_every_arm_at_every_budget(swept):
     assert result.halving_agreement and all(v["of"] >= 1 for v in result.halving_agreement.values())
 
 
+def test_the_report_states_the_budgets_every_arm_had(swept):
+    """Before: "Every arm: 20 optimizer steps" (the unused max_steps default) for budgets 2 4 6 8."""
+    *_, result = swept
+    text = result.to_markdown()
+    assert "Every arm: 2, 4, 6 and 8 optimizer steps (scored at each budget as if trained alone; the table: 8) of 4 examples" in text
+    assert "20 optimizer steps" not in text
+
+
 def test_budget_sweep_outputs_carry_the_frontier_and_per_budget_rows(swept, tmp_path):
     *_, result = swept
     result.save(tmp_path)

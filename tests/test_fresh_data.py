@@ -99,7 +99,7 @@ def test_with_the_opt_in_short_data_warns_up_front_and_reports_epochs(setting, m
     assert [b["epochs"] for b in saved["budgets"]] == pytest.approx([0.4, 0.8, 1.2])
     markdown = result.to_markdown()
     assert "epochs per budget: 2 steps 0.40, 4 steps 0.80, 6 steps 1.20. Blocks repeat from step 6 on" in markdown
-    assert "Every arm: each budget's optimizer steps of 4 examples" in markdown and "20 optimizer steps" not in markdown
+    assert "Every arm: 2, 4 and 6 optimizer steps (scored at each budget as if trained alone; the table: 6) of 4 examples" in markdown and "20 optimizer steps" not in markdown
     assert "| 6 | 1.20 | top:1 |" in markdown
     cross = result.curves["crossover"]["on_gain"]
     assert cross["epochs_at_largest"] == pytest.approx(1.2) and cross["beyond_fresh_data"]

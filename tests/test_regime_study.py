@@ -146,7 +146,7 @@ def test_a_folder_that_is_not_a_base_is_refused_and_kept(tmp_path, capsys):
     (out / "base").mkdir(parents=True)
     (out / "base" / "notes.txt").write_text("mine")
     rc, err = run_main(["--smoke", "--output-dir", str(out)], capsys)
-    assert rc == 2 and "is not a regime-study base (no settings.json)" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "it was not written by hf-depthgrow (no .hf_depthgrow_run file)" in err and len(err.strip().splitlines()) == 1
     assert [p.name for p in (out / "base").iterdir()] == ["notes.txt"] and sorted(p.name for p in out.iterdir()) == ["base"]
 
 
@@ -206,12 +206,12 @@ def test_smoke_end_to_end(tmp_path):
 
     assert AutoModelForCausalLM.from_pretrained(base).config.hidden_size == cfg.hidden_size
     before = (base / "model.safetensors").read_bytes()
-    rerun = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only"],
-                           capture_output=True, text=True, timeout=900)
+    rerun = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only",
+                            "--resume"], capture_output=True, text=True, timeout=900)  # fmt: skip
     assert rerun.returncode == 0 and "reusing the base" in rerun.stdout and "base step" not in rerun.stdout
     # Other base settings: refused in one line, the saved base untouched.
     other = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only",
-                            "--base-learning-rate", "0.01"], capture_output=True, text=True, timeout=900)
+                            "--resume", "--base-learning-rate", "0.01"], capture_output=True, text=True, timeout=900)
     assert other.returncode == 2 and "other settings (base_learning_rate)" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
     assert (base / "model.safetensors").read_bytes() == before

@@ -33,8 +33,14 @@ def _input_error_message(err: BaseException) -> str | None:
     return None
 
 
+def _traceback_wanted() -> bool:
+    return os.environ.get("HF_DEPTHGROW_TRACEBACK", "").lower() in ("1", "true", "yes")
+
+
 def run_command(name: str, body, argv: list[str] | None) -> int:
     """Call `body(argv)` and turn an input error into `hf-depthgrow <name>: <message>` on stderr, exit code 2.
+
+    Ctrl-C and SIGTERM are one line too, saying what stopped and how to go on (`utils.report_interrupt`), exit code 130 / 143.
 
     Example:
         ```python
@@ -42,20 +48,25 @@ def run_command(name: str, body, argv: list[str] | None) -> int:
         ...     return run_command("grow", _grow, argv)
         ```
     """
-    from ..utils import command_scope
+    from ..utils import command_scope, report_interrupt, signals_raised
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        # Output folders locked during the command stay locked until it ends (the holder record names it).
-        with command_scope(f"hf-depthgrow {name} " + shlex.join(argv)):
-            return int(body(argv) or 0)
-    except Exception as err:
-        message = _input_error_message(err)
-        if message is None or os.environ.get("HF_DEPTHGROW_TRACEBACK", "").lower() in ("1", "true", "yes"):
-            raise
-        print(f"hf-depthgrow {name}: {message}", file=sys.stderr)
-        # A full disk is the machine's state, not bad input: exit code 1, so that scripts can tell them apart.
-        return 1 if isinstance(err, OSError) and err.errno in (28, 122) else 2  # ENOSPC, EDQUOT
+    with signals_raised():  # a SIGTERM raises, as Ctrl-C does, until the command has ended
+        try:
+            # Output folders locked during the command stay locked until it ends (the holder record names it).
+            with command_scope(f"hf-depthgrow {name} " + shlex.join(argv)):
+                return int(body(argv) or 0)
+        except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: one line saying how to go on, exit 130 / 143
+            if _traceback_wanted():
+                raise
+            return report_interrupt(f"hf-depthgrow {name}", err)
+        except Exception as err:
+            message = _input_error_message(err)
+            if message is None or _traceback_wanted():
+                raise
+            print(f"hf-depthgrow {name}: {message}", file=sys.stderr)
+            # A full disk is the machine's state, not bad input: exit code 1, so that scripts can tell them apart.
+            return 1 if isinstance(err, OSError) and err.errno in (28, 122) else 2  # ENOSPC, EDQUOT
 
 
 def parse(name: str, argv: list[str], *dataclass_types, description: str | None = None) -> tuple:

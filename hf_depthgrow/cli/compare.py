@@ -33,6 +33,7 @@ from ..comparison import CompareConfig
 from ..config import ConfigParser
 from ..evaluation.formatting import scrub_paths
 from ..training.tracking import active_trackers
+from ..utils import interrupt_hint, interrupt_stage
 from .common import run_command
 
 
@@ -105,6 +106,17 @@ def _check_resume(script: CompareScript) -> None:
         raise ValueError(f"resume: nothing to resume in {script.trials_dir}: no stored trial and no checkpoint (drop --resume to start the sweep)")
 
 
+def _resume_hint(script: CompareScript) -> str:
+    """How an interrupted comparison goes on: from its stored trials when it has a --trials-dir."""
+    if script.gather is not None:
+        return f"{script.output_dir} was not changed; the same command gathers again"
+    if script.trials_dir is None:
+        return (f"{script.output_dir} was not changed and no trial was stored (no --trials-dir): the same command starts over; "
+                "add --trials-dir DIR to keep finished trials")  # fmt: skip
+    again = "the same command" + ("" if script.resume else " with --resume")
+    return f"{script.output_dir} was not changed; the finished trials are in {script.trials_dir}: {again} continues"
+
+
 def _ray_first(stack, cfg: CompareConfig) -> None:
     """`--engine ray`: join (or start) Ray and check the resources per trial before the model loads; held for the whole run."""
     if cfg.engine == "ray":
@@ -168,6 +180,8 @@ def _run(argv: list[str]) -> int:
     del plot_comparison, plot_validation, baselines, lookahead  # loaded, not used here
 
     script, cfg = build_parser().parse(argv)
+    interrupt_stage("the comparison")
+    interrupt_hint(_resume_hint(script))
     _check_resume(script)
     if script.gather is not None:
         script, cfg = gathering(script, cfg)
@@ -183,7 +197,7 @@ def _compare(script: CompareScript, cfg: CompareConfig, argv: list[str]) -> int:
     from ..comparison.fresh_data import data_plan
     from ..comparison.validation import validate_probe
     from ..growth.families import resolve_family
-    from ..pipeline.output import staged_output
+    from ..pipeline.output import record_outputs, staged_output
 
     model, splits, retention = _load(script, cfg)
     data_plan(cfg, len(splits["train"]))  # budgets that would repeat training blocks: one line before the output is staged
@@ -202,13 +216,17 @@ def _compare(script: CompareScript, cfg: CompareConfig, argv: list[str]) -> int:
         (tmp / "command.txt").write_text(scrub_paths("hf-depthgrow compare " + shlex.join(argv)) + "\n")
     print(result.to_markdown())
     if script.oracle_positions:
+        interrupt_stage("the oracle sweep")
+        again = " ".join(["the same command with --overwrite", *(["--resume"] if script.trials_dir and not script.resume else [])])
+        interrupt_hint(f"the comparison is saved in {script.output_dir}; {again} runs the oracle sweep again"
+                               + (" (the comparison's trials are reused)" if script.trials_dir else ""))  # fmt: skip
         validation = validate_probe(
             model, splits["train"], splits["held_out"], splits["test"], positions=script.oracle_positions,
             seeds=script.oracle_seeds, config=_logs(cfg, Path(script.output_dir), "probe_validation"), probe_result=None,
             # The rate the grid chose (on held-out) for the best growth arm: one rate for every position.
             learning_rate=result.arm(result.statistics["best_growth"]).learning_rate,
         )  # fmt: skip
-        validation.save(script.output_dir)
+        record_outputs(script.output_dir, validation.save(script.output_dir).values())  # --overwrite may replace them later
         print(validation.to_markdown())
     print(f"Everything is in {script.output_dir}/")
     return 0

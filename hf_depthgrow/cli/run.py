@@ -23,6 +23,7 @@ from ..config import ConfigParser
 import sys
 
 from ..pipeline import PushFailed, RunConfig, run_pipeline, summary_markdown
+from ..utils import interrupt_hint, interrupt_stage
 from .common import run_command
 
 
@@ -33,6 +34,9 @@ def build_parser() -> ConfigParser:
 
 def _run(argv: list[str]) -> int:
     (config,) = build_parser().parse(argv)
+    interrupt_stage("the run")
+    reuse = " (reusing the evidence already cached)" if config.evidence_cache else ""
+    interrupt_hint(f"{config.output_dir} was not changed; the same command starts the run again{reuse}")
     try:
         result = run_pipeline(config, command="hf-depthgrow run " + shlex.join(argv))
     except PushFailed as err:  # not an input error: the run's outputs and summary are on disk

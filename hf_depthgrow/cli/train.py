@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..config import ConfigParser, ScriptArguments
 from ..training.config import TrainConfig
+from ..utils import interrupt_hint, interrupt_stage
 from .common import dtype_of, run_command
 
 
@@ -96,8 +97,18 @@ def run(args: ScriptArguments, config: TrainConfig):
     return train(model, train_ds, config=config, eval_data=eval_ds, stepping_stone=stone, tokenizer=tokenizer)
 
 
+def _resume_hint(config: TrainConfig) -> str:
+    """How an interrupted `train` goes on: from its last checkpoint when it writes them."""
+    if config.save_steps and config.output_dir:
+        again = "the same command" + ("" if config.resume_from_checkpoint == "latest" else " with --resume-from-checkpoint latest")
+        return f"{again} continues from the last checkpoint in {config.output_dir} (none yet: it starts over)"
+    return "no checkpoint was written (--save-steps 0): the same command starts over"
+
+
 def _train(argv: list[str]) -> int:
     args, config = build_parser().parse(argv)
+    interrupt_stage("training")
+    interrupt_hint(_resume_hint(config))
     result = run(args, config)
     from accelerate import PartialState
 

@@ -74,8 +74,15 @@ def launch_env(path, workers: int) -> dict[str, str]:
     import io
     import os
 
+    from ..utils import kind_of, read_structured
+
     if not os.path.isfile(path):
         raise ValueError(f"accelerate_config {path}: no such file")
+    # Read here first: accelerate's loader gives a traceback for a file that is not a mapping (`'str' object has no attribute 'get'`).
+    expected = "a mapping of accelerate settings (`accelerate config` writes one)"
+    data = read_structured(path, expected=expected, label="accelerate_config")
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"accelerate_config {path}: expected {expected}, got {kind_of(data) if data != {} else 'an empty mapping'}")
     # `_validate_launch_command` is private, but it is where accelerate turns a config file into launch arguments (its
     # defaults, the FSDP/DeepSpeed fields); a hand-written reader would drift from what `accelerate launch` does.
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..evaluation.formatting import format_value
 from ..utils import atomic_write_text, json_safe, write_json
-from .sweep_report import frontier_sentence, steps_text, sweep_markdown, view_dict
+from .sweep_report import frontier_sentence, sweep_markdown, view_dict
 
 
 @dataclass
@@ -190,7 +190,7 @@ class CompareResult:
         lines = [
             "# Comparison at an equal budget", "",
             f"**Verdict:** {self.verdict}.", "",
-            f"Every arm: {steps_text(self.config)} optimizer steps of {self.config['batch_size']} examples, "
+            f"Every arm: {self._steps_text()} of {self.config['batch_size']} examples, "
             f"{self._schedule_text()}, learning rate chosen on held-out from {self._grid_text()}. "
             f"Intervals: {self.config['interval']}, {level:.0%} family-wise ({method} over the arms). "
             "Deltas are `loss(reference) - loss(arm)`: positive = the arm is better; forgetting = retention loss "
@@ -214,10 +214,18 @@ class CompareResult:
         lines += ["", *sweep_markdown(self)]
         return "\n".join(lines).rstrip() + "\n"
 
+    def _steps_text(self) -> str:
+        """The optimizer steps every arm had: its budgets when it was scored at several (`max_steps` is then unused)."""
+        budgets = self.config.get("budgets") or [self.config["max_steps"]]
+        if len(budgets) == 1:
+            return f"{budgets[0]} optimizer steps"
+        listed = ", ".join(str(b) for b in budgets[:-1]) + f" and {budgets[-1]}"
+        return f"{listed} optimizer steps (scored at each budget as if trained alone; the table: {budgets[-1]})"
+
     def _schedule_text(self) -> str:
         budgets = self.config.get("budgets")
         if budgets and len(budgets) > 1:
-            return f"budgets {budgets} (the table: the largest), warmup-stable-decay schedule decaying over the last {self.config['decay_ratio']:.0%} of each"
+            return f"warmup-stable-decay schedule decaying over the last {self.config['decay_ratio']:.0%} of each budget"
         name = self.config["lr_scheduler"]
         return f"{'cosine' if name == 'auto' else name} schedule"  # auto is cosine for one budget
 

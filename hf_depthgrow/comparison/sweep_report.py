@@ -36,12 +36,6 @@ def frontier_sentence(view) -> str | None:
     return "; ".join(parts)
 
 
-def steps_text(config: dict) -> str:
-    """The optimizer steps of every arm, for compare.md's header: one budget's count, or each budget's."""
-    budgets = config.get("budgets") or [config["max_steps"]]
-    return f"{budgets[0]}" if len(budgets) == 1 else "each budget's"
-
-
 def data_lines(result) -> list[str]:
     """compare.md's training-data section: blocks, epochs per budget, and whether blocks repeat."""
     blocks = (result.num_examples or {}).get("train")

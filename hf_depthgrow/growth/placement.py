@@ -113,15 +113,25 @@ def load_plan(path) -> object:
         {'plan': [{'at': 8, 'copy_from': 2}]}
         ```
     """
-    import yaml
+    from ..utils import kind_of, read_structured
 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no such plan file: {path}")
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ValueError(f"plan file {path} is not valid YAML: {' '.join(str(err).split())}") from None
+    expected = "a list of objects ({'at': k, ...}) or of positions, or a mapping with 'plan' or mergekit 'slices'"
+    data = read_structured(path, expected=expected, label="plan file")
+    if (isinstance(data, dict) and ("plan" in data or "slices" in data)) or (isinstance(data, list) and data and (
+            all(isinstance(item, dict) for item in data) or all(isinstance(item, int) and not isinstance(item, bool) for item in data))):
+        return data
+    if isinstance(data, list) and data:
+        objects = any(isinstance(item, dict) for item in data)  # a plan: every entry an object; else positions: every one an int
+        wrong = next(i for i, item in enumerate(data) if (not isinstance(item, dict) if objects else not isinstance(item, int) or isinstance(item, bool)))
+        got = f"but entry {wrong} is {kind_of(data[wrong])}"
+    elif isinstance(data, dict):
+        got = f"got a mapping with keys {sorted(map(str, data))}"
+    else:
+        got = "got " + ("an empty list" if isinstance(data, list) else kind_of(data))
+    raise ValueError(f"plan file {path}: expected {expected}, {got}")
 
 
 def check_placement(spec: str) -> object:

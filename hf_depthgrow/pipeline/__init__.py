@@ -15,11 +15,11 @@ and writes everything a person wants to read or reuse into `output_dir`:
 
 from ..hub.loading import HubUnreachable
 from .config import RunConfig
-from .output import MARKER, check_output_dir, staged_output
+from .output import MARKER, check_output_dir, claim_output_dir, record_outputs, staged_output
 from .stages import PushFailed, RunResult, run_pipeline
 from .summary import summary_markdown
 
 __all__ = [
-    "MARKER", "HubUnreachable", "PushFailed", "RunConfig", "RunResult", "check_output_dir", "run_pipeline", "staged_output",
-    "summary_markdown",
+    "MARKER", "HubUnreachable", "PushFailed", "RunConfig", "RunResult", "check_output_dir", "claim_output_dir", "record_outputs",
+    "run_pipeline", "staged_output", "summary_markdown",
 ]  # fmt: skip

@@ -1,9 +1,10 @@
 """Output folders: checked before anything runs, locked while a command writes them, replaced atomically,
 never deleted unless this tool wrote them.
 
-Every output folder gets a marker file (`.hf_depthgrow_run`, holding the version). `--overwrite`
-replaces only a folder that has it, and never one that is or holds the working directory, the home
-directory, the filesystem root or an input. A run writes into a sibling `.NAME.tmp-<pid>` and is
+Every output folder gets a marker file (`.hf_depthgrow_run`, holding the version and every file the run
+wrote). `--overwrite` replaces only a folder that has it and holds nothing else (a user's own files are
+never deleted: the folder is refused, naming them), and never one that is or holds the working
+directory, the home directory, the filesystem root or an input. A run writes into a sibling `.NAME.tmp-<pid>` and is
 swapped into place only when it succeeded, so a failure leaves the old output as it was.
 
 One writer per folder: `check_output_dir` and `staged_output` take an exclusive lock on the file
@@ -29,11 +30,15 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..utils import at_command_end, atomic_write_text, command_line, command_scope, in_command, pid_alive
+from ..utils import (
+    WRITE_ERRNOS, WriteError, at_command_end, atomic_write_text, command_line, command_scope, in_command, pid_alive, write_error,
+)
 
 MARKER = ".hf_depthgrow_run"
 
-__all__ = ["MARKER", "OutputInUseError", "check_output_dir", "command_scope", "staged_output"]
+__all__ = [
+    "MARKER", "OutputInUseError", "check_output_dir", "claim_output_dir", "command_scope", "foreign_files", "record_outputs", "staged_output",
+]
 
 _HELD: dict[Path, "_Lock"] = {}  # output folders this process holds the lock of
 _CHECKED: dict[Path, bool] = {}  # output folder -> the `overwrite` it was checked with
@@ -75,6 +80,10 @@ def _why_not_replace(out: Path, inputs: dict) -> str | None:
             return f"it holds the input {label} {value}"
     if not (out / MARKER).is_file():
         return f"it was not written by hf-depthgrow (no {MARKER} file)"
+    theirs = foreign_files(out)
+    if theirs:
+        shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+        return f"it holds files hf-depthgrow did not write ({shown}): move them out of it first"
     return None
 
 
@@ -111,6 +120,132 @@ def check_output_dir(path, *, overwrite: bool, inputs: dict | None = None) -> Pa
         _check_contents(out, path, overwrite, inputs or {})
     _CHECKED[out] = overwrite
     return out
+
+
+# ------------------------------------------------------------------ what the tool wrote
+
+# A file changed this long after the marker was written is the user's (for a marker without a list of files).
+_LEGACY_SLACK_S = 2.0
+
+
+def _walk(folder: Path) -> list[str]:
+    """Every file, link and empty folder under `folder` (relative, `/`-separated), links not followed."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        for name in files + [d for d in dirs if (Path(root) / d).is_symlink()]:
+            found.append((rel / name).as_posix())
+        if not dirs and not files and Path(root) != folder:
+            found.append(rel.as_posix() + "/")
+    return sorted(found)
+
+
+def _read_marker(folder: Path) -> dict | None:
+    """The marker's record (`{"hf_depthgrow": version, "files": [...]}`), or `None` for a marker without one."""
+    try:
+        record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    files = record.get("files") if isinstance(record, dict) else None
+    return record if isinstance(files, list) and all(isinstance(f, str) for f in files) else None
+
+
+def _write_marker(folder: Path, files: list[str]) -> None:
+    from .. import __version__
+
+    record = {"hf_depthgrow": __version__, "files": sorted(set(files) - {MARKER})}
+    atomic_write_text(folder / MARKER, json.dumps(record, indent=0) + "\n")
+
+
+def foreign_files(folder) -> list[str]:
+    """What in an output folder this tool did not write (relative paths; a folder ends in `/`): `--overwrite` keeps them.
+
+    The marker lists every file the tool wrote. A marker without the list (an older version's) says only when the
+    folder was finished: a file changed after that is the user's.
+    """
+    folder = Path(folder)
+    record = _read_marker(folder)
+    present = [f for f in _walk(folder) if f != MARKER]
+    if record is not None:
+        ours = set(record["files"])
+        parents = {p.as_posix() + "/" for f in ours for p in Path(f).parents if p != Path(".")}
+        return [f for f in present if f not in ours and f not in parents]
+    finished = (folder / MARKER).stat().st_mtime
+    return [f for f in present if (folder / f.rstrip("/")).lstat().st_mtime > finished + _LEGACY_SLACK_S]
+
+
+def record_outputs(folder, paths) -> None:
+    """Add files written into a finished output folder (after `staged_output`) to what its marker says the tool wrote.
+
+    Example:
+        ```python
+        >>> paths = validation.save("runs/compare")  # beside the comparison, after it was swapped into place
+        >>> record_outputs("runs/compare", paths.values())
+        ```
+    """
+    folder = _resolved(folder)
+    record = _read_marker(folder)
+    if record is None:
+        return  # an older marker: files newer than it are the user's, and these are
+    added = [_resolved(p).relative_to(folder).as_posix() for p in paths]
+    _write_marker(folder, record["files"] + added)
+
+
+def claim_output_dir(path, *, resume: bool, overwrite: bool, what: str) -> Path:
+    """An output folder a long job writes in place (a study that reuses what an earlier run of it left): checked, marked.
+
+    Absent or empty: created with the marker. Holding the marker (an earlier run of this tool): `resume` continues in
+    it, `overwrite` first removes what the tool wrote there (the user's own files refuse it, naming them); with
+    neither it is refused. Without the marker it is refused either way: nothing of it is ever changed. Files the job
+    writes afterwards go into the marker with `record_outputs`.
+
+    Args:
+        path: The output folder.
+        resume: Continue an earlier run in the folder.
+        overwrite: Replace what an earlier run wrote there.
+        what: The job in words, for the messages (`"a regime study"`).
+
+    Example:
+        ```python
+        >>> out = claim_output_dir("runs/study", resume=True, overwrite=False, what="a regime study")
+        ```
+    """
+    if resume and overwrite:
+        raise ValueError("resume continues an earlier run and overwrite replaces it: give one of them")
+    out = _resolved(path)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{path} exists and is not a folder")
+    with _locked(out, path):
+        if out.exists() and [f for f in _walk(out) if f != MARKER]:  # a marker alone: a run that failed before writing anything
+            why = _why_not_replace(out, {})
+            if why and not (out / MARKER).is_file():
+                raise FileExistsError(f"will not write into {path}: {why}; choose another output folder")
+            if why:
+                raise FileExistsError(f"will not {'resume in' if resume else 'replace'} {path}: {why}")
+            if not (resume or overwrite):
+                raise FileExistsError(f"{path} holds {what} written earlier: pass --resume to continue it or --overwrite to replace it")
+            if overwrite:
+                _remove_listed(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if _read_marker(out) is None:
+            _write_marker(out, [f for f in _walk(out) if f != MARKER])  # an older marker: what is there now was the tool's
+    return out
+
+
+def _remove_listed(folder: Path) -> None:
+    """Remove the files the marker lists (and the folders they leave empty); the marker stays, listing nothing."""
+    record = _read_marker(folder)
+    for name in record["files"] if record else [f for f in _walk(folder) if f != MARKER]:
+        target = folder / name.rstrip("/")
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif os.path.lexists(target):
+            target.unlink()
+        for parent in target.parents:
+            if parent == folder or not parent.is_dir() or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    _write_marker(folder, [])
 
 
 # ------------------------------------------------------------------ the lock
@@ -162,7 +297,10 @@ class _Lock:
     def acquire(self, path) -> "_Lock":
         from filelock import FileLock, Timeout
 
-        self.created = _make_parents(self.out)  # the lock file lives beside the folder
+        try:
+            self.created = _make_parents(self.out)  # the lock file lives beside the folder
+        except OSError as err:
+            raise write_error(err, path) from err
         self.lock = FileLock(str(_lock_file(self.out)), timeout=0, thread_local=False)
         try:
             self.lock.acquire()
@@ -172,6 +310,9 @@ class _Lock:
                 f"{path} is being written by another hf-depthgrow process ({_holder(self.out)}); two commands writing one "
                 "output folder would lose one result: wait for it to finish or choose another output folder"
             ) from None
+        except OSError as err:  # a read-only or forbidden parent: the folder could not be written either
+            _remove_empty(self.created)
+            raise write_error(err, path) from err
         try:
             previous = _read_owner(self.out)  # the record of a run that died holding the lock, if any
             earlier = previous.get("leftovers_of")
@@ -278,6 +419,21 @@ def _remove_ours(folder: Path) -> None:
 # ------------------------------------------------------------------ writing
 
 
+def _output_write_error(err: OSError, tmp: Path, path) -> OSError | None:
+    """A full, read-only or forbidden output as one line naming the output path (the staging folder is gone by then);
+    `None` for any other error (an input's, a bug's), which keeps its own words."""
+    if isinstance(err, OutputInUseError) or err.errno not in WRITE_ERRNOS:
+        return None
+    if err.filename is not None and not str(err.filename).startswith(str(tmp)) and not isinstance(err, WriteError):
+        return None  # another file than the output's (an input that cannot be read)
+    text = " ".join(str(err).split())
+    if str(tmp) in text:  # the writer named its file (a WriteError, save_pretrained's NoSpaceError): say it by its final path
+        return WriteError(err.errno, text.replace(str(tmp), str(path)) + ("" if "unchanged" in text else f" ({path} is unchanged)"))
+    reason = err.strerror or text
+    return WriteError(err.errno, f"cannot write {path}: {reason} ({path} is unchanged)")
+
+
+
 def _make_parents(folder: Path) -> list[Path]:
     """Create the missing parents of `folder`; return them, deepest first, for removal on failure."""
     missing = [p for p in folder.parents if not p.exists()]
@@ -302,6 +458,7 @@ def _swap(tmp: Path, out: Path) -> None:
             child.rename(out / child.name)
         tmp.rmdir()
         return
+    theirs = foreign_files(out) if (out / MARKER).is_file() else []  # put there while this run worked (checked before it)
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     out.rename(old)  # a kill from here to the next rename is undone by the next run (_recover)
     try:
@@ -309,7 +466,26 @@ def _swap(tmp: Path, out: Path) -> None:
     except OSError:
         old.rename(out)  # put the old output back before reporting
         raise
+    if theirs:
+        _keep_foreign(old, out, theirs)
+    else:
+        _remove_ours(old)
+
+
+def _keep_foreign(old: Path, out: Path, theirs: list[str]) -> None:
+    """Files a user put into the output while it was being replaced: carried into the new one, or kept aside."""
+    if any(os.path.lexists(out / f.rstrip("/")) for f in theirs):
+        kept = out.parent / f"{out.name}.kept-{os.getpid()}"
+        (old / MARKER).unlink(missing_ok=True)  # no longer this tool's to remove: it holds the user's files
+        old.rename(kept)
+        warnings.warn(f"the previous {out.name} held files hf-depthgrow did not write, under names the new output uses: "
+                      f"kept the previous folder as {kept.name}", stacklevel=3)  # fmt: skip
+        return
+    for f in theirs:
+        (out / f.rstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(old / f.rstrip("/"), out / f.rstrip("/"))
     _remove_ours(old)
+    warnings.warn(f"kept in {out}: {', '.join(theirs)} (not written by hf-depthgrow)", stacklevel=3)
 
 
 @contextmanager
@@ -326,8 +502,6 @@ def staged_output(path):
         ...     (tmp / "summary.json").write_text("{}")
         ```
     """
-    from .. import __version__
-
     out = _resolved(path)
     with _locked(out, path) as fresh:
         overwrite = _CHECKED.pop(out, None)  # one check, one write: a later staged_output replaces as before
@@ -337,15 +511,18 @@ def staged_output(path):
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         try:
             tmp.mkdir()  # outside the cleanup below were it to exist already: not ours to delete
-        except OSError:
+        except OSError as err:
             _remove_empty(created)
-            raise
+            raise write_error(err, path) from err
         try:
             yield tmp
             # Written last: save_pretrained refuses a non-empty folder it did not write, and the temp folder is one.
-            (tmp / MARKER).write_text(f"hf_depthgrow {__version__}\n")
+            _write_marker(tmp, _walk(tmp))  # what this run wrote: --overwrite later removes that and nothing else
             _swap(tmp, out)
-        except BaseException:
+        except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
             _remove_empty(created)
+            public = _output_write_error(err, tmp, path) if isinstance(err, OSError) else None
+            if public is not None:
+                raise public from err
             raise

@@ -167,12 +167,14 @@ class StudyConfig:
 
 
 def _read_yaml(path: str | os.PathLike) -> dict:
-    import yaml
+    from ..utils import kind_of, read_structured
 
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    expected = "a mapping of study settings"
+    data = read_structured(path, expected=expected)
+    if data is None:
+        return {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
+        raise ValueError(f"{path}: expected {expected}, got {kind_of(data)}")
     return data
 
 

@@ -298,6 +298,8 @@ def resolve_resume(target: str | None, output_dir: str | None, *, is_main_proces
             return None
         return found[-1]
     path = Path(target)
+    if not path.exists():
+        raise FileNotFoundError(f"resume_from_checkpoint {path}: no such checkpoint folder")
     if not (path / TRAINER_STATE).exists():
         raise ValueError(f"{path} is not a complete checkpoint (no {TRAINER_STATE})")
     return path

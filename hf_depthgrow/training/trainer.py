@@ -434,10 +434,17 @@ class GrownTrainer:
         return loss
 
     def close(self) -> None:
-        """Drop a run started with `begin`: nothing is selected, evaluated or saved; caches and the output_dir lock go."""
-        self._bar.close()
+        """Drop a run started with `begin`: nothing is selected, evaluated or saved; caches and the output_dir lock go.
+
+        Safe at any point, also when `begin` failed half-way (a missing checkpoint, Ctrl-C while the prefix cache is
+        built): only what was set up is closed, so the error that stopped the set-up is the one the caller sees.
+        """
+        bar = getattr(self, "_bar", None)
+        if bar is not None:
+            bar.close()
         self.tracking.finish()
-        for cache in (self.train_cache, self.eval_cache):
+        for name in ("train_cache", "eval_cache"):
+            cache = getattr(self, name, None)
             if cache is not None:
                 cache.close()
         if self._lock is not None:

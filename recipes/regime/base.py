@@ -189,7 +189,11 @@ def prepare_base(cfg, log=print):
     if folder.exists() and not info_path.is_file():
         raise BaseMismatchError(f"{folder} exists and is not a regime-study base (no settings.json): use another output_dir")
     if info_path.is_file():
-        info = json.loads(info_path.read_text())
+        from hf_depthgrow.utils import kind_of, read_structured
+
+        info = read_structured(info_path, expected="the base's settings (a JSON object)")
+        if not isinstance(info, dict):
+            raise BaseMismatchError(f"{info_path}: expected the base's settings (a JSON object), got {kind_of(info)}: use another output_dir")
         if info.get("settings") != cfg.base_settings():
             changed = sorted(k for k in cfg.base_settings() if (info.get("settings") or {}).get(k) != getattr(cfg, k))
             raise BaseMismatchError(f"{folder} holds a base trained with other settings ({', '.join(changed)}): use another output_dir")

@@ -14,6 +14,8 @@ class RegimeStudyConfig:
     continued training (Shakespeare, budgets, arms, grids, seeds). Loaded from YAML by `hf_depthgrow.config`."""
 
     output_dir: str = field(default="runs/regime_study", metadata={"help": "Study folder (base/, seed<S>/, study.json, study.md)."})
+    resume: bool = field(default=False, metadata={"help": "Continue the study in output_dir (its base and stored trials are reused)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace what an earlier study wrote in output_dir (never a user's own files)."})
     seed: int = field(default=0, metadata={"help": "Seeds the base: page split, vocabulary sample, init, data order; and the Shakespeare split."})
     docs_chars: int | None = field(default=None, metadata={"help": "Characters of the Python docs read, pages in path order (None: all, ~9.4M)."})
     # vocabulary and base model
@@ -103,6 +105,8 @@ class RegimeStudyConfig:
                 raise ValueError(f"the oracle needs at least 4 distinct positions in 0..num_layers ({self.num_layers}), got {list(positions)}")
         if not isinstance(self.lookahead_steps, int) or isinstance(self.lookahead_steps, bool) or self.lookahead_steps < 1:
             raise ValueError(f"lookahead_steps must be an int >= 1, got {self.lookahead_steps!r}")
+        if self.resume and self.overwrite:
+            raise ValueError("resume continues the study in output_dir and overwrite replaces it: give one of them")
         self.oracle_config()  # CompareConfig checks arms, grids, budgets and the engine now, before anything trains
 
     def compare_config(self, seed: int):
