@@ -78,14 +78,18 @@ class CompareScript:
 
 
 def _check_trials_dir(script: CompareScript) -> None:
-    """The trial store outlives the output folder (which --overwrite replaces): never inside it, never a file."""
+    """The trial store outlives the output folder (which --overwrite replaces): never inside it, never a file, never
+    `/`, the home folder or a folder the run reads (the model's, the data's)."""
     if script.trials_dir is None:
         return
+    from ..comparison.store import check_trials_dir
+
     trials, out = Path(script.trials_dir).resolve(), Path(script.output_dir).resolve()
     if trials == out or out in trials.parents:
         raise ValueError(f"trials_dir {script.trials_dir} lies inside output_dir {script.output_dir}, which --overwrite replaces: put it beside it")
     if trials.exists() and not trials.is_dir():
         raise ValueError(f"trials_dir {script.trials_dir} exists and is not a folder")
+    check_trials_dir(script.trials_dir, inputs={"model": script.model, "data": script.data, "retention data": script.retention_data})
 
 
 def _check_resume(script: CompareScript) -> None:
@@ -99,7 +103,8 @@ def _check_resume(script: CompareScript) -> None:
     from ..comparison.store import CHECKPOINTS, KIND
 
     folder = Path(script.trials_dir)
-    if not any(any((folder / sub).glob("*")) for sub in (KIND, CHECKPOINTS) if (folder / sub).is_dir()):
+    # What this store wrote: not the temporary folders of an interrupted write, nor the entries it set aside.
+    if not any(any(not p.name.startswith(".") for p in (folder / sub).iterdir()) for sub in (KIND, CHECKPOINTS) if (folder / sub).is_dir()):
         raise ValueError(f"resume: nothing to resume in {script.trials_dir}: no stored trial and no checkpoint (drop --resume to start the sweep)")
 
 

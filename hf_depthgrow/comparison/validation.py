@@ -310,6 +310,9 @@ def validate_probe(
     from dataclasses import replace
 
     positions, seeds = _checked(positions, seeds, predictors, retention_data)
+    from .store import check_trials_dir
+
+    check_trials_dir(trials_dir, inputs={"model": getattr(model, "name_or_path", None)})
     cfg = config or CompareConfig()
     lr = float(learning_rate if learning_rate is not None else max(cfg.grid("growth")))
     names = [f"at:{k}" for k in positions]
