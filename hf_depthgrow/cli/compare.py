@@ -102,9 +102,11 @@ def _check_resume(script: CompareScript) -> None:
         raise ValueError("resume continues the trials stored in --trials-dir: add --trials-dir DIR (the interrupted run's)")
     from ..comparison.store import CHECKPOINTS, KIND
 
-    folder = Path(script.trials_dir)
-    # What this store wrote: not the temporary folders of an interrupted write, nor the entries it set aside.
-    if not any(any(not p.name.startswith(".") for p in (folder / sub).iterdir()) for sub in (KIND, CHECKPOINTS) if (folder / sub).is_dir()):
+    # A stored trial or a checkpoint: not the temporary folder of an interrupted write, nor what the store set aside.
+    trials, checkpoints = Path(script.trials_dir) / KIND, Path(script.trials_dir) / CHECKPOINTS
+    stored = trials.is_dir() and any(not p.name.startswith(".") for p in trials.iterdir())
+    keys = [k for k in checkpoints.iterdir() if k.is_dir() and not k.name.startswith(".")] if checkpoints.is_dir() else []
+    if not stored and not any(c.name.isdigit() for k in keys for c in k.iterdir()):
         raise ValueError(f"resume: nothing to resume in {script.trials_dir}: no stored trial and no checkpoint (drop --resume to start the sweep)")
 
 

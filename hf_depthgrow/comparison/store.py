@@ -26,6 +26,7 @@ home folder or a folder the run reads (`check_trials_dir`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import warnings
@@ -59,14 +60,14 @@ def check_trials_dir(trials_dir, *, inputs: dict | None = None) -> None:
     """
     if trials_dir is None:
         return
-    folder = Path(trials_dir).expanduser().resolve()
+    folder = Path(trials_dir).resolve()
     named = {Path("/").resolve(): "the root folder", Path.home().resolve(): "the home folder"}
     if folder in named:
         raise ValueError(f"trials_dir {trials_dir} is {named[folder]}: give the trials a folder of their own (e.g. runs/sweep-trials)")
     for what, given in (inputs or {}).items():
-        if not given or not Path(given).expanduser().is_dir():
+        if not given or not Path(given).is_dir():
             continue
-        source = Path(given).expanduser().resolve()
+        source = Path(given).resolve()
         if folder == source or source in folder.parents:
             raise ValueError(f"trials_dir {trials_dir} lies inside the input {what} folder {given}, which the run reads: put it beside it")
 
@@ -154,7 +155,7 @@ class TrialStore(EvidenceCache):
                 shutil.rmtree(new, ignore_errors=True)
                 replace(checkpoint, key=key).save(new)
             for old in folder.iterdir():  # the new one is in place first: a crash leaves one whole checkpoint
-                if old != new and (old.name.isdigit() or old.name.startswith(".tmp-")):  # only what this store wrote
+                if old != new and _ours(old):
                     shutil.rmtree(old, ignore_errors=True)
         except Exception as err:  # noqa: BLE001 - safetensors reports a full disk as its own SafetensorError
             self.warn_unwritable(err)
@@ -201,9 +202,14 @@ class TrialStore(EvidenceCache):
         return None
 
     def drop_checkpoints(self, spec: TrialSpec) -> None:
-        """Remove `spec`'s checkpoints (once its result is stored they are not needed)."""
-        if self.enabled:
-            shutil.rmtree(self._checkpoints(spec), ignore_errors=True)
+        """Remove `spec`'s checkpoints (once its result is stored they are not needed); nothing else in their folder."""
+        if not self.enabled or not (folder := self._checkpoints(spec)).is_dir():
+            return
+        for path in folder.iterdir():
+            if _ours(path):
+                shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty: what someone else put there stays
 
     def check_resume(self, specs: list[TrialSpec]) -> None:
         """With `resume`, on the first call (a sweep's first trials): refuse when none of `specs` is stored or checkpointed here."""
@@ -219,6 +225,11 @@ class TrialStore(EvidenceCache):
         if not self.enabled:
             return {}
         return {"checkpoint": lambda c: self.save_checkpoint(spec, c), "resume": self.resume_point(spec)}
+
+
+def _ours(path: Path) -> bool:
+    """Whether `path`, in a trial's checkpoint folder, is what this store writes there: a checkpoint or its temporary folder."""
+    return path.is_dir() and (path.name.isdigit() or path.name.startswith(".tmp-"))
 
 
 def _result_entry(result: TrialResult) -> tuple[dict, dict]:
