@@ -97,24 +97,37 @@ def test_an_edited_or_damaged_entry_is_never_reused(tmp_path):
 
 
 def test_unreadable_entries_are_skipped_with_a_warning(tmp_path):
+    """An entry that passes its digest but cannot be parsed, or names another key, is moved aside (kept) and the
+    fresh entry stored in its place: it would otherwise be skipped, and never replaced, on every run."""
     cache = EvidenceCache(tmp_path)
     key = cache.store("probe", PARTS, {"x": 1}, {"w": torch.ones(2)})
     folder = tmp_path / "probe" / key
     # Files that match their digest (written so) but cannot be parsed: skipped, not trusted.
     (folder / "tensors.safetensors").write_bytes(b"not a safetensors file")
     write_digest(folder)
-    with pytest.warns(UserWarning, match="ignoring the unreadable probe entry"):
+    with pytest.warns(UserWarning, match="ignoring the unreadable probe entry.*moved aside"):
         assert cache.load("probe", PARTS) is None
+    assert not folder.exists() and len(_rejected(folder.parent)) == 1
+    assert cache.store("probe", PARTS, {"x": 1}, {"w": torch.ones(2)}) == key and cache.load("probe", PARTS).meta == {"x": 1}
     (folder / "entry.json").write_text("{broken")
     write_digest(folder)
     with pytest.warns(UserWarning, match="ignoring the unreadable"):
         assert cache.load("probe", PARTS) is None
+    assert cache.store("probe", PARTS, {"x": 1}, {"w": torch.ones(2)}) == key and len(_rejected(folder.parent)) == 2
     # A whole entry renamed to another key's folder passes its digest but names another key: not trusted either.
     other = cache.store("probe", {"other": 1}, {"x": 2})
     os.rename(folder, tmp_path / "probe" / "elsewhere")
     os.rename(tmp_path / "probe" / other, folder)
     with pytest.warns(UserWarning, match="does not match the key"):
         assert cache.load("probe", PARTS) is None
+    assert cache.store("probe", PARTS, {"x": 1}, {"w": torch.ones(2)}) == key and cache.load("probe", PARTS).meta == {"x": 1}
+    # A store that finds such an entry in place (never loaded) replaces it too, keeping it aside.
+    other = cache.store("probe", {"other": 1}, {"x": 2})
+    os.rename(folder, tmp_path / "probe" / "mine")
+    os.rename(tmp_path / "probe" / other, folder)
+    with pytest.warns(UserWarning, match="in place was written for another key; replacing it"):
+        assert cache.store("probe", PARTS, {"x": 1}, {"w": torch.ones(2)}) == key
+    assert cache.load("probe", PARTS).meta == {"x": 1} and len(_rejected(folder.parent)) == 4
 
 
 def test_writers_of_one_key_at_once_leave_one_whole_entry(tmp_path):

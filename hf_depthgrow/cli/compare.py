@@ -81,14 +81,18 @@ class CompareScript:
 
 
 def _check_trials_dir(script: CompareScript) -> None:
-    """The trial store outlives the output folder (which --overwrite replaces): never inside it, never a file."""
+    """The trial store outlives the output folder (which --overwrite replaces): never inside it, never a file, never
+    `/`, the home folder or a folder the run reads (the model's, the data's)."""
     if script.trials_dir is None:
         return
+    from ..comparison.store import check_trials_dir
+
     trials, out = Path(script.trials_dir).resolve(), Path(script.output_dir).resolve()
     if trials == out or out in trials.parents:
         raise ValueError(f"trials_dir {script.trials_dir} lies inside output_dir {script.output_dir}, which --overwrite replaces: put it beside it")
     if trials.exists() and not trials.is_dir():
         raise ValueError(f"trials_dir {script.trials_dir} exists and is not a folder")
+    check_trials_dir(script.trials_dir, inputs={"model": script.model, "data": script.data, "retention data": script.retention_data})
 
 
 def _check_resume(script: CompareScript) -> None:
@@ -101,8 +105,11 @@ def _check_resume(script: CompareScript) -> None:
         raise ValueError("resume continues the trials stored in --trials-dir: add --trials-dir DIR (the interrupted run's)")
     from ..comparison.store import CHECKPOINTS, KIND
 
-    folder = Path(script.trials_dir)
-    if not any(any((folder / sub).glob("*")) for sub in (KIND, CHECKPOINTS) if (folder / sub).is_dir()):
+    # A stored trial or a checkpoint: not the temporary folder of an interrupted write, nor what the store set aside.
+    trials, checkpoints = Path(script.trials_dir) / KIND, Path(script.trials_dir) / CHECKPOINTS
+    stored = trials.is_dir() and any(not p.name.startswith(".") for p in trials.iterdir())
+    keys = [k for k in checkpoints.iterdir() if k.is_dir() and not k.name.startswith(".")] if checkpoints.is_dir() else []
+    if not stored and not any(c.name.isdigit() for k in keys for c in k.iterdir()):
         raise ValueError(f"resume: nothing to resume in {script.trials_dir}: no stored trial and no checkpoint (drop --resume to start the sweep)")
 
 

@@ -57,7 +57,8 @@ class Arm:
         return [e.at for e in self.placement]
 
     def to_dict(self) -> dict:
-        return {
+        """The arm as JSON: every field that changes what it trains (it is part of each trial's store key)."""
+        out = {
             "name": self.name,
             "kind": self.kind,
             "positions": self.positions or None,
@@ -67,6 +68,9 @@ class Arm:
             "trainable_parameters": self.trainable_parameters,
             "matched_to": self.matched_to,
         }
+        if any(e.init is not None for e in self.placement):  # only then: the keys of arms without one stay as they were
+            out["init"] = [e.init for e in self.placement]
+        return out
 
 
 def arm_name(spec) -> str:

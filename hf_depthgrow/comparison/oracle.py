@@ -50,7 +50,7 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
         batch_size=cfg.batch_size, selection_max_examples=cfg.selection_max_examples, lora_target_modules=cfg.lora_target_modules,
         grow_kwargs=None, original=original, tracking=_tracker_settings(cfg),
     )  # fmt: skip
-    store = TrialStore(trials_dir, inputs) if trials_dir is not None else None
+    store = TrialStore(trials_dir, inputs, trains=cfg.engine != "stored") if trials_dir is not None else None
     if cfg.engine == "ray":
         from .ray_engine import ray_engine
 

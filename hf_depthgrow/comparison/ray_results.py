@@ -57,8 +57,7 @@ def collector(specs, store, bar):
             done = self.results[spec.name] = unpack(spec, result["trial"])
             if result.get("resumed_from"):
                 logger.info("trial %s continued from its checkpoint at step %d", spec.name, result["resumed_from"])
-            if store is not None:
-                store.save(done)
+            if store is not None and store.save(done) is not None:  # one it could not write keeps its checkpoint
                 store.drop_checkpoints(spec)
             if bar is not None:
                 bar.set_postfix_str(spec.name)

@@ -34,7 +34,7 @@ from .engine import run_serial
 from .fresh_data import data_plan
 from .grids import best_rate, edge, extension
 from .result import CompareResult
-from .store import TrialStore, stored
+from .store import TrialStore, check_trials_dir, stored
 from .trial import TrialInputs, TrialResult, TrialSpec
 
 
@@ -195,6 +195,7 @@ def compare_plans(
     cfg = config or CompareConfig(**kwargs)
     if resume and trials_dir is None:
         raise ValueError("resume continues the trials stored in trials_dir: set trials_dir (compare --trials-dir)")
+    check_trials_dir(trials_dir, inputs={"model": getattr(model, "name_or_path", None)})
     tracking.check_available(cfg.report_to)
     tracking.check_logging_dir(cfg.report_to, cfg.logging_dir, "logging_dir is not set (hf-depthgrow compare defaults it to <output_dir>/logs)")
     started = time.perf_counter()
@@ -232,7 +233,7 @@ def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows
         grow_kwargs=grow_kwargs, original=original, tracking=_tracker_settings(cfg),
     )  # fmt: skip
     trained = [a for a in arms if a.kind != "original"]
-    store = TrialStore(trials_dir, inputs, resume=resume) if trials_dir is not None else None
+    store = TrialStore(trials_dir, inputs, resume=resume, trains=cfg.engine != "stored") if trials_dir is not None else None
     if cfg.engine == "ray":  # comparison.ray_engine: Ray Tune trials, each stored as it finishes
         from .ray_engine import ray_engine
 

@@ -1,29 +1,42 @@
 """Trial results that survive: each finished trial is stored, verified on every read, and reused instead of rerun.
 
 A sweep that outgrows a session resumes by running the same command again: every trial already stored under
-`trials_dir` is read back (its sha256 digest checked, as the evidence cache does; an edited or damaged entry
-is set aside with a warning and rerun, never reused) and only the others train. A trial's key covers its
-spec (arm, rate, seed, budgets, schedule), the base model's weights, every row of every split, the settings
-that change what it computes, and the package, torch and transformers versions, so a trial of another plan,
-model or data is never taken for this one. Unlike the evidence cache the key leaves out the package's source
+`trials_dir` is read back (its sha256 digest checked, as the evidence cache does; an edited, damaged or
+unreadable entry, or one under another trial's key, is moved aside with a warning and rerun, never reused,
+and the fresh result takes its place) and only the others train. A trial's key covers its spec (arm with
+every placement entry, rate, seed, budgets, schedule), the base model's weights, every row of every split,
+the settings that change what it computes, and the package, torch and transformers versions, so a trial of
+another plan, model or data is never taken for this one (what it leaves out: the original's losses, computed
+from what it covers, and the trackers' settings). Unlike the evidence cache the key leaves out the package's source
 hash: a sweep that spans sessions must survive an unrelated commit (the package version still guards it).
 
 An unfinished trial keeps its latest `TrialCheckpoint` under `checkpoints/<its key>/` (after every budget and
-rung it scores; removed once its result is stored). A plain rerun leaves them unused, with a warning: each
-unfinished trial starts over. With `resume` (`compare --resume`) it continues from its checkpoint, which ends
-bit-identical to the uninterrupted trial; `resume` where nothing of the sweep is stored or checkpointed is refused.
+rung it scores; removed once its result is stored). Each carries its trial's key: on resume a checkpoint whose
+key is not the trial's (another sweep's, copied in) or that fails its digest is moved aside, with a warning,
+and the trial starts over. A plain rerun leaves them unused, with a warning: each unfinished trial starts over.
+With `resume` (`compare --resume`) it continues from its checkpoint, which ends bit-identical to the
+uninterrupted trial; `resume` where nothing of the sweep is stored or checkpointed is refused.
+
+A write that fails (a full disk, a read-only folder, a file where the folder should be) warns once, naming the
+folder and why, and the sweep goes on: what it could not store trains again on a rerun, and a trial whose result
+could not be stored keeps its checkpoint. Nothing half-written is ever read: every entry and checkpoint is
+written in a temporary folder, its digest last, and renamed into place whole. `trials_dir` is never `/`, the
+home folder or a folder the run reads (`check_trials_dir`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..pipeline.evidence_cache import EvidenceCache, _sha, _whole, rows_fingerprint, weights_fingerprint
+from ..pipeline.evidence_cache import _ENTRY, EvidenceCache, _set_aside, _sha, _whole, rows_fingerprint, weights_fingerprint
 from ..utils import package_version
 from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec
 
@@ -32,8 +45,41 @@ CHECKPOINTS = "checkpoints"  # <root>/checkpoints/<trial key>/<events done>/: th
 _ARRAYS = ("test", "test_weight", "retention", "retention_weight")
 
 
+def check_trials_dir(trials_dir, *, inputs: dict | None = None) -> None:
+    """Refuse a `trials_dir` the store must never write into: `/`, the home folder, or one of the run's own inputs.
+
+    `inputs` maps a name (`"model"`, `"data"`) to a local folder the run reads; the store writes `trials/` and
+    `checkpoints/` into its folder, so a folder the run reads must not hold it. One `ValueError`, before any work.
+
+    Example:
+        ```python
+        >>> check_trials_dir("/")
+        Traceback (most recent call last):
+        ValueError: trials_dir / is the root folder: give the trials a folder of their own (e.g. runs/sweep-trials)
+        ```
+    """
+    if trials_dir is None:
+        return
+    folder = Path(trials_dir).resolve()
+    named = {Path("/").resolve(): "the root folder", Path.home().resolve(): "the home folder"}
+    if folder in named:
+        raise ValueError(f"trials_dir {trials_dir} is {named[folder]}: give the trials a folder of their own (e.g. runs/sweep-trials)")
+    for what, given in (inputs or {}).items():
+        if not given or not Path(given).is_dir():
+            continue
+        source = Path(given).resolve()
+        if folder == source or source in folder.parents:
+            raise ValueError(f"trials_dir {trials_dir} lies inside the input {what} folder {given}, which the run reads: put it beside it")
+
+
 class TrialStore(EvidenceCache):
     """Verified trial results under `root` (see the module docstring).
+
+    Args:
+        root: The trials folder (`compare --trials-dir`).
+        inputs: The sweep's `TrialInputs` (their model, rows and settings are part of every key).
+        resume: Continue unfinished trials from their checkpoints (`compare --resume`).
+        trains: Whether a trial not stored is trained (`False` for `compare --gather`: its warnings say so).
 
     Example:
         ```python
@@ -43,9 +89,11 @@ class TrialStore(EvidenceCache):
         ```
     """
 
-    def __init__(self, root, inputs: TrialInputs, *, resume: bool = False):
+    label = "trial store"
+
+    def __init__(self, root, inputs: TrialInputs, *, resume: bool = False, trains: bool = True):
         super().__init__(root)
-        self.resume, self._resume_checked = resume, False
+        self.resume, self.trains, self._resume_checked = resume, trains, False
         self.context = {
             "model": weights_fingerprint(inputs.base),
             "rows": {k: rows_fingerprint(getattr(inputs, f"{k}_rows")) if getattr(inputs, f"{k}_rows") is not None else None
@@ -53,6 +101,12 @@ class TrialStore(EvidenceCache):
             "settings": {"batch_size": inputs.batch_size, "selection_max_examples": inputs.selection_max_examples,
                          "lora_target_modules": inputs.lora_target_modules, "grow_kwargs": inputs.grow_kwargs},
         }  # fmt: skip
+
+    def redo(self) -> str:
+        return "running the trial again" if self.trains else "it counts as not stored (--gather trains nothing)"
+
+    def unstored(self) -> str:
+        return "trials it cannot write are not stored or checkpointed (a rerun trains them again)"
 
     @staticmethod
     def key(kind: str, parts: dict) -> str:
@@ -64,15 +118,19 @@ class TrialStore(EvidenceCache):
     def _parts(self, spec: TrialSpec) -> dict:
         return {"spec": spec.to_dict(), **self.context}
 
+    def trial_key(self, spec: TrialSpec) -> str:
+        """The key `spec`'s result and checkpoints are stored under."""
+        return self.key(KIND, self._parts(spec))
+
     def load(self, spec: TrialSpec) -> TrialResult | None:  # type: ignore[override]
-        """The stored result of `spec`, or `None` (not stored, or failed its digest: then with a warning)."""
-        entry = super().load(KIND, self._parts(spec))
+        """The stored result of `spec`, or `None` (not stored; or not trusted: then moved aside, with a warning)."""
+        entry = super().load(KIND, self._parts(spec), name=f"stored trial {spec.name}")
         if entry is None:
             return None
         try:
             return _rebuild(spec, entry.meta, entry.tensors)
-        except (KeyError, TypeError, ValueError) as err:
-            warnings.warn(f"trial store: ignoring the unreadable result of {spec.name} ({err}); running it again", stacklevel=2)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            self.reject(KIND, entry.key, f"ignoring the unreadable stored trial {spec.name} ({err})")
             return None
 
     def save(self, result: TrialResult) -> str | None:
@@ -83,52 +141,82 @@ class TrialStore(EvidenceCache):
     # ------------------------------------------------------------------ checkpoints of unfinished trials
 
     def _checkpoints(self, spec: TrialSpec) -> Path:
-        return self.root / CHECKPOINTS / self.key(KIND, self._parts(spec))
+        return self.root / CHECKPOINTS / self.trial_key(spec)
 
     def save_checkpoint(self, spec: TrialSpec, checkpoint) -> None:
-        """Keep `checkpoint` (a `TrialCheckpoint`) as `spec`'s latest, replacing the one before it; a failed write only warns."""
+        """Keep `checkpoint` (a `TrialCheckpoint`, stamped with `spec`'s key) as `spec`'s latest, replacing the one before
+        it; a failed write (a full disk, a read-only folder) only warns, once, and leaves the one before it in place."""
         if not self.enabled:
             return
-        folder = self._checkpoints(spec)
+        folder, key = self._checkpoints(spec), self.trial_key(spec)
         new = folder / f"{checkpoint.events_done:04d}"
         try:
             if not _whole(new):
                 shutil.rmtree(new, ignore_errors=True)
-                checkpoint.save(new)
+                replace(checkpoint, key=key).save(new)
             for old in folder.iterdir():  # the new one is in place first: a crash leaves one whole checkpoint
-                if old != new:
+                if old != new and _ours(old):
                     shutil.rmtree(old, ignore_errors=True)
-        except OSError as err:
-            warnings.warn(f"trial store: could not write the checkpoint of {spec.name} under {self.root} ({err}); the run goes on", stacklevel=2)
+        except Exception as err:  # noqa: BLE001 - safetensors reports a full disk as its own SafetensorError
+            self.warn_unwritable(err)
+
+    def _candidates(self, spec: TrialSpec) -> list[Path]:
+        folder = self._checkpoints(spec)
+        return sorted((p for p in folder.iterdir() if p.name.isdigit()), reverse=True) if folder.is_dir() else []
+
+    def has_checkpoint(self, spec: TrialSpec) -> bool:
+        """Whether `spec` has a checkpoint written for it here (its header names its key; the digest is checked on resume)."""
+        key = self.trial_key(spec)
+        for path in self._candidates(spec):
+            try:
+                if json.loads((path / _ENTRY).read_text(encoding="utf-8")).get("key") == key:
+                    return True
+            except (OSError, ValueError, AttributeError):
+                continue
+        return False
 
     def resume_point(self, spec: TrialSpec):
-        """With `resume`: `spec`'s latest whole checkpoint (a `TrialCheckpoint`), else `None` (the trial starts over)."""
+        """With `resume`: `spec`'s latest whole checkpoint written for its key (a `TrialCheckpoint`), else `None`.
+
+        A checkpoint that fails its digest, or carries another trial's key (another sweep's, copied in), is moved
+        aside to `checkpoints/.rejected-...` with a warning, and the trial starts over (or continues from an older one).
+        """
         from .trial_checkpoint import TrialCheckpoint
 
-        folder = self._checkpoints(spec) if self.enabled and self.resume else None
-        if folder is None or not folder.is_dir():
+        if not (self.enabled and self.resume):
             return None
-        for path in sorted((p for p in folder.iterdir() if p.name.isdigit()), reverse=True):
+        key = self.trial_key(spec)
+        for path in self._candidates(spec):
             try:
                 checkpoint = TrialCheckpoint.load(path)
-                if checkpoint.name != spec.name:
-                    raise ValueError(f"it is a checkpoint of {checkpoint.name}")
+                if checkpoint.key != key:
+                    other = f" (of {checkpoint.name})" if checkpoint.name != spec.name else ""
+                    raise ValueError(f"it was written for another trial{other}: another model, data, settings or spec"
+                                     if checkpoint.key else "it does not carry its trial's key (written by an older version)")  # fmt: skip
                 return checkpoint
-            except (OSError, ValueError, KeyError) as err:
-                warnings.warn(f"trial store: not resuming {spec.name} from {path} ({err})", stacklevel=2)
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                aside = _set_aside(path, key, into=self.root / CHECKPOINTS)
+                where = f"moved aside to {aside}" if aside else "left in place: the folder is read-only"
+                warnings.warn(f"trial store: not resuming {spec.name} from the checkpoint {path} ({err}); it starts over "
+                              f"unless an older checkpoint of it is whole (the checkpoint is {where})", stacklevel=2)  # fmt: skip
         return None
 
     def drop_checkpoints(self, spec: TrialSpec) -> None:
-        """Remove `spec`'s checkpoints (once its result is stored they are not needed)."""
-        if self.enabled:
-            shutil.rmtree(self._checkpoints(spec), ignore_errors=True)
+        """Remove `spec`'s checkpoints (once its result is stored they are not needed); nothing else in their folder."""
+        if not self.enabled or not (folder := self._checkpoints(spec)).is_dir():
+            return
+        for path in folder.iterdir():
+            if _ours(path):
+                shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty: what someone else put there stays
 
     def check_resume(self, specs: list[TrialSpec]) -> None:
         """With `resume`, on the first call (a sweep's first trials): refuse when none of `specs` is stored or checkpointed here."""
         if not self.resume or self._resume_checked:
             return
         self._resume_checked = True
-        if not any(self._checkpoints(s).is_dir() or self._folder(KIND, self.key(KIND, self._parts(s))).is_dir() for s in specs):
+        if not any(self.has_checkpoint(s) or self._folder(KIND, self.trial_key(s)).is_dir() for s in specs):
             raise ValueError(f"resume: nothing to resume in {self.root}: none of the {len(specs)} trials is stored or checkpointed there "
                              "for this model, data and settings (drop --resume to start the sweep)")  # fmt: skip
 
@@ -137,6 +225,11 @@ class TrialStore(EvidenceCache):
         if not self.enabled:
             return {}
         return {"checkpoint": lambda c: self.save_checkpoint(spec, c), "resume": self.resume_point(spec)}
+
+
+def _ours(path: Path) -> bool:
+    """Whether `path`, in a trial's checkpoint folder, is what this store writes there: a checkpoint or its temporary folder."""
+    return path.is_dir() and (path.name.isdigit() or path.name.startswith(".tmp-"))
 
 
 def _result_entry(result: TrialResult) -> tuple[dict, dict]:
@@ -209,8 +302,8 @@ def stored(engine, store: TrialStore | None):
         for group in groups:
             extra = {} if halving else {"checkpoints": store}
             for spec, result in zip(group, engine(group, inputs, halving=halving, bar=bar, **extra)):
-                store.save(result)
-                store.drop_checkpoints(spec)
+                if store.save(result) is not None:  # a result it could not write keeps its checkpoint for --resume
+                    store.drop_checkpoints(spec)
                 found[spec.name] = result
         return [found[s.name] for s in specs]
 
@@ -218,10 +311,15 @@ def stored(engine, store: TrialStore | None):
 
 
 def warn_unresumed(store: TrialStore, todo: list[TrialSpec]) -> None:
-    """Without `resume`, one warning naming the trials that have checkpoints of an interrupted run: they start over."""
+    """Without `resume`, one warning naming the trials to run that have a checkpoint written for them: they start over.
+
+    Only checkpoints of these very trials count (a sweep sharing the folder keeps its own under other keys), and
+    the run that left one may be interrupted or still running elsewhere: the warning says both.
+    """
     if store.resume or not store.enabled:
         return
-    left = [s.name for s in todo if store._checkpoints(s).is_dir()]
+    left = [s.name for s in todo if store.has_checkpoint(s)]
     if left:
-        warnings.warn(f"trial store: {len(left)} trial(s) to run ({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}) have checkpoints "
-                      f"of an interrupted run under {store.root}: they start over (--resume continues them)", stacklevel=3)  # fmt: skip
+        warnings.warn(f"trial store: {len(left)} trial(s) to run ({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}) have a checkpoint "
+                      f"under {store.root} from a run that did not finish them (interrupted, or still running elsewhere): "
+                      "they start over here (--resume continues them)", stacklevel=3)  # fmt: skip

@@ -8,8 +8,8 @@ streams (Python, NumPy, torch), the step and units seen; the data order is index
 the trial's result so far (the budgets scored, the held-out curve) and how many of its events are done.
 
 On disk a checkpoint is a folder like an evidence-cache entry: `tensors.safetensors` (parameters, optimizer
-moments, RNG states), `entry.json` (everything else, strict JSON) and `digest.json` (their sha256, written
-last): no pickle, and a damaged or half-written folder is never read. The Ray engine hands the folder to Tune
+moments, RNG states), `entry.json` (everything else, strict JSON, with the trial store's key of its trial)
+and `digest.json` (their sha256, written last): no pickle, and a damaged or half-written folder is never read. The Ray engine hands the folder to Tune
 (`tune.Checkpoint`: a retried trial starts from it), the trial store keeps the latest under `trials_dir` for
 `--resume`. Trials spread over several processes (sharded, or DDP with per-rank RNG) take none: they rerun.
 """
@@ -27,7 +27,7 @@ import torch
 
 __all__ = ["TrialCheckpoint", "capture"]
 
-FORMAT = 1
+FORMAT = 2  # 2: the header carries the trial's store key
 _PARAM, _OPTIM, _RNG = "param.", "optim.", "rng."
 
 
@@ -49,6 +49,7 @@ class TrialCheckpoint:
     step: int
     tensors: dict = field(repr=False)
     state: dict = field(repr=False)
+    key: str | None = None  # the trial store's key of its trial (model, data, settings, spec): checked on resume
 
     # ------------------------------------------------------------------ into a trainer
 
@@ -93,7 +94,8 @@ class TrialCheckpoint:
         tmp.mkdir(parents=True)
         try:
             save_file({k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}, str(tmp / _TENSORS))
-            header = {"format": FORMAT, "name": self.name, "events_done": self.events_done, "step": self.step, "state": self.state}
+            header = {"format": FORMAT, "name": self.name, "key": self.key, "events_done": self.events_done, "step": self.step,
+                      "state": self.state}  # fmt: skip
             (tmp / _ENTRY).write_text(json.dumps(header, allow_nan=False, sort_keys=True), encoding="utf-8")
             write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
             os.rename(tmp, folder)
@@ -112,7 +114,8 @@ class TrialCheckpoint:
         header = json.loads(files[_ENTRY].decode("utf-8"))
         if header.get("format") != FORMAT or _TENSORS not in files:
             raise ValueError(f"{folder} is not a trial checkpoint of this version (format {header.get('format')!r})")
-        return cls(header["name"], int(header["events_done"]), int(header["step"]), load_bytes(files[_TENSORS]), header["state"])
+        return cls(header["name"], int(header["events_done"]), int(header["step"]), load_bytes(files[_TENSORS]), header["state"],
+                   header.get("key"))  # fmt: skip
 
 
 def capture(trainer, result, events_done: int, seconds: float) -> TrialCheckpoint | None:

@@ -313,6 +313,9 @@ def validate_probe(
     from .runner import fresh_data_check
 
     positions, seeds = _checked(positions, seeds, predictors, retention_data)
+    from .store import check_trials_dir
+
+    check_trials_dir(trials_dir, inputs={"model": getattr(model, "name_or_path", None)})
     cfg = config or CompareConfig()
     fresh_data_check(cfg, len(training_rows(train_data, "train_data")))  # before the probe: short data costs nothing
     lr = float(learning_rate if learning_rate is not None else max(cfg.grid("growth")))

@@ -14,8 +14,10 @@ written last. It is written in a temporary folder beside it and renamed into pla
 (on this machine or another one sharing the folder) sees a whole entry or none; of two runs writing the
 same key, the first rename wins and the other keeps it. Every read hashes the bytes it then parses: an
 entry whose files do not match its digest (bit rot, a hand edit, a partial copy) or that has none is
-never reused. It is moved aside to `<kind>/.rejected-<key>-...` (kept for inspection, never deleted),
-with one warning, and the evidence is computed afresh and stored in its place. The digest detects
+never reused, nor is one that cannot be parsed or that was written for another key (a folder renamed or
+copied). It is moved aside to `<kind>/.rejected-<key>-...` (kept for inspection, never deleted), with one
+warning, and the evidence is computed afresh and stored in its place. A write that fails (a full disk, a
+read-only folder) warns once, naming the folder and why, and the run goes on without it. The digest detects
 damage and edits, not a forger who rewrites the digest too. Nothing here deletes an entry or anything
 else: clear the cache by removing its folder. The folder: `RunConfig.evidence_cache`, whose `"auto"` is
 `$HF_DEPTHGROW_EVIDENCE_CACHE` where set (a folder, or `none`: off), else `evidence/` under the package's
@@ -201,18 +203,45 @@ def _whole(folder: Path) -> bool:
         return False
 
 
-def _set_aside(folder: Path, key: str) -> Path | None:
-    """Move an unverified entry to `.rejected-<key>-<time>-<pid>` beside it; `None` where it cannot (read-only, gone).
+def _in_place(folder: Path, kind: str, key: str) -> bool:
+    """Whether `folder` holds a whole entry written for this `kind` and `key` (a whole entry renamed from another
+    key's folder passes its digest, yet holds another key's evidence)."""
+    if not _whole(folder):
+        return False
+    try:
+        header = json.loads((folder / _ENTRY).read_text(encoding="utf-8"))
+        return header.get("format") == FORMAT and header.get("kind") == kind and header.get("key") == key
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _set_aside(folder: Path, key: str, into: Path | None = None) -> Path | None:
+    """Move an unverified entry to `.rejected-<key>-<time>-<pid>` beside it (or in `into`); `None` where it cannot.
 
     A rename, not a deletion: what is wrong with it stays there to be looked at. Of two runs doing this at
     once, one renames and the other finds it gone; both then compute the evidence and store it.
     """
-    aside = folder.with_name(f".rejected-{key[:16]}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    name = f".rejected-{key[:16]}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    aside = (into if into is not None else folder.parent) / name
     try:
         os.rename(folder, aside)
     except OSError:
         return None
     return aside
+
+
+def _why_unwritable(root: Path, err: BaseException) -> str:
+    """Why a write under `root` failed, in words: a file where a folder should be, else the error's own reason."""
+    blocker = next((p for p in (root, *root.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return f"{blocker} is a file, not a folder"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror  # "No space left on device", "Read-only file system", "Permission denied"
+    text = str(err).strip()
+    for known in ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded"):
+        if known in text:  # safetensors wraps the OS error in its own, as a debug string
+            return known
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 @dataclass(frozen=True)
@@ -227,12 +256,26 @@ class Entry:
 class EvidenceCache:
     """Entries under `root` (`None`: switched off: every `load` misses and `store` writes nothing).
 
+    A write that fails (a full disk, a read-only folder, a file where the folder should be) warns once, naming
+    the folder and why, and the run goes on; later failures of the same cache are silent.
+
     Args:
         root: The cache folder; created on the first `store`.
     """
 
+    label = "evidence cache"  # how its warnings name it
+
     def __init__(self, root: str | os.PathLike | None):
         self.root = Path(root) if root is not None else None
+        self.write_failed = False
+
+    def redo(self) -> str:
+        """What the run does instead of reusing an entry it does not trust (the end of each such warning)."""
+        return "computing it afresh"
+
+    def unstored(self) -> str:
+        """What a failed write costs (said once, in its warning)."""
+        return "the evidence is not stored"
 
     @classmethod
     def from_setting(cls, setting: str | None) -> "EvidenceCache":
@@ -253,19 +296,24 @@ class EvidenceCache:
     def _folder(self, kind: str, key: str) -> Path:
         return self.root / kind / key
 
-    def load(self, kind: str, parts: dict) -> Entry | None:
-        """The entry `parts` names, or `None` (missing, off, unverified or unreadable: the last two with a warning)."""
+    def load(self, kind: str, parts: dict, *, name: str | None = None) -> Entry | None:
+        """The entry `parts` names, or `None` (missing, off, unverified or unreadable: the last two with a warning).
+
+        An entry that fails its digest, cannot be parsed, or was written for another key (a folder renamed) is
+        moved aside, so that the fresh result `store` writes takes its place. `name` names the entry in warnings.
+        """
         if not self.enabled:
             return None
         key = self.key(kind, parts)
         folder = self._folder(kind, key)
         if not folder.exists():
             return None
+        what = name or f"{kind} entry {key[:12]}"
         try:
             files = read_verified(folder)
             entry = json.loads(files[_ENTRY].decode("utf-8"))
             if entry.get("format") != FORMAT or entry.get("kind") != kind or entry.get("key") != key:
-                raise ValueError("its header does not match the key it is stored under")
+                raise ValueError("its header does not match the key it is stored under (a folder renamed or copied from another key)")
             tensors = {}
             if entry.get("tensors"):
                 from safetensors.torch import load as load_bytes
@@ -277,26 +325,30 @@ class EvidenceCache:
                     raise ValueError("its tensor file does not hold the tensors its header lists")
             return Entry(key, entry["meta"], tensors)
         except UnverifiedEntryError as err:
-            aside = _set_aside(folder, key)
-            where = f"moved aside to {aside}" if aside else "not moved: a read-only cache, or another run moved it first"
-            warnings.warn(f"evidence cache: not reusing the {kind} entry {key[:12]}: {err}; computing it afresh "
-                          f"(the damaged entry is {where})", stacklevel=2)  # fmt: skip
-            return None
-        except Exception as err:  # any unreadable entry: computed afresh, never fatal
-            warnings.warn(f"evidence cache: ignoring the unreadable {kind} entry {key[:12]} ({err}); computing it afresh", stacklevel=2)
-            return None
+            self.reject(kind, key, f"not reusing the {what}: {err}", damaged=True)
+        except OSError as err:  # a file it cannot read (permissions): left where it is
+            warnings.warn(f"{self.label}: cannot read the {what} ({err}); {self.redo()}", stacklevel=2)
+        except Exception as err:  # any unreadable entry: never fatal, never trusted
+            self.reject(kind, key, f"ignoring the unreadable {what} ({err})")
+        return None
+
+    def reject(self, kind: str, key: str, message: str, *, damaged: bool = False) -> None:
+        """Move the entry of `key` aside (kept, never deleted) and warn with `message`: it is not reused."""
+        aside = _set_aside(self._folder(kind, key), key)
+        where = f"moved aside to {aside}" if aside else "not moved: a read-only store, or another run moved it first"
+        warnings.warn(f"{self.label}: {message}; {self.redo()} (the {'damaged ' if damaged else ''}entry is {where})", stacklevel=3)
 
     def store(self, kind: str, parts: dict, meta: dict, tensors: dict | None = None) -> str | None:
         """Write an entry atomically; returns its key, or `None` (off, or it could not write: then with a warning).
 
-        An entry already in place that passes its digest is kept as it is (an identical key holds identical
-        evidence); one that fails it is moved aside, with a warning, and replaced.
+        An entry already in place that passes its digest and names this key is kept as it is (an identical key
+        holds identical evidence); any other is moved aside, with a warning, and replaced.
         """
         if not self.enabled:
             return None
         key = self.key(kind, parts)
         final = self._folder(kind, key)
-        if _whole(final):
+        if _in_place(final, kind, key):
             return key
         tmp = final.parent / f".tmp-{key[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
@@ -310,20 +362,28 @@ class EvidenceCache:
                       "parts": parts, "tensors": names, "meta": meta}  # fmt: skip
             (tmp / _ENTRY).write_text(json.dumps(header, indent=1, sort_keys=True, allow_nan=False), encoding="utf-8")
             write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
-            if final.exists() and not _whole(final):  # an unverified entry `load` did not move aside: out of the way
+            if final.exists() and not _in_place(final, kind, key):  # an entry `load` did not move aside: out of the way
+                why = "fails its digest" if not _whole(final) else "was written for another key"
                 if aside := _set_aside(final, key):
-                    warnings.warn(f"evidence cache: the {kind} entry {key[:12]} in place fails its digest; replacing it "
-                                  f"(the damaged entry is moved aside to {aside})", stacklevel=2)  # fmt: skip
+                    warnings.warn(f"{self.label}: the {kind} entry {key[:12]} in place {why}; replacing it "
+                                  f"(the entry in place is moved aside to {aside})", stacklevel=2)  # fmt: skip
             try:
                 os.rename(tmp, final)
             except OSError:
-                if not _whole(final):
+                if not _in_place(final, kind, key):
                     raise
                 # Another run (here or on another machine sharing the folder) wrote the same entry first: keep theirs.
         except Exception as err:  # a full disk or a read-only cache must not fail the run it speeds up
-            warnings.warn(f"evidence cache: could not write the {kind} entry under {self.root} ({err}); the run goes on", stacklevel=2)
+            self.warn_unwritable(err)
             key = None
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)  # our own temporary folder only
         return key
+
+    def warn_unwritable(self, err: BaseException) -> None:
+        """A write under `root` failed: warn the first time, naming the folder and why (the run goes on)."""
+        if not self.write_failed:
+            warnings.warn(f"{self.label}: could not write under {self.root} ({_why_unwritable(self.root, err)}): {self.unstored()}; "
+                          "the run goes on", stacklevel=3)  # fmt: skip
+        self.write_failed = True
