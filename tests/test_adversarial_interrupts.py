@@ -97,7 +97,7 @@ def test_sigterm_during_compare_is_exit_143_with_the_resume_hint(saved, tmp_path
     previous = signal.getsignal(signal.SIGTERM)
     out, trials = tmp_path / "cmp", tmp_path / "trials"
     code = main(["compare", "--model", str(saved / "model"), "--data", str(saved / "data.txt"), "--retention-data", "none",
-                 "--block-size", "16", "--max-examples", "40", "--output-dir", str(out), "--trials-dir", str(trials)])  # fmt: skip
+                 "--block-size", "16", "--max-examples", "40", "--allow-repeated-data", "--output-dir", str(out), "--trials-dir", str(trials)])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 143 and "Traceback" not in err
     assert _last_line(err) == (f"hf-depthgrow compare: interrupted by SIGTERM during the comparison; {out} was not changed; the finished "
