@@ -360,9 +360,10 @@ def test_an_entry_that_cannot_be_rebuilt_is_computed_afresh(workdir, tmp_path):
     # A readable file whose gradients are not the ones the stones were made with, and a digest that matches it.
     save_file({n: 2 * t for n, t in tensors.items()}, str(entry / "tensors.safetensors"))
     write_digest(entry)
-    with pytest.warns(UserWarning, match="ignoring the stepping_stones entry"):
+    with pytest.warns(UserWarning, match="the stepping_stones entry .* cannot be read"):
         again = run_pipeline(_config(workdir, tmp_path / "b", cache))
     assert "stepping_stones" not in again.summary["reused"] and "probe" not in again.summary["reused"]
+    assert len(_rejected(cache / "stepping_stones")) == 1  # set aside: the fresh stones were stored in its place
     assert _without_timings(again.summary) == _without_timings(first.summary)
 
 
@@ -389,3 +390,21 @@ def test_an_edited_cache_gives_the_result_of_a_fresh_run(workdir, tmp_path):
     # The damaged entries were replaced by what was computed afresh: the next run reuses all of it.
     third = run_pipeline(_config(workdir, tmp_path / "c", cache))
     assert len(third.summary["reused"]) == 6 and _without_timings(third.summary) == _without_timings(fresh.summary)
+
+
+def test_an_entry_whose_contents_cannot_be_rebuilt_is_set_aside_and_replaced(tmp_path):
+    """Digest and key fine, contents wrong (another version's probe): moved aside, so the fresh result is stored;
+    left in place, it would be skipped and never replaced on every later run."""
+    from types import SimpleNamespace
+
+    from hf_depthgrow.pipeline.reuse import _reuse
+    from hf_depthgrow.probe.result import ProbeResult
+
+    cache = EvidenceCache(tmp_path)
+    key = cache.store("probe", PARTS, {"not": "a probe result"})
+    run = SimpleNamespace(cache=cache, reused={}, log=lambda message: None)
+    read = lambda entry: ProbeResult.from_dict(entry.meta)  # noqa: E731
+    with pytest.warns(UserWarning, match="the probe entry .* cannot be read .*computing it afresh.*moved aside"):
+        assert _reuse(run, "probe", PARTS, read) is None
+    assert not (tmp_path / "probe" / key).exists() and len(_rejected(tmp_path / "probe")) == 1 and run.reused == {}
+    assert cache.store("probe", PARTS, {"fresh": 1}) == key and cache.load("probe", PARTS).meta == {"fresh": 1}

@@ -47,7 +47,8 @@ def _reuse(run, kind: str, parts: dict, read, name: str | None = None):
     try:
         value = read(entry)
     except Exception as err:  # stored by other code or damaged in a way the file checks cannot see
-        warnings.warn(f"evidence cache: ignoring the {kind} entry {entry.key[:12]} ({err}); computing it afresh", stacklevel=2)
+        # Set aside, not skipped: an entry left in place would be skipped, and never replaced, on every later run.
+        run.cache.reject(kind, entry.key, f"the {kind} entry {entry.key[:12]} cannot be read ({err})", damaged=True)
         return None
     run.reused[name or kind] = entry.key[:12]
     run.log(f"{name or kind}: reused from an identical earlier run (evidence cache entry {entry.key[:12]})")
