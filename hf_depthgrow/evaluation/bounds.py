@@ -34,7 +34,7 @@ examples carry different numbers of tokens; both are reported and the intervals 
   its number of blocks). scipy draws the document indices exactly as it draws block indices
   (`rng.integers(0, k, size=(n_bootstrap, k))`, documents numbered in order of first appearance),
   so when every block is its own document the cluster bootstrap *is* the block bootstrap, draw for
-  draw and bit for bit. With one document there is nothing to resample: the interval is its mean.
+  draw and bit for bit. With one document there is nothing to resample: refused (`ValueError`).
 """
 
 from __future__ import annotations
@@ -156,6 +156,9 @@ def _bootstrap(d: np.ndarray, n_bootstrap: int, seed: int, confidence: float = 0
     if clusters is not None:
         codes, k = cluster_codes(clusters, d.size)
         sums, sizes = np.bincount(codes, weights=d, minlength=k), np.bincount(codes, minlength=k).astype(np.float64)
+        if k < 2 and d.size >= 2:
+            raise ValueError(f"a document-level bootstrap needs at least 2 documents; all {d.size} examples name one "
+                             "(resample the examples instead: no cluster key)")  # fmt: skip
         if k < 2:
             return None
 

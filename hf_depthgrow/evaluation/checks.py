@@ -67,6 +67,17 @@ def resolve_cluster_key(cluster_key: str | None, has_column) -> str | None:
     return cluster_key
 
 
+def cluster_labels(documents: list | None, cluster_key: str | None) -> list | None:
+    """The labels a bootstrap resamples by: `documents`, except under `"auto"` where they name fewer than 2 documents
+    (one document leaves nothing to resample: its blocks are then resampled, as without documents) and under
+    `None` (no clusters). A key named explicitly is used as it is (one document then fails in the bootstrap)."""
+    if documents is None or cluster_key is None or cluster_key == "none":
+        return None
+    if cluster_key == "auto" and len(set(documents)) < 2:
+        return None
+    return documents
+
+
 def check_batch(model: nn.Module, batch: dict, ids: list, causal: bool, name: str) -> None:
     """Raise `ValueError` naming the examples if `model` cannot score `batch` (the one check every caller shares)."""
     _check_data_batch(model, batch, where=f"the evaluation data for {name}", ids=ids, every_example_supervised=True)

@@ -28,7 +28,7 @@ from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
 from ..growth.record import growth_record
 from ..losses import is_causal_lm, model_inputs
 from .bounds import INTERVALS, paired_intervals
-from .checks import batches_and_documents, check_level, check_same_head, split_batch
+from .checks import batches_and_documents, check_level, check_same_head, cluster_labels, split_batch
 from .collector import Collector
 from .formatting import public_name
 from .metrics import task_metrics
@@ -202,7 +202,7 @@ def _loss_bound(per_old: np.ndarray, per_new: np.ndarray, loss_bound: float | No
 def _assemble(collect: Collector, ids: list, *, mode: str, delta: float, loss_bound: float | None, n_bootstrap: int,
               seed: int, metrics: bool, use_evaluate: bool, num_labels: int | None, routes: RouteInputs | None,
               prefix_index: int | None, started: float, models: dict, documents: list | None = None,
-              cluster_key: str | None = None) -> EvalResult:
+              clusters: list | None = None, cluster_key: str | None = None) -> EvalResult:
     old, new = collect.cat("old"), collect.cat("new")
     # Reused losses must be of these examples: the same count, and (causal LM) the same tokens per example.
     if len(old.weight) != len(ids) or len(new.weight) != len(ids) or not torch.equal(old.weight, new.weight):
@@ -214,7 +214,7 @@ def _assemble(collect: Collector, ids: list, *, mode: str, delta: float, loss_bo
     _check_finite(per_old, per_new, ids)
     notes: list[str] = []
     bound, source = _loss_bound(per_old, per_new, loss_bound, notes)
-    details = paired_intervals(per_old, per_new, delta=delta, bound=bound, n_bootstrap=n_bootstrap, seed=seed, clusters=documents)
+    details = paired_intervals(per_old, per_new, delta=delta, bound=bound, n_bootstrap=n_bootstrap, seed=seed, clusters=clusters)
     if details["hoeffding"]["clipped"]:
         notes.append(
             f"{details['hoeffding']['clipped']} per-example losses exceed B = {bound:.4g} and were clipped for "
@@ -240,7 +240,7 @@ def _assemble(collect: Collector, ids: list, *, mode: str, delta: float, loss_bo
         intervals={k: (details[k]["low"], details[k]["high"]) for k in INTERVALS}, interval_details=details,
         certified={k: details[k]["certified"] for k in INTERVALS}, metrics=metric_block, routes=route_block,
         prefix_index=prefix_index, n_bootstrap=n_bootstrap, seed=seed, seconds=time.perf_counter() - started,
-        warnings=notes, models=models, example_documents=documents, cluster_key=cluster_key,
+        warnings=notes, models=models, example_documents=documents, cluster_key=cluster_key if clusters is not None else None,
     )  # fmt: skip
 
 
@@ -339,6 +339,7 @@ def evaluate_delta(
         collect, ids, mode="shared_prefix", delta=delta, loss_bound=loss_bound, n_bootstrap=n_bootstrap, seed=seed,
         metrics=metrics, use_evaluate=use_evaluate, num_labels=getattr(model.config, "num_labels", None),
         routes=routes, prefix_index=index, started=started, models=described, documents=documents, cluster_key=key,
+        clusters=cluster_labels(documents, cluster_key),
     )
 
 
@@ -389,6 +390,7 @@ def compare_models(
         metrics=metrics, use_evaluate=use_evaluate, num_labels=getattr(model_a.config, "num_labels", None),
         routes=routes, prefix_index=None, started=started,
         models={"old": describe_model(model_a), "new": describe_model(model_b)}, documents=documents, cluster_key=key,
+        clusters=cluster_labels(documents, cluster_key),
     )
 
 

@@ -31,8 +31,8 @@ class EvalResult:
     example's supervised tokens). The intervals (`intervals[name] = (low, high)` at confidence
     `1 - level`) are for `mean_delta`, the mean of per-example differences; for an LM whose examples
     carry different token counts it differs from `delta`. `example_documents` names each example's
-    document where the data carries one (`cluster_key`, e.g. `"document"`): the bootstrap then resampled
-    documents, not examples; `num_documents` counts them.
+    document where the data carries one, and `num_documents` counts them; `cluster_key` is the column
+    the bootstrap resampled by (documents, not examples), `None` where it resampled examples.
 
     Example:
         ```python
