@@ -19,6 +19,10 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
+#: The column naming the document (file, page, table row) each example came from. It travels with the rows and
+#: batches of the data contract for document-level statistics (cluster bootstrap, splits by document) and is
+#: never given to a model.
+DOCUMENT_COLUMN = "document"
 
 
 @dataclass
@@ -73,8 +77,8 @@ def example_losses(logits: torch.Tensor, labels: torch.Tensor, *, causal: bool) 
 
 
 def model_inputs(batch: dict) -> dict:
-    """The batch without labels (so the model does not compute its own reduced loss)."""
-    return {k: v for k, v in batch.items() if k != "labels"}
+    """The batch without labels (so the model does not compute its own reduced loss) and without the document column."""
+    return {k: v for k, v in batch.items() if k not in ("labels", DOCUMENT_COLUMN)}
 
 
 def batch_example_losses(model, batch: dict, *, chunk_size="auto") -> ExampleLosses:

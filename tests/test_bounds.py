@@ -139,3 +139,57 @@ def test_bootstrap_is_scipys_percentile_interval_and_one_example_is_a_point():
     np.testing.assert_array_equal(bootstrap_means([0.3], 5, 0), np.full(5, 0.3))
     with pytest.raises(ValueError, match="n_bootstrap"):
         bootstrap_interval(d, DELTA, n_bootstrap=0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Cluster (document-level) bootstrap
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _documents_with_an_effect(n_docs=24, per_doc=8, seed=0):
+    """Blocks whose differences share their document's effect (sd 0.5) on top of block noise (sd 0.1)."""
+    rng = np.random.default_rng(seed)
+    docs = np.repeat(np.arange(n_docs), per_doc)
+    return 0.05 + rng.normal(0.0, 0.5, n_docs)[docs] + rng.normal(0.0, 0.1, docs.size), docs
+
+
+def test_cluster_bootstrap_widens_intervals_on_correlated_blocks():
+    from hf_depthgrow.evaluation.decisions import corrected_intervals
+
+    d, docs = _documents_with_an_effect()
+    low_b, high_b = bootstrap_interval(d, 0.05, n_bootstrap=2000, seed=0)
+    low_c, high_c = bootstrap_interval(d, 0.05, n_bootstrap=2000, seed=0, clusters=docs)
+    # 24 documents carry the information, not 192 blocks: the spread of the mean is about sqrt(8) times larger.
+    assert (high_c - low_c) > 2.0 * (high_b - low_b)
+    assert low_c < d.mean() < high_c
+    # The same in the corrected intervals of several arms and in the paired intervals' bootstrap entry.
+    arms = {"a": d, "b": d + 0.01}
+    plain, clustered = corrected_intervals(arms, seed=0, n_bootstrap=500), corrected_intervals(arms, seed=0, n_bootstrap=500, clusters=docs)
+    for name in arms:
+        width = lambda out: out["arms"][name]["high"] - out["arms"][name]["low"]  # noqa: E731
+        assert width(clustered) > 2.0 * width(plain)
+        assert clustered["arms"][name]["p_value"] > plain["arms"][name]["p_value"]
+    old = np.full(d.size, 3.0)
+    details = paired_intervals(old, old - d, delta=0.05, bound=10.0, n_bootstrap=2000, seed=0, clusters=docs)
+    assert (details["bootstrap"]["low"], details["bootstrap"]["high"]) == pytest.approx((low_c, high_c), abs=1e-12)
+    assert "24 documents" in details["bootstrap"]["formula"]
+
+
+def test_cluster_bootstrap_equals_the_block_bootstrap_when_each_block_is_its_own_document():
+    from hf_depthgrow.evaluation.decisions import corrected_intervals
+
+    d, _ = _documents_with_an_effect()
+    own = [f"page-{i}" for i in np.random.default_rng(1).permutation(d.size)]  # any labels, one per block
+    for seed in (0, 7):
+        assert bootstrap_interval(d, 0.05, n_bootstrap=1000, seed=seed, clusters=own) == bootstrap_interval(d, 0.05, n_bootstrap=1000, seed=seed)
+        assert np.array_equal(bootstrap_means(d, 1000, seed, clusters=own), bootstrap_means(d, 1000, seed))
+    arms = {"a": d, "b": -d}
+    assert corrected_intervals(arms, n_bootstrap=500, clusters=own) == corrected_intervals(arms, n_bootstrap=500)
+
+
+def test_cluster_bootstrap_refuses_bad_clusters():
+    d, docs = _documents_with_an_effect(n_docs=3, per_doc=2)
+    with pytest.raises(ValueError, match="clusters has 5 labels for 6 examples"):
+        bootstrap_interval(d, 0.05, clusters=docs[:5])
+    with pytest.raises(ValueError, match="needs at least 2 documents; all 6 examples name one"):
+        bootstrap_interval(d, 0.05, clusters=[0] * 6)

@@ -336,3 +336,52 @@ def test_an_arm_that_fell_back_to_the_original_is_not_the_best_growth_arm():
     assert stats["best_growth"] == "trained" and stats["best_control"] == "lora"
     everything_fell_back = [arm("a", "growth", "old", 0.8, 0.0), arm("b", "growth", "old", 0.7, 0.0)]
     assert statistics(everything_fell_back, original, CompareConfig(growth=["top:1"], controls=[]))["best_growth"] == "b"
+
+
+def _folder(root, text: str, n: int):
+    root.mkdir()
+    step = len(text) // n
+    for i in range(n):
+        (root / f"doc{i}.txt").write_text(text[i * step : (i + 1) * step])
+    return root
+
+
+def test_retention_parts_are_disjoint_documents():
+    from hf_depthgrow.comparison.aggregate import retention_parts
+
+    docs = [d for d in range(12) for _ in range(3)]
+    selection, test = retention_parts(len(docs), 0.5, seed=0, documents=docs)
+    assert {docs[i] for i in selection}.isdisjoint({docs[i] for i in test})
+    assert len(selection) + len(test) == len(docs) and len(selection) == 18
+    with pytest.raises(ValueError, match="the retention set has 1 document"):
+        retention_parts(6, 0.5, seed=0, documents=[4] * 6)
+
+
+def test_cli_reports_documents_per_part_and_resamples_them(lm_dir, tmp_path, capsys):
+    from hf_depthgrow.cli import main
+
+    text = (lm_dir / "sample.txt").read_text()
+    data, retention = _folder(tmp_path / "data", text[: len(text) // 2], 8), _folder(tmp_path / "ret", text[len(text) // 2 :], 6)
+    out = tmp_path / "out"
+    argv = _argv(lm_dir, out, "--growth", "top:1", "--controls", "layers", "--retention-data", str(retention),
+                 "--retention-max-examples", "24", "--retention-blocks-per-document", "4", "--blocks-per-document", "8",
+                 "--split-by", "document")  # fmt: skip
+    argv[argv.index("--data") + 1] = str(data)
+    assert main(argv) == 0
+    saved = json.loads((out / "compare.json").read_text())
+    parts = saved["data_parts"]
+    assert {k: p["blocks"] for k, p in parts.items()} == {"train": 40, "heldout": 8, "test": 16, "retention_selection": 12, "retention_test": 12}
+    assert {k: p["documents"] for k, p in parts.items()} == {"train": 5, "heldout": 1, "test": 2, "retention_selection": 3, "retention_test": 3}
+    assert parts["test"]["resampled"] == parts["retention_test"]["resampled"] == "documents"
+    assert "retention selection 12 blocks of 3 documents; retention test 12 blocks of 3 documents" in (out / "compare.md").read_text()
+    assert saved["config"]["cluster_key"] == "auto"
+
+
+def test_cli_refuses_a_cluster_key_the_data_lacks(lm_dir, tmp_path, capsys):
+    from hf_depthgrow.cli import main
+
+    out = tmp_path / "out"
+    assert main(_argv(lm_dir, out, "--growth", "top:1", "--controls", "layers", "--cluster-key", "page")) == 2
+    err = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if "hf-depthgrow" in line]
+    assert len(err) == 1 and "cluster_key 'page' is not a column of the test data" in err[0]
+    assert not out.exists()

@@ -261,3 +261,85 @@ def test_max_batches_is_validated_and_streams_a_dataset():
     assert [b["input_ids"].shape[0] for b in first] == [3, 3]  # re-iterable
     with pytest.raises(ValueError, match="max_batches must be an integer >= 1"):
         as_batches(rows, max_batches=0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The document column: carried with the data, never given to a model
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _rows_with_documents(model, documents):
+    return [{**row, "document": torch.tensor(doc) if isinstance(doc, int) else doc} for row, doc in zip(rows_for(model), documents)]
+
+
+@pytest.mark.parametrize("labels", [[0, 0, 1, 1, 2, 2, 3, 3], ["a", "a", "b", "b", "c", "c", "d", "d"]])
+def test_the_document_column_survives_every_form_and_never_reaches_the_model(labels):
+    from hf_depthgrow import evaluate_delta, grow_depth
+    from hf_depthgrow.data.batches import documents_of
+    from hf_depthgrow.evaluation.bounds import bootstrap_interval
+    from hf_depthgrow.losses import model_inputs
+
+    grown = grow_depth(tiny_model("llama"), [2], block="native")
+    rows = _rows_with_documents(grown, labels)
+    batch = collate(rows)
+    assert "document" in batch and "document" not in model_inputs(batch)
+    if isinstance(labels[0], int):
+        for name, data in forms(rows, B).items():
+            assert documents_of(data) == labels, name
+    assert documents_of(rows) == labels and documents_of(rows_for(grown)) is None
+    result = evaluate_delta(grown, rows, loss_bound=20.0, batch_size=B, n_bootstrap=300, metrics=False)
+    assert result.example_documents == labels and result.num_documents == 4 and result.cluster_key == "document"
+    diffs = [o - n for o, n in zip(result.per_example_old, result.per_example_new)]
+    assert result.intervals["bootstrap"] == bootstrap_interval(diffs, 0.05, n_bootstrap=300, seed=0, clusters=labels)
+    plain = evaluate_delta(grown, rows, loss_bound=20.0, batch_size=B, n_bootstrap=300, metrics=False, cluster_key=None)
+    assert plain.cluster_key is None and plain.per_example_new == result.per_example_new  # the same losses
+    assert plain.intervals["bootstrap"] == bootstrap_interval(diffs, 0.05, n_bootstrap=300, seed=0)
+
+
+def test_a_cluster_key_the_data_lacks_is_one_line_before_any_forward(monkeypatch):
+    from hf_depthgrow import evaluate_delta, grow_depth
+    from hf_depthgrow.evaluation import paired
+
+    grown = grow_depth(tiny_model("llama"), [2], block="native")
+    monkeypatch.setattr(paired, "_run_paired", lambda *a, **k: pytest.fail("a model ran before the cluster key was checked"))
+    with pytest.raises(ValueError) as err:
+        evaluate_delta(grown, _rows_with_documents(grown, range(N)), loss_bound=20.0, cluster_key="page")
+    assert str(err.value) == "cluster key 'page' is not a column of the data: no example names a 'page' to resample by"
+
+
+def test_split_dataset_by_document_keeps_documents_on_one_side():
+    from hf_depthgrow.data import split_dataset
+
+    docs = [d for d in range(10) for _ in range(d % 3 + 2)]  # 10 documents of 2-4 blocks
+    ds = datasets.Dataset.from_dict({"input_ids": [[i, i] for i in range(len(docs))], "document": docs})
+    parts = split_dataset(ds, {"train": 0.6, "held_out": 0.15, "test": 0.25}, seed=0, by="document")
+    seen = [set(p["document"]) for p in parts.values()]
+    assert all(seen) and not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2])
+    assert sum(len(p) for p in parts.values()) == len(docs) and len(parts["train"]) >= 0.5 * len(docs)
+    assert split_dataset(ds, {"train": 0.6, "test": 0.4}, seed=0, by="document")["test"]["document"] == \
+        split_dataset(ds, {"train": 0.6, "test": 0.4}, seed=0, by="document")["test"]["document"]  # seeded  # fmt: skip
+    with pytest.raises(ValueError, match=r"cannot split by 'page': the data has no such column \(columns: input_ids, document\)"):
+        split_dataset(ds, {"train": 0.5, "test": 0.5}, by="page")
+    two = ds.select(range(5))  # documents 0 and 1 only
+    with pytest.raises(ValueError, match="split 'test' would be empty: 2 distinct 'document' values cannot fill 3 splits"):
+        split_dataset(two, {"train": 0.4, "held_out": 0.3, "test": 0.3}, by="document")
+
+
+def test_causal_lm_blocks_name_the_document_each_block_starts_in():
+    from hf_depthgrow.data import causal_lm_blocks, sampled_document_blocks
+
+    class Chars:  # one id per character; EOS = 0
+        eos_token_id = 0
+
+        def __call__(self, texts, add_special_tokens=False, verbose=False):
+            one = isinstance(texts, str)
+            ids = [[ord(c) for c in t] for t in ([texts] if one else texts)]
+            return {"input_ids": ids[0] if one else ids}
+
+    texts = ["aaaaaaa", "bb", "cccccccccc"]  # with EOS: 8, 3 and 11 tokens
+    blocks, docs = causal_lm_blocks(Chars(), texts, 4, with_documents=True)
+    assert torch.equal(blocks, causal_lm_blocks(Chars(), texts, 4)) and docs.tolist() == [0, 0, 1, 2, 2]
+    blocks, owners = sampled_document_blocks(Chars(), texts, 4, per_document=1, seed=0, documents=["A", "B", "C"])
+    assert sorted(owners) == ["A", "C"]  # "bb" + EOS is shorter than a block
+    for block, owner in zip(blocks.tolist(), owners):
+        assert set(block) <= {ord(owner.lower()), 0}  # a block never mixes two documents

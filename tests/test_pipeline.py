@@ -79,6 +79,10 @@ def test_pipeline_writes_every_artifact(run):
     assert RunConfig(**yaml.safe_load((out / "config.yaml").read_text())) == cfg
     summary = json.loads((out / "summary.json").read_text())
     assert summary["decision"] == "grew" and summary["selected"] in ("new", "stepping_stone", "old")
+    # sample.txt is one document: every part names it, and the test part's bootstrap resampled blocks
+    assert summary["data_parts"] == {"train": {"blocks": 67, "documents": 1}, "held_out": {"blocks": 14, "documents": 1},
+                                     "test": {"blocks": 14, "documents": 1, "resampled": "blocks"}}  # fmt: skip
+    assert "| data | Data: train 67 blocks of 1 document;" in (out / "summary.md").read_text()
     probe = json.loads((out / "probe/probe.json").read_text())
     assert probe["positions"] == list(range(5)) and len(probe["signal"]) == 5
 

@@ -96,6 +96,8 @@ def test_retention_is_reported(run):
     for side in ("growth", "control"):
         assert set(retention[side]) >= {"forgetting", "intervals", "verdict"}
     assert retention["sentence"].startswith("Forgetting on python_docs (16 examples")
+    # two blocks from each of 8 pages, resampled page by page
+    assert result.summary["data_parts"]["retention"] == {"blocks": 16, "documents": 8, "resampled": "documents"}
     out = Path(cfg.output_dir)
     assert retention["sentence"] in (out / "summary.md").read_text() and (out / "eval" / "retention.json").is_file()
     assert retention["sentence"] in ModelCard.load(out / "model" / "README.md").text

@@ -150,20 +150,50 @@ def test_python_docs_texts_on_the_debian_package():
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def test_load_data_python_docs_gives_lm_blocks_of_the_stripped_text(docs_root):
+def test_load_data_python_docs_consecutive_blocks_when_asked(docs_root):
+    # blocks_per_document=None: consecutive blocks of the pages joined in a seeded order (the former default).
     tokenizer = _char_tokenizer()
-    ds = load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=5)
+    ds = load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=5,
+                   blocks_per_document=None)  # fmt: skip
     rows = ds[:]
     assert len(ds) == 5 and tuple(rows["input_ids"].shape) == (5, 16)
     assert torch.equal(rows["labels"], rows["input_ids"]) and bool(rows["attention_mask"].all())
-    # Pages in a seeded order (so a few hundred blocks spread over the docs), each followed by EOS.
     pages = corpora.python_docs_texts()
-    stream = []
+    stream, owner = [], []
     for i in np.random.default_rng(0).permutation(len(pages)):
-        stream += tokenizer(pages[i], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = tokenizer(pages[i], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        stream += ids
+        owner += [int(i)] * len(ids)
     assert rows["input_ids"].reshape(-1).tolist() == stream[:80] and 0 not in stream  # no <unk>: every char known
-    other = load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=5, seed=1)
+    # Each block names the page (its position in path order) its first token comes from.
+    assert rows["document"].tolist() == [owner[16 * b] for b in range(5)]
+    other = load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=5, seed=1,
+                      blocks_per_document=None)  # fmt: skip
     assert not torch.equal(other[:]["input_ids"], rows["input_ids"])  # another seed, another sample of pages
+
+
+def test_load_data_python_docs_samples_a_few_blocks_from_each_page_by_default(docs_root):
+    tokenizer = _char_tokenizer()
+    ds = load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=5)
+    rows = ds[:]
+    pages = corpora.python_docs_texts()
+    own = [tokenizer(p, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for p in pages]
+    docs = rows["document"].tolist()
+    # Two blocks from each page that holds a whole block: a (page 0) and b (page 2); the z page (13 tokens) has none.
+    assert len(ds) == 4 and sorted(docs) == [0, 0, 2, 2]
+    for block, doc in zip(rows["input_ids"].tolist(), docs):
+        ids = own[doc]
+        starts = [16 * j for j in range(len(ids) // 16)]
+        assert any(ids[s : s + 16] == block for s in starts)  # a whole block of its own page, aligned to the page
+    assert torch.equal(load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=5)[:]["input_ids"],
+                       rows["input_ids"])  # deterministic  # fmt: skip
+    one = load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=3, blocks_per_document=1)
+    assert sorted(one[:]["document"].tolist()) == [0, 2]  # one block per page, as many pages as hold one
+
+
+def test_load_data_refuses_a_bad_blocks_per_document(docs_root):
+    with pytest.raises(ValueError, match="blocks_per_document must be an integer >= 1, None or 'auto', got 0"):
+        load_data("python_docs", model=tiny_model("llama"), tokenizer=_char_tokenizer(), block_size=16, blocks_per_document=0)
 
 
 def test_load_data_python_docs_refuses_a_classifier(docs_root):
@@ -268,11 +298,13 @@ def _argv(root: Path, *extra: str) -> list[str]:
 def test_eval_writes_the_retention_result(eval_inputs, docs_root, capsys):
     from hf_depthgrow.cli.eval import main
 
-    assert main(_argv(eval_inputs, "--retention-data", "python_docs", "--retention-max-examples", "5")) == 0
+    assert main(_argv(eval_inputs, "--retention-data", "python_docs", "--retention-max-examples", "4")) == 0
     out = capsys.readouterr().out.splitlines()
     saved = json.loads((eval_inputs / "out" / "retention.json").read_text())
     paired = saved["paired"]
-    assert saved["data"] == "python_docs" and saved["num_examples"] == paired["num_examples"] == 5
+    assert saved["data"] == "python_docs" and saved["num_examples"] == paired["num_examples"] == 4
+    # two blocks from each of the two pages that hold one; the bootstrap resampled those pages
+    assert paired["num_documents"] == 2 and paired["cluster_key"] == "document" and "2 documents" in paired["interval_details"]["bootstrap"]["formula"]
     diffs = np.asarray(paired["per_example_new"]) - np.asarray(paired["per_example_old"])
     assert saved["forgetting"] == pytest.approx(float(diffs.mean()), abs=1e-12) and saved["forgetting"] != 0
     assert saved["intervals"]["bootstrap"] == [-paired["intervals"]["bootstrap"][1], -paired["intervals"]["bootstrap"][0]]

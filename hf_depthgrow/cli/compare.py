@@ -49,6 +49,21 @@ class CompareScript:
     )
     retention_split: str = field(default="test", metadata={"help": "Split of the retention source where it has one (fashion_mnist)."})
     retention_max_examples: int = field(default=128, metadata={"help": "Examples of the retention set."})
+    retention_blocks_per_document: int | None = field(
+        default=None,
+        metadata={"help": "Blocks sampled from each document of the retention set (seeded, across many documents); none: the "
+                          "source's default (python_docs: 2 per page), 0: consecutive blocks from the start."},
+    )  # fmt: skip
+    blocks_per_document: int | None = field(
+        default=None,
+        metadata={"help": "Blocks sampled from each document of --data (seeded, across many documents); none: the source's "
+                          "default (consecutive blocks from the start; python_docs: 2 per page), 0: consecutive blocks."},
+    )  # fmt: skip
+    split_by: str | None = field(
+        default=None,
+        metadata={"help": "A column whose values never straddle train / held-out / test, e.g. document (whole documents per "
+                          "split); none: blocks are split."},
+    )  # fmt: skip
     output_dir: str = field(default="runs/compare", metadata={"help": "Where compare.json/.md/.png go."})
     overwrite: bool = field(default=False, metadata={"help": "Replace an output_dir this tool wrote."})
     block_size: int = field(default=64, metadata={"help": "Tokens per causal-LM example."})
@@ -78,6 +93,15 @@ class CompareScript:
             raise ValueError(f"oracle_positions needs at least 4 distinct positions >= 0, got {positions}")
         if not self.oracle_seeds or len(set(self.oracle_seeds)) != len(self.oracle_seeds):
             raise ValueError(f"oracle_seeds must be distinct and non-empty, got {self.oracle_seeds}")
+        for name in ("blocks_per_document", "retention_blocks_per_document"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 (0: consecutive blocks) or none (the source's default), got {value}")
+
+
+def _per_document(value: int | None):
+    """The CLI's blocks-per-document (none: the source's default, 0: consecutive blocks) as `load_data` takes it."""
+    return "auto" if value is None else (value or None)
 
 
 def _check_trials_dir(script: CompareScript) -> None:
@@ -143,10 +167,9 @@ def _load(script: CompareScript, cfg: CompareConfig):
     model, tokenizer = load_model(script.model, trust_remote_code=script.trust_remote_code)
     model.eval()
     data = load_data(script.data, model=model, tokenizer=tokenizer, block_size=script.block_size,
-                     max_examples=script.max_examples, seed=cfg.seed)  # fmt: skip
-    splits = split_dataset(
-        data, {"train": script.train_fraction, "held_out": script.held_out_fraction, "test": script.test_fraction}, seed=cfg.seed
-    )
+                     max_examples=script.max_examples, seed=cfg.seed, blocks_per_document=_per_document(script.blocks_per_document))  # fmt: skip
+    fractions = {"train": script.train_fraction, "held_out": script.held_out_fraction, "test": script.test_fraction}
+    splits = split_dataset(data, fractions, seed=cfg.seed, by=script.split_by)
     from ..data.sources import infer_task
 
     task = infer_task(model)
@@ -162,7 +185,8 @@ def _load(script: CompareScript, cfg: CompareConfig):
                                     max_examples=script.retention_max_examples, seed=cfg.seed)  # fmt: skip
     elif source:
         retention = load_data(source, model=model, tokenizer=tokenizer, block_size=script.block_size,
-                              max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed)  # fmt: skip
+                              max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed,
+                              blocks_per_document=_per_document(script.retention_blocks_per_document))  # fmt: skip
     return model, splits, retention
 
 

@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..evaluation.checks import cluster_labels
 from ..evaluation.decisions import corrected_intervals
 from . import frontier as fr
 from .fresh_data import DataPlan
@@ -30,33 +31,57 @@ def rungs_of(budget: int) -> list[int]:
     return [r for r in (round(f * budget) for f in HALVING_RUNGS) if 0 < r < budget]
 
 
-def retention_parts(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(selection, test)` indices of a retention set of `n` examples (seeded; both parts non-empty)."""
+def retention_parts(n: int, fraction: float, seed: int, documents=None) -> tuple[np.ndarray, np.ndarray]:
+    """`(selection, test)` indices of a retention set of `n` examples (seeded; both parts non-empty).
+
+    With `documents` (one label per example) the parts are disjoint documents: whole documents are dealt to the
+    selection part until it holds `fraction` of the examples (`data.group_parts`), so choosing on the selection
+    part and claiming on the test part never read two blocks of one page.
+    """
     if n < 2:
         raise ValueError(f"the retention set needs at least 2 examples (a selection part and a test part), got {n}")
+    if documents is not None:
+        from ..data import group_parts
+
+        selection, test = group_parts(documents, [fraction, 1.0 - fraction], seed=seed + 7919)
+        if len(selection) == 0 or len(test) == 0:
+            raise ValueError(f"the retention set has {len(set(documents))} document(s): a selection part and a test part of "
+                             "disjoint documents need at least 2 (set cluster_key none to split blocks)")  # fmt: skip
+        return selection, test
     order = np.random.default_rng(seed + 7919).permutation(n)
     cut = min(max(1, round(fraction * n)), n - 1)
     return np.sort(order[:cut]), np.sort(order[cut:])
 
 
-def _corrected(diffs: dict, cfg) -> dict | None:
+def _corrected(diffs: dict, cfg, clusters=None) -> dict | None:
     if not diffs:
         return None
     return corrected_intervals(diffs, delta=cfg.delta, method=cfg.method, kind=cfg.interval, loss_bound=cfg.loss_bound,
-                               n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)  # fmt: skip
+                               n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, clusters=clusters)  # fmt: skip
 
 
-def statistics(results: list[ArmResult], original: ArmResult, cfg) -> dict:
-    """Corrected paired intervals: every trained arm vs the original, growth vs the best control, forgetting."""
+def _part(documents, index):
+    """The document labels of a part (`index` into the set's examples); `None` without documents."""
+    return None if documents is None else [documents[i] for i in index]
+
+
+def statistics(results: list[ArmResult], original: ArmResult, cfg, clusters: dict | None = None) -> dict:
+    """Corrected paired intervals: every trained arm vs the original, growth vs the best control, forgetting.
+
+    `clusters`: the document of each `test` and `retention` (test part) example, where known: their bootstraps
+    then resample documents.
+    """
+    clusters = clusters or {}
+    test_docs, ret_docs = clusters.get("test"), clusters.get("retention")
     trained = [r for r in results if r.kind != "original"]
-    stats = {"vs_original": _corrected({r.name: original.test_per_example - r.test_per_example for r in trained}, cfg)}
+    stats = {"vs_original": _corrected({r.name: original.test_per_example - r.test_per_example for r in trained}, cfg, test_docs)}
     controls = [r for r in trained if r.kind in CONTROLS]
     growth = [r for r in trained if r.kind == "growth"]
     best = min(controls, key=lambda r: r.heldout_loss) if controls else None
     stats["best_control"] = best.name if best else None
-    stats["vs_best_control"] = _corrected({r.name: best.test_per_example - r.test_per_example for r in growth}, cfg) if best else None
+    stats["vs_best_control"] = _corrected({r.name: best.test_per_example - r.test_per_example for r in growth}, cfg, test_docs) if best else None
     if original.retention_per_example is not None:
-        stats["retention"] = _corrected({r.name: original.retention_per_example - r.retention_per_example for r in trained}, cfg)
+        stats["retention"] = _corrected({r.name: original.retention_per_example - r.retention_per_example for r in trained}, cfg, ret_docs)
     # An arm whose fallback rule kept the original is the original, not growth: it is the best growth arm
     # only when every growth arm fell back (its held-out loss may still be a rounding below a real one's).
     kept = [r for r in growth if r.selected != "old"] or growth
@@ -98,13 +123,18 @@ def _halving_agreement(by_arm: dict, budgets: list[int]) -> dict:
     return {k: {**v, "share": v["agree"] / v["of"]} for k, v in counts.items()}
 
 
-def _frontier(view: BudgetView, original: ArmResult, cfg, ret_sel_base: np.ndarray) -> dict:
-    """The frontier (held-out gain, retention selection-part forgetting), the arm within eps, and the control curve."""
+def _frontier(view: BudgetView, original: ArmResult, cfg, ret_sel_base: np.ndarray, clusters: dict | None = None) -> dict:
+    """The frontier (held-out gain, retention selection-part forgetting), the arm within eps, and the control curve.
+
+    `clusters`: documents of the `test`, `retention` (test part) and `retention_selection` examples, where known.
+    """
+    clusters = clusters or {}
     trained = [a for a in view.arms if a.kind != "original"]
     sel_gain = {a.name: original.heldout_loss - a.heldout_loss for a in trained}
     sel_forget = {a.name: a.retention_selection - ret_sel_base for a in trained}
     points = {n: (sel_gain[n], float(sel_forget[n].mean())) for n in sel_gain} | {"original": (0.0, 0.0)}
-    bounds = _corrected({n: -f for n, f in sel_forget.items()}, cfg)  # forgetting's upper bound = -(low of -forgetting)
+    # forgetting's upper bound = -(low of -forgetting)
+    bounds = _corrected({n: -f for n, f in sel_forget.items()}, cfg, clusters.get("retention_selection"))
     high = {n: -bounds["arms"][n]["low"] for n in sel_forget}
     out = {"frontier": fr.pareto(points), "selection": {n: {"gain": sel_gain[n], "forgetting": points[n][1], "forgetting_high": high[n]}
                                                       for n in sel_gain}}  # fmt: skip
@@ -116,11 +146,12 @@ def _frontier(view: BudgetView, original: ArmResult, cfg, ret_sel_base: np.ndarr
     growth = [a.name for a in trained if a.kind == "growth"]
     gain = {a.name: original.test_per_example - a.test_per_example for a in trained}
     forget = {a.name: a.retention_per_example - original.retention_per_example for a in trained}
-    out["control_curve"] = fr.off_curve(gain, forget, controls, growth, delta=cfg.delta, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
+    out["control_curve"] = fr.off_curve(gain, forget, controls, growth, delta=cfg.delta, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
+                                        test_clusters=clusters.get("test"), retention_clusters=clusters.get("retention"))  # fmt: skip
     return out
 
 
-def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: dict, extra: dict) -> CompareResult:
+def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: dict, extra: dict, documents: dict | None = None) -> CompareResult:
     """A `CompareResult` from every trial of a comparison (see the module docstring).
 
     Args:
@@ -131,12 +162,19 @@ def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: di
         cfg: The `CompareConfig`.
         grids: Per arm, the rates tried and why the grid stopped growing.
         extra: `probe`, `seconds`, `num_examples` of the `CompareResult`.
+        documents: The document of every example of each set (`train`, `heldout`, `test`, `retention`), `None` for
+            a set that names none (see `comparison.runner.set_documents`): the retention parts are then disjoint
+            documents, the bootstraps resample documents, and `data_parts` counts them.
     """
     budgets = cfg.sweep
+    documents = documents or {}
     by_arm = {a.name: (a, [t for t in trials if t.spec.arm.name == a.name]) for a in arms if a.kind != "original"}
     parts = None
+    clusters = {"test": cluster_labels(documents.get("test"), cfg.cluster_key)}
     if original.get("retention") is not None:
-        parts = retention_parts(len(original["retention"][0]), cfg.retention_selection_fraction, cfg.seed)
+        ret_docs = cluster_labels(documents.get("retention"), cfg.cluster_key)
+        parts = retention_parts(len(original["retention"][0]), cfg.retention_selection_fraction, cfg.seed, ret_docs)
+        clusters.update(retention_selection=_part(ret_docs, parts[0]), retention=_part(ret_docs, parts[1]))
     base = ArmResult.original(arms[0], original, parts)
     blocks = (extra.get("num_examples") or {}).get("train")
     plan = DataPlan(blocks, cfg.batch_size, tuple(budgets), cfg.allow_repeated_data) if blocks else None
@@ -146,17 +184,49 @@ def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: di
         units = {r.units_seen for r in rows[1:]}
         if len(units) > 1:
             raise RuntimeError(f"the arms saw different amounts of data at {b} steps {sorted(units)}: the budget was not equal")
-        view = BudgetView(steps=b, units_seen=units.pop() if units else 0, arms=rows, statistics=statistics(rows, base, cfg),
+        view = BudgetView(steps=b, units_seen=units.pop() if units else 0, arms=rows, statistics=statistics(rows, base, cfg, clusters),
                           epochs=plan.epochs(b) if plan else None)  # fmt: skip
         if parts is not None:
-            view.frontier = _frontier(view, base, cfg, original["retention"][0][parts[0]])
+            view.frontier = _frontier(view, base, cfg, original["retention"][0][parts[0]], clusters)
         views.append(view)
-    result = CompareResult(arms=views[-1].arms, config=cfg.to_dict(), statistics=views[-1].statistics, views=views, grids=grids, **extra)
+    result = CompareResult(arms=views[-1].arms, config=cfg.to_dict(), statistics=views[-1].statistics, views=views, grids=grids,
+                           data_parts=data_parts(extra.get("num_examples") or {}, documents, parts, clusters), **extra)  # fmt: skip
     if not cfg.successive_halving:
         result.halving_agreement = _halving_agreement(by_arm, budgets)
     if len(views) >= 3:
         result.curves = learning_curves(views, original["test"][1], cfg)
     return result
+
+
+def data_parts(num_examples: dict, documents: dict, parts, clusters: dict | None = None) -> dict:
+    """Per part of the data (`train`, `heldout`, `test`, `retention_selection`, `retention_test`): its `blocks` (examples),
+    `documents` (distinct documents; `None` where the set names none) and, for the parts intervals are computed on,
+    `resampled`: `"documents"` (cluster bootstrap) or `"blocks"`.
+
+    Example:
+        ```python
+        >>> data_parts({"train": 4, "test": 2}, {"train": [0, 0, 1, 1], "test": None}, None)
+        {'train': {'blocks': 4, 'documents': 2}, 'test': {'blocks': 2, 'documents': None, 'resampled': 'blocks'}}
+        ```
+    """
+    clusters = clusters or {}
+
+    def resampled(name):
+        return {"resampled": "documents" if clusters.get(name) is not None else "blocks"}
+
+    out = {}
+    for name in ("train", "heldout", "test"):
+        docs = documents.get(name)
+        if name in num_examples or docs is not None:
+            out[name] = {"blocks": len(docs) if docs is not None else int(num_examples[name]),
+                         "documents": len(set(docs)) if docs is not None else None,
+                         **(resampled(name) if name == "test" else {})}  # fmt: skip
+    if parts is not None:
+        docs = documents.get("retention")
+        for name, index, key in zip(("retention_selection", "retention_test"), parts, ("retention_selection", "retention")):
+            out[name] = {"blocks": len(index), "documents": len(set(_part(docs, index))) if docs is not None else None,
+                         **resampled(key)}  # fmt: skip
+    return out
 
 
 def learning_curves(views: list[BudgetView], weight: np.ndarray, cfg) -> dict | None:

@@ -75,6 +75,12 @@ class CompareConfig:
     retention_selection_fraction: float = field(
         default=0.5, metadata={"help": "Share of the retention set that chooses (frontier, arm within EPS); the rest is reported."}
     )
+    cluster_key: str | None = field(
+        default="auto",
+        metadata={"help": "Column naming each example's document, the unit of independence: the retention set's selection and test "
+                          "parts are disjoint in it and the bootstrap resamples it (all blocks of a drawn document together); "
+                          "auto: 'document' where the data has it (load_data writes it for LM blocks); none: examples are independent."},
+    )  # fmt: skip
     selection_max_examples: int | None = field(
         default=64, metadata={"help": "Training examples the fallback rule compares on (None: all)."}
     )
@@ -147,6 +153,8 @@ class CompareConfig:
             fail(f"max_forgetting must be a number of nats >= 0, got {self.max_forgetting!r}")
         if not _number(self.retention_selection_fraction) or not 0 < self.retention_selection_fraction < 1:
             fail(f"retention_selection_fraction must be in (0, 1), got {self.retention_selection_fraction!r}")
+        if self.cluster_key is not None and (not isinstance(self.cluster_key, str) or not self.cluster_key.strip()):
+            fail(f"cluster_key must be a column name, auto or none, got {self.cluster_key!r}")
         if self.method not in METHODS:
             fail(f"method must be one of {METHODS}, got {self.method!r}")
         if self.interval not in INTERVALS:

@@ -11,7 +11,8 @@ better only if it moves *off* that curve. Three questions, each answered here:
 - **Off the control curve**: the controls (LoRA at several ranks, `layers`, `full`) and the original trace
   a curve (their lower envelope: the least forgetting seen at each gain, linear in between, flat past the
   largest gain). A growth arm is off the curve when, at its gain, it forgets less than the curve, with a
-  paired bootstrap interval over test and retention examples (Bonferroni across growth arms).
+  paired bootstrap interval over test and retention examples (Bonferroni across growth arms); where the
+  examples name their documents, documents are resampled instead (`evaluation.bounds`).
 
 Choices (the frontier, the arm within eps) use held-out data only: the domain's held-out loss and the
 retention set's selection part. The curve test is a reported claim, made on the test parts.
@@ -62,6 +63,22 @@ def curve_at(gains: np.ndarray, forgets: np.ndarray, g: float) -> float:
     return float(np.interp(g, gains, forgets))
 
 
+class _Resampler:
+    """Bootstrap means of per-example values over `n` examples, resampling examples, or their documents (`clusters`)."""
+
+    def __init__(self, n: int, clusters, rng, n_bootstrap: int):
+        from ..evaluation.bounds import cluster_codes
+
+        self.codes, k = cluster_codes(clusters, n) if clusters is not None else (np.arange(n), n)
+        self.draws = rng.integers(0, k, size=(n_bootstrap, k))
+        self.k = k
+        self.sizes = np.bincount(self.codes, minlength=k).astype(np.float64)[self.draws].sum(axis=1)
+
+    def means(self, values: np.ndarray) -> np.ndarray:
+        sums = np.bincount(self.codes, weights=np.asarray(values, dtype=np.float64), minlength=self.k)
+        return sums[self.draws].sum(axis=1) / self.sizes
+
+
 def off_curve(
     gain: dict[str, np.ndarray],
     forgetting: dict[str, np.ndarray],
@@ -71,6 +88,8 @@ def off_curve(
     delta: float = 0.05,
     n_bootstrap: int = 2000,
     seed: int = 0,
+    test_clusters=None,
+    retention_clusters=None,
 ) -> dict:
     """Is each growth arm off the controls' learning-vs-forgetting curve? A paired bootstrap answer.
 
@@ -79,6 +98,8 @@ def off_curve(
         forgetting: Per arm, per retention example `loss(arm) - loss(original)`.
         controls, growth: Which arms trace the curve, and which are tested against it.
         delta: Family-wise error across the growth arms (Bonferroni).
+        test_clusters, retention_clusters: The document of each test / retention example (optional): documents are
+            then resampled, all their examples together (the same draws as examples when each is its own document).
 
     Returns:
         `{"curve": [[gain, forgetting], ...], "arms": {name: {"gain", "forgetting", "curve", "margin": {mean,
@@ -90,11 +111,11 @@ def off_curve(
         return None
     rng = np.random.default_rng(seed)
     n_test, n_ret = len(next(iter(gain.values()))), len(next(iter(forgetting.values())))
-    i_test = rng.integers(0, n_test, size=(n_bootstrap, n_test))
-    i_ret = rng.integers(0, n_ret, size=(n_bootstrap, n_ret))
     names = controls + growth
-    g_boot = {n: gain[n][i_test].mean(axis=1) for n in names}
-    f_boot = {n: forgetting[n][i_ret].mean(axis=1) for n in names}
+    test = _Resampler(n_test, test_clusters, rng, n_bootstrap)
+    ret = _Resampler(n_ret, retention_clusters, rng, n_bootstrap)
+    g_boot = {n: test.means(gain[n]) for n in names}
+    f_boot = {n: ret.means(forgetting[n]) for n in names}
     g_mean = {n: float(gain[n].mean()) for n in names}
     f_mean = {n: float(forgetting[n].mean()) for n in names}
     gains, forgets = envelope(np.array([[g_mean[c], f_mean[c]] for c in controls]))

@@ -31,7 +31,7 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
     from .aggregate import aggregate
     from .arms import build_arms
     from .engine import run_serial
-    from .runner import _checked_rows, _spec, _tracker_settings, _weighted, example_losses
+    from .runner import _checked_rows, _spec, _tracker_settings, _weighted, example_losses, set_documents
     from .store import TrialStore, stored
     from .trial import TrialInputs
 
@@ -40,6 +40,7 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
     tracking.check_logging_dir(cfg.report_to, cfg.logging_dir, "logging_dir is not set (hf-depthgrow compare defaults it to <output_dir>/logs)")
     rows = {k: training_rows(data[k], f"{k}_data", model=model) for k in ("train", "eval")}
     rows.update({k: _checked_rows(model, data[k], f"{k}_data", cfg.batch_size) if data[k] is not None else None for k in ("test", "retention")})
+    documents = set_documents({"test": rows["test"], "retention": rows["retention"]}, cfg.cluster_key)
     arms = build_arms(model, names, [], reference=None, probe_result=probe_result, seed=cfg.seed, lora_target_modules=cfg.lora_target_modules)
     original = _OriginalPerSeed(test=example_losses(model, rows["test"], cfg.batch_size))
     if rows["retention"] is not None:
@@ -69,7 +70,8 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
     for seed, c in cfgs.items():
         mine = [t for t in trials if t.spec.seed == seed]
         grids = {a.name: {"grid": c.grid(a.kind), "added": [], "stopped": "interior"} for a in trained}
-        results[seed] = aggregate(arms, mine, original, c, grids=grids, extra={"probe": None, "seconds": {}, "num_examples": {"train": len(rows["train"])}})
+        results[seed] = aggregate(arms, mine, original, c, grids=grids, documents=documents,
+                                  extra={"probe": None, "seconds": {}, "num_examples": {"train": len(rows["train"])}})  # fmt: skip
         logged = tracking.tracking_run(config=c.to_dict(), **_tracker_settings(c, "compare"))
         logged.log_comparison(results[seed], c.max_steps)
         logged.finish()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..evaluation.formatting import format_value
+from ..evaluation.formatting import data_parts_text, format_value
 from ..utils import atomic_write_text, json_safe, write_json
 from .sweep_report import frontier_sentence, sweep_markdown, view_dict
 
@@ -114,6 +114,8 @@ class CompareResult:
         halving_agreement: Per arm kind, how often successive halving (replayed from the full grid's held-out
             curves) keeps the full grid's choice (`None` when halving ran).
         curves: With 3+ budgets: learning-curve fits, the predicted crossover and the fit's validation.
+        data_parts: Per part (`train`, `heldout`, `test`, `retention_selection`, `retention_test`) its `blocks` and
+            `documents` (`None` where the data names no documents).
     """
 
     arms: list[ArmResult]
@@ -126,6 +128,7 @@ class CompareResult:
     grids: dict = field(default_factory=dict)
     halving_agreement: dict | None = None
     curves: dict | None = None
+    data_parts: dict = field(default_factory=dict)
 
     def arm(self, name: str) -> ArmResult:
         for a in self.arms:
@@ -181,6 +184,7 @@ class CompareResult:
             "statistics": self.statistics, "probe": self.probe, "seconds": self.seconds,
             "num_examples": self.num_examples, "config": self.config, "budgets": [view_dict(v) for v in self.views],
             "grids": self.grids, "halving_agreement": self.halving_agreement, "curves": self.curves,
+            "data_parts": self.data_parts,
         })
 
     def to_markdown(self) -> str:
@@ -195,6 +199,7 @@ class CompareResult:
             f"Intervals: {self.config['interval']}, {level:.0%} family-wise ({method} over the arms). "
             "Deltas are `loss(reference) - loss(arm)`: positive = the arm is better; forgetting = retention loss "
             "of the arm minus the original's (positive = forgot).", "",
+            *([data_parts_text(self.data_parts, self.config.get("cluster_key")), ""] if self.data_parts else []),
             "| arm | kind | trainable | lr | held-out | test | vs original | vs best control | forgetting | train s |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.batches import as_batches, as_rows, to_device
-from ..evaluation.checks import prepare_batches, split_batch
+from ..data.batches import as_batches, as_rows, documents_of, to_device
+from ..evaluation.checks import prepare_batches, resolve_cluster_key, split_batch
 from ..evaluation.paired import eval_mode
 from ..losses import batch_example_losses
 from ..training import tracking
@@ -45,6 +45,51 @@ def _checked_rows(model: nn.Module, data, name: str, batch_size: int) -> list[di
         raise ValueError(f"{name} is empty: no example to evaluate")
     prepare_batches({name: model}, rows, batch_size, None)
     return rows
+
+
+def set_documents(sets: dict, cluster_key: str | None, required: tuple[str, ...] = ("test", "retention")) -> dict:
+    """The document of every example of each set (`{name: rows or None}`), by `cluster_key` (`"auto"` or `None`: the
+    `document` column where a set has it; whether a bootstrap resamples them is `evaluation.checks.cluster_labels`).
+
+    A named key must be a column of every `required` set that is given (the sets the intervals are on), else a
+    `ValueError` naming it, before anything trains; the other sets report their documents where they have it.
+
+    Example:
+        ```python
+        >>> set_documents({"test": test_rows, "retention": None}, "auto")
+        {'test': [0, 0, 3, ...], 'retention': None}
+        ```
+    """
+    out = {}
+    for name, rows in sets.items():
+        if rows is None:
+            out[name] = None
+            continue
+        has = lambda column: documents_of(rows, column) is not None  # noqa: E731
+        try:
+            key = resolve_cluster_key("auto" if cluster_key is None else cluster_key, has)
+        except ValueError:
+            if name in required:
+                raise ValueError(f"cluster_key {cluster_key!r} is not a column of the {name} data: it names no document to "
+                                 "resample by (use auto, none, or a column of the data)") from None  # fmt: skip
+            key = None
+        out[name] = documents_of(rows, key) if key is not None else None
+    return out
+
+
+def _check_documents(documents: dict, retention_rows, cfg: CompareConfig) -> None:
+    """What the statistics will need of the documents, refused now rather than after training: at least 2 documents
+    to resample by on the test (and retention) set, and a retention set that splits into two non-empty parts."""
+    from ..evaluation.checks import cluster_labels
+    from .aggregate import retention_parts
+
+    for name in ("test", "retention"):
+        labels = cluster_labels(documents.get(name), cfg.cluster_key)
+        if labels is not None and len(set(labels)) < 2:
+            raise ValueError(f"cluster_key {cfg.cluster_key!r}: every example of the {name} data names one document, leaving "
+                             "nothing to resample (use auto or none)")  # fmt: skip
+    if retention_rows is not None:
+        retention_parts(len(retention_rows), cfg.retention_selection_fraction, cfg.seed, cluster_labels(documents["retention"], cfg.cluster_key))
 
 
 @torch.no_grad()
@@ -204,6 +249,8 @@ def compare_plans(
     eval_rows = training_rows(eval_data, "eval_data", model=model)
     test_rows = _checked_rows(model, test_data, "test_data", cfg.batch_size)
     retention_rows = _checked_rows(model, retention_data, "retention_data", cfg.batch_size) if retention_data is not None else None
+    documents = set_documents({"train": train_rows, "heldout": eval_rows, "test": test_rows, "retention": retention_rows}, cfg.cluster_key)
+    _check_documents(documents, retention_rows, cfg)
     probe_result, probe_seconds = _probe_if_needed(model, cfg, train_rows, probe_result, probe_max_batches)
     arms = build_arms(
         model, cfg.growth, cfg.controls, reference=cfg.reference, probe_result=probe_result, seed=cfg.seed,
@@ -212,7 +259,8 @@ def compare_plans(
     if probe_result is not None:
         tracking.log_probe_run(probe_result, **_tracker_settings(cfg, "probe"))
     result = _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs,
-                       probe_result=probe_result, probe_seconds=probe_seconds, started=started, trials_dir=trials_dir, resume=resume)
+                       probe_result=probe_result, probe_seconds=probe_seconds, started=started, trials_dir=trials_dir, resume=resume,
+                       documents=documents)  # fmt: skip
     logged = tracking.tracking_run(config=cfg.to_dict(), **_tracker_settings(cfg, "compare"))
     logged.log_comparison(result, cfg.max_steps)
     logged.finish()
@@ -220,7 +268,7 @@ def compare_plans(
 
 
 def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs, *, probe_result, probe_seconds, started, trials_dir,
-              resume=False):
+              resume=False, documents=None):
     t0 = time.perf_counter()
     original = {"test": example_losses(model, test_rows, cfg.batch_size)}
     if retention_rows is not None:
@@ -251,7 +299,7 @@ def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows
         "num_examples": {"train": len(train_rows), "heldout": len(eval_rows), "test": len(test_rows),
                          "retention": len(retention_rows) if retention_rows is not None else 0},
     }  # fmt: skip
-    return aggregate(arms, trials, original, cfg, grids=grids, extra=extra)
+    return aggregate(arms, trials, original, cfg, grids=grids, extra=extra, documents=documents)
 
 
 def _probe_summary(probe_result) -> dict | None:

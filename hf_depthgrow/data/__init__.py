@@ -6,12 +6,13 @@ the Python docs, tweets, Fashion-MNIST, digits), `lm_blocks` (causal-LM token bl
 `text_files` (which local paths may be read, and text read lazily in bounded pieces).
 """
 
-from .batches import DataFormError, as_batches, as_rows, collate, data_form
+from .batches import DOCUMENT_COLUMN, DataFormError, as_batches, as_rows, collate, data_form, documents_of
 from .corpora import digits, fashion_mnist, python_docs_texts, shakespeare_texts, tweets_sentiment
-from .lm_blocks import causal_lm_blocks, train_test_split_blocks
+from .lm_blocks import causal_lm_blocks, sampled_document_blocks, train_test_split_blocks
 from .models import load_smollm2, minilm_path, smollm2_path
 from .sources import (
     EMBEDDED_SOURCES,
+    group_parts,
     images_to_pixels,
     infer_task,
     load_data,
@@ -20,16 +21,20 @@ from .sources import (
 )
 
 __all__ = [
+    "DOCUMENT_COLUMN",
     "EMBEDDED_SOURCES",
     "DataFormError",
     "as_batches",
     "as_rows",
     "causal_lm_blocks",
     "digits",
+    "documents_of",
     "fashion_mnist",
+    "group_parts",
     "load_smollm2",
     "minilm_path",
     "python_docs_texts",
+    "sampled_document_blocks",
     "shakespeare_texts",
     "smollm2_path",
     "train_test_split_blocks",

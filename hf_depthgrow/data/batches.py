@@ -19,6 +19,11 @@ One collate per modality: token rows are right-padded to the longest row (`input
 `attention_mask` with 0, `labels` with -100, so padding is never supervised); image rows are
 stacked.
 
+A `document` column (`DOCUMENT_COLUMN`: the file, page or table row each example came from, as
+`load_data` writes it for causal-LM blocks) travels with rows and batches and is never given to a
+model; `documents_of` reads it back in data order, for statistics that treat a document, not a
+block, as the independent unit.
+
 Example:
     ```python
     >>> from hf_depthgrow.data.batches import as_batches, as_rows
@@ -38,6 +43,8 @@ from itertools import islice
 import numpy as np
 import torch
 
+from ..losses import DOCUMENT_COLUMN
+
 ACCEPTED_FORMS = (
     "a datasets.Dataset, a list of row dicts, a DataLoader or iterable of batch dicts, or one batch dict "
     "(a row holds input_ids [T] or pixel_values [C, H, W]; a batch input_ids [B, T] or pixel_values [B, C, H, W])"
@@ -45,6 +52,8 @@ ACCEPTED_FORMS = (
 # Model-input keys and the rank they have in one row.
 ROW_RANK = {"input_ids": 1, "attention_mask": 1, "pixel_values": 3, "inputs_embeds": 2}
 ID_COLUMNS = ("id", "idx", "example_id")
+# Columns kept as lists when their values are not numbers (they name examples or documents; never model inputs).
+_NAME_COLUMNS = (*ID_COLUMNS, DOCUMENT_COLUMN)
 IGNORE_INDEX = -100
 _PAD = {"labels": IGNORE_INDEX}  # every other token key pads with 0 (input_ids, attention_mask, token_type_ids)
 
@@ -123,15 +132,15 @@ def _as_tensor(value):
 def collate(rows: Sequence[Mapping]) -> dict:
     """One batch from rows: token rows right-padded (labels with -100), image rows stacked.
 
-    Other string values (e.g. raw text) are dropped; string id columns are kept as lists; a `label`/`label_ids` column becomes
+    Other string values (e.g. raw text) are dropped; string id and document columns are kept as lists; a `label`/`label_ids` column becomes
     `labels` (as transformers' `default_data_collator` does, so classification sets read as they are).
     """
     if not rows:
         raise ValueError("cannot collate zero rows")
     batch = {}
     for key in rows[0]:
-        if key in ID_COLUMNS and not isinstance(rows[0][key], (int, np.integer, torch.Tensor)):
-            batch[key] = [row[key] for row in rows]  # string ids name the examples in reports
+        if key in _NAME_COLUMNS and not isinstance(rows[0][key], (int, np.integer, torch.Tensor)):
+            batch[key] = [row[key] for row in rows]  # string ids name the examples (or documents) in reports
             continue
         if isinstance(rows[0][key], str):
             continue
@@ -241,6 +250,44 @@ def batch_size_of(batch: Mapping) -> int:
             value = batch[key]
             return int(value.shape[0]) if hasattr(value, "shape") else len(value)
     raise DataFormError(f"a batch needs a model input ({', '.join(ROW_RANK)}); got keys {sorted(batch)}")
+
+
+def _names(values) -> list:
+    """Plain Python values (ints, strings) of a column, for grouping."""
+    if isinstance(values, (torch.Tensor, np.ndarray)):
+        return np.asarray(values).reshape(-1).tolist()
+    return [v.item() if isinstance(v, (torch.Tensor, np.generic)) else v for v in values]
+
+
+def documents_of(data, column: str = DOCUMENT_COLUMN) -> list | None:
+    """The `column` value (by default the document) of every example of `data`, in data order; `None` if it has none.
+
+    Reads any accepted form. A `datasets.Dataset` is read by column (no rows are collated); other forms row by row
+    or batch by batch. Every example must carry the column when the first one does.
+
+    Example:
+        ```python
+        >>> documents_of([{"input_ids": torch.arange(4), "document": 3}, {"input_ids": torch.arange(4), "document": 5}])
+        [3, 5]
+        ```
+    """
+    form = data_form(data)
+    if form == "rows" and hasattr(data, "column_names"):  # a datasets.Dataset: read the column alone
+        return _names(data.with_format(None)[column]) if column in data.column_names else None
+    if form == "rows":
+        first = data[0]
+        if column not in first:
+            return None
+        return _names([data[i][column] for i in range(len(data))])
+    out: list = []
+    for batch in ([data] if form == "batch" else as_batches(data)):
+        batch = _checked_batch(batch)
+        if column not in batch:
+            if out:
+                raise ValueError(f"some batches carry a {column!r} column and some do not")
+            return None
+        out.extend(_names(batch[column]))
+    return out
 
 
 def to_device(batch: Mapping, device) -> dict:

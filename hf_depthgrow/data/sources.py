@@ -2,7 +2,8 @@
 
 Every source becomes a `datasets.Dataset` in torch format whose rows are model inputs with
 `labels`, fixed-size so the default collate stacks them:
-- causal LM: `input_ids`, `attention_mask`, `labels` (blocks of `block_size` tokens);
+- causal LM: `input_ids`, `attention_mask`, `labels` (blocks of `block_size` tokens), and `document`: the
+  position of the document (page, work, file, table row) each block came from, which the models never see;
 - text classification: the same, padded/truncated to `block_size`, `labels` an int;
 - image classification: `pixel_values` at the model's size and channels, `labels` an int.
 """
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..losses import is_causal_lm
+from ..losses import DOCUMENT_COLUMN, is_causal_lm
 from .checks import check_batch
 from .text_files import TextFile, data_files
 
@@ -111,14 +112,24 @@ def _read_hub(source: str, split: str, text_column, label_column):
     return table
 
 
-def _lm_dataset(tokenizer, texts: list[str], block_size: int, max_examples: int | None):
-    from .lm_blocks import causal_lm_blocks
+def _lm_dataset(tokenizer, texts, block_size: int, max_examples: int | None, *, documents=None,
+                per_document: int | None = None, seed: int = 0):
+    """Causal-LM blocks with their `document` column: consecutive blocks of the joined stream, or (`per_document`)
+    a seeded sample of that many blocks from each of many documents. `documents`: the id of each text (default: its
+    position)."""
+    from .lm_blocks import causal_lm_blocks, sampled_document_blocks
 
-    blocks = causal_lm_blocks(tokenizer, texts, block_size, max_blocks=max_examples)
-    if len(blocks) == 0:
-        raise ValueError(f"the texts give no block of {block_size} tokens; use a smaller block_size or more text")
+    if per_document is not None:
+        blocks, owners = sampled_document_blocks(tokenizer, texts, block_size, per_document=per_document,
+                                                 max_blocks=max_examples, seed=seed, documents=documents)  # fmt: skip
+        owners = np.asarray(owners, dtype=np.int64)
+    else:
+        blocks, owners = causal_lm_blocks(tokenizer, texts, block_size, max_blocks=max_examples, with_documents=True)
+        owners = owners.numpy() if documents is None else np.asarray(documents, dtype=np.int64)[owners.numpy()]
     ids = blocks.numpy()
-    return datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": ids})
+    return datasets.Dataset.from_dict(
+        {"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": ids, DOCUMENT_COLUMN: owners}
+    )
 
 
 def _classification_dataset(tokenizer, texts, labels, block_size, max_examples, seed=0):
@@ -180,6 +191,7 @@ def load_data(
     seed: int = 0,
     text_column: str | None = None,
     label_column: str | None = None,
+    blocks_per_document: int | str | None = "auto",
 ) -> datasets.Dataset:
     """Load `source` as model inputs with labels for `model`'s head.
 
@@ -192,6 +204,17 @@ def load_data(
         tokenizer: Needed for text.
         block_size: Tokens per causal-LM block, or the padded length of a classified text.
         max_examples: Keep at most this many rows (blocks, texts, images).
+        blocks_per_document: Causal LM only. An integer: a seeded sample of that many blocks from each of
+            `max_examples / blocks_per_document` documents visited in a seeded order (see
+            `lm_blocks.sampled_document_blocks`), so a small set spans many documents. `None`: consecutive
+            blocks of the documents joined in order, from the start. `"auto"` (the default): 2 for
+            `"python_docs"` (a retention set: 128 blocks come from 64 pages), `None` otherwise (a training
+            corpus read from its start).
+
+    Every causal-LM block carries a `document` column: the position of its document in the source (the
+    page in sorted path order for `"python_docs"`, the work in sorted file order for `"shakespeare"`, the
+    file of a folder, the row of a table). The models never see it; statistics use it (document-level
+    bootstrap, `split_dataset(by="document")`).
 
     Raises:
         ValueError: token ids beyond the model's embedding (the tokenizer does not match the model), or
@@ -204,6 +227,7 @@ def load_data(
         ```
     """
     task = infer_task(model)
+    per_document = _per_document(blocks_per_document, source)
     if source == "python_docs" and task != "causal_lm":
         raise ValueError(
             f"'python_docs' is a causal-LM text source (unlabelled prose and code); {type(model).__name__} is a {task} model"
@@ -216,7 +240,7 @@ def load_data(
         return ds.with_format("torch")
     if tokenizer is None:
         raise ValueError("text data needs a tokenizer")
-    labels = None
+    labels, documents = None, None
     if source == "shakespeare":
         from .corpora import shakespeare_texts
 
@@ -224,10 +248,12 @@ def load_data(
     elif source == "python_docs":
         from .corpora import python_docs_texts
 
-        # Pages in a seeded order: blocks are taken from the start, and the first pages in path order
-        # are all C-API reference; shuffled, a few hundred blocks spread over the whole documentation.
         texts = python_docs_texts()
-        texts = [texts[i] for i in np.random.default_rng(seed).permutation(len(texts))]
+        if per_document is None:
+            # Consecutive blocks from the start of pages in a seeded order (the first pages in path order are
+            # all C-API reference); each block keeps its page's position in path order.
+            documents = np.random.default_rng(seed).permutation(len(texts))
+            texts = [texts[i] for i in documents]
     elif source == "tweets":
         from .corpora import tweets_sentiment
 
@@ -238,26 +264,104 @@ def load_data(
     else:
         texts, labels = _columns(_read_hub(source, split, text_column, label_column), text_column, label_column, source)
     if task == "causal_lm":
-        ds = _lm_dataset(tokenizer, texts, block_size, max_examples)
+        if per_document is not None:
+            texts = list(texts)  # a lazily read file is read whole when its document is visited
+        ds = _lm_dataset(tokenizer, texts, block_size, max_examples, documents=documents, per_document=per_document, seed=seed)
     else:
         ds = _classification_dataset(tokenizer, texts, labels, block_size, max_examples, seed)
     _check_loaded(model, ds, source, tokenizer)
     return ds.with_format("torch")
 
 
-def split_dataset(dataset: datasets.Dataset, fractions: dict[str, float], *, seed: int = 0) -> dict[str, datasets.Dataset]:
-    """Disjoint, seeded splits, e.g. `{"train": 0.8, "held_out": 0.1, "test": 0.1}`."""
+def _per_document(value, source: str) -> int | None:
+    if value == "auto":
+        return 2 if source == "python_docs" else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"blocks_per_document must be an integer >= 1, None or 'auto', got {value!r}")
+    return int(value)
+
+
+def split_dataset(
+    dataset: datasets.Dataset, fractions: dict[str, float], *, seed: int = 0, by: str | None = None
+) -> dict[str, datasets.Dataset]:
+    """Disjoint, seeded splits, e.g. `{"train": 0.8, "held_out": 0.1, "test": 0.1}`.
+
+    Args:
+        dataset: The rows to split.
+        fractions: Share of the rows per split (positive, summing to at most 1).
+        seed: Seed of the permutation.
+        by: A column (e.g. `"document"`) whose values never straddle two splits: its groups are shuffled and
+            dealt out whole, each split taking groups until it holds its share of the rows (so shares are met up to
+            a group's size). `None` (the default) splits rows.
+
+    Raises:
+        ValueError: if `by` is not a column of `dataset`, or a split would be empty (too few groups for the splits).
+
+    Example:
+        ```python
+        >>> parts = split_dataset(blocks, {"train": 0.8, "test": 0.2}, by="document")
+        >>> set(parts["train"]["document"].tolist()) & set(parts["test"]["document"].tolist())
+        set()
+        ```
+    """
     if not fractions or any(f <= 0 for f in fractions.values()) or sum(fractions.values()) > 1 + 1e-9:
         raise ValueError(f"fractions must be positive and sum to at most 1, got {fractions}")
-    order = np.random.default_rng(seed).permutation(len(dataset))
-    out, start = {}, 0
-    for name, frac in fractions.items():
-        size = int(round(frac * len(dataset)))
-        if size == 0:
-            raise ValueError(f"split {name!r} would be empty ({frac} of {len(dataset)} rows)")
-        out[name] = dataset.select(order[start : start + size].tolist())
-        start += size
-    return out
+    if by is None:
+        order = np.random.default_rng(seed).permutation(len(dataset))
+        out, start = {}, 0
+        for name, frac in fractions.items():
+            size = int(round(frac * len(dataset)))
+            if size == 0:
+                raise ValueError(f"split {name!r} would be empty ({frac} of {len(dataset)} rows)")
+            out[name] = dataset.select(order[start : start + size].tolist())
+            start += size
+        return out
+    if by not in dataset.column_names:
+        raise ValueError(f"cannot split by {by!r}: the data has no such column (columns: {', '.join(dataset.column_names)})")
+    parts = group_parts(dataset.with_format(None)[by], list(fractions.values()), seed=seed)
+    for (name, frac), rows in zip(fractions.items(), parts):
+        if len(rows) == 0:
+            groups = len(set(dataset.with_format(None)[by]))
+            raise ValueError(f"split {name!r} would be empty: {groups} distinct {by!r} values cannot fill {len(fractions)} splits by {by}")
+    return {name: dataset.select(rows.tolist()) for name, rows in zip(fractions, parts)}
+
+
+def group_parts(groups, fractions: list[float], *, seed: int = 0) -> list[np.ndarray]:
+    """Row indices of disjoint parts such that no group (e.g. a document) straddles two parts.
+
+    The distinct values of `groups` (one per row) are put in a seeded random order and dealt out whole: part `j`
+    takes groups until the parts so far hold `sum(fractions[:j + 1])` of the rows (rounded), the last part taking
+    what its share allows. Each part's indices come back sorted. A part can be empty when there are fewer groups
+    than parts, or a group is larger than a part's share.
+
+    Example:
+        ```python
+        >>> [p.tolist() for p in group_parts([0, 0, 1, 1, 2, 2], [0.5, 0.5], seed=0)]
+        [[0, 1, 4, 5], [2, 3]]
+        ```
+    """
+    from .batches import _names
+
+    values = _names(groups)
+    index: dict = {}
+    for row, value in enumerate(values):
+        index.setdefault(value, []).append(row)
+    names = list(index)  # first-appearance order, so the deal does not depend on how the values sort
+    order = np.random.default_rng(seed).permutation(len(names))
+    bounds = np.round(np.cumsum(fractions) * len(values)).astype(int)
+    parts: list[list[int]] = [[] for _ in fractions]
+    j, taken = 0, 0
+    for g in order:
+        while j < len(parts) and taken >= bounds[j]:
+            j += 1
+        if j == len(parts):
+            break  # every part holds its share (the fractions sum to less than 1): the rest is left out
+        rows = index[names[g]]
+        parts[j].extend(rows)
+        taken += len(rows)
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
 def make_loader(dataset, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_last: bool = False) -> DataLoader:

@@ -17,14 +17,14 @@ from torch import nn
 from ..data.batches import ID_COLUMNS, DataFormError, as_batches, batch_size_of, dict_kind
 from ..data.checks import check_batch as _check_data_batch
 from ..data.checks import vocab_sizes
-from ..losses import is_causal_lm
+from ..losses import DOCUMENT_COLUMN, is_causal_lm
 
 
 def split_batch(batch: Mapping) -> tuple[dict, object | None]:
     """The model tensors of a batch (labels included) and its optional id column.
 
     Numeric arrays and nested lists (a batch dict written by hand) become tensors; other values,
-    such as raw text, are left out.
+    such as raw text, are left out, and so is the document column (read by `batch_column`).
     """
     if not isinstance(batch, Mapping) or dict_kind(batch) != "batch":
         raise DataFormError(
@@ -34,7 +34,7 @@ def split_batch(batch: Mapping) -> tuple[dict, object | None]:
     ids = next((batch[k] for k in ID_COLUMNS if k in batch), None)
     tensors = {}
     for key, value in batch.items():
-        if key in ID_COLUMNS:
+        if key in ID_COLUMNS or key == DOCUMENT_COLUMN:
             continue
         if isinstance(value, torch.Tensor):
             tensors[key] = value
@@ -43,6 +43,39 @@ def split_batch(batch: Mapping) -> tuple[dict, object | None]:
             if array.dtype.kind in "biuf":  # bool, int, unsigned, float: model input; strings are not
                 tensors[key] = torch.as_tensor(array)
     return tensors, ids
+
+
+def _column_values(batch: Mapping, key: str, size: int) -> list | None:
+    if key not in batch:
+        return None
+    value = batch[key]
+    values = np.asarray(value).reshape(-1).tolist() if isinstance(value, (torch.Tensor, np.ndarray)) else list(value)
+    if len(values) != size:
+        raise ValueError(f"the {key!r} column of a batch has {len(values)} values for {size} examples")
+    return values
+
+
+def resolve_cluster_key(cluster_key: str | None, has_column) -> str | None:
+    """The column that names each example's document: `"auto"` is `"document"` where the data has it (else none);
+    `None`/`"none"` is none; any other name must be a column of the data (`has_column(name)`), else `ValueError`."""
+    if cluster_key is None or cluster_key == "none":
+        return None
+    if cluster_key == "auto":
+        return DOCUMENT_COLUMN if has_column(DOCUMENT_COLUMN) else None
+    if not has_column(cluster_key):
+        raise ValueError(f"cluster key {cluster_key!r} is not a column of the data: no example names a {cluster_key!r} to resample by")
+    return cluster_key
+
+
+def cluster_labels(documents: list | None, cluster_key: str | None) -> list | None:
+    """The labels a bootstrap resamples by: `documents`, except under `"auto"` where they name fewer than 2 documents
+    (one document leaves nothing to resample: its blocks are then resampled, as without documents) and under
+    `None` (no clusters). A key named explicitly is used as it is (one document then fails in the bootstrap)."""
+    if documents is None or cluster_key is None or cluster_key == "none":
+        return None
+    if cluster_key == "auto" and len(set(documents)) < 2:
+        return None
+    return documents
 
 
 def check_batch(model: nn.Module, batch: dict, ids: list, causal: bool, name: str) -> None:
@@ -55,13 +88,34 @@ def prepare_batches(models: dict[str, nn.Module], data, batch_size: int, example
 
     Example ids come from `example_ids`, else an `id`/`idx`/`example_id` column, else the position.
     """
+    return batches_and_documents(models, data, batch_size, example_ids, None)[:2]
+
+
+def batches_and_documents(models: dict[str, nn.Module], data, batch_size: int, example_ids: Sequence | None,
+                          cluster_key: str | None = "auto") -> tuple[object, list, list | None, str | None]:
+    """`prepare_batches`, and each example's document: `(batches, ids, documents, key)`.
+
+    `cluster_key` names the column holding the document (`resolve_cluster_key`: `"auto"` takes `"document"` where
+    the batches carry it); `documents` is `None` without one. A named column that some batch lacks is a
+    `ValueError` before any forward pass.
+    """
     batches = as_batches(data, batch_size=batch_size)
     causal = is_causal_lm(next(iter(models.values())))
     all_ids: list = []
+    documents: list | None = None
+    key = None
     count = 0
-    for batch in batches:
+    for number, batch in enumerate(batches):
         tensors, id_col = split_batch(batch)
         size = batch_size_of(tensors)
+        if number == 0:
+            key = resolve_cluster_key(cluster_key, lambda name: name in batch)
+            documents = [] if key is not None else None
+        if key is not None:
+            values = _column_values(batch, key, size)
+            if values is None:
+                raise ValueError(f"cluster key {key!r}: batch {number} of the data has no {key!r} column")
+            documents.extend(values)
         if example_ids is not None:
             ids = list(example_ids[count : count + size])
         elif id_col is not None:
@@ -76,7 +130,7 @@ def prepare_batches(models: dict[str, nn.Module], data, batch_size: int, example
         raise ValueError("the evaluation data is empty: no example to evaluate.")
     if example_ids is not None and len(example_ids) != count:
         raise ValueError(f"example_ids has {len(example_ids)} entries for {count} examples")
-    return batches, all_ids
+    return batches, all_ids, documents, key
 
 
 def check_level(delta: float, n_bootstrap: int, seed: int = 0) -> None:

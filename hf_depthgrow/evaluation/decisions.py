@@ -28,6 +28,7 @@ from .bounds import (
     bootstrap_interval,
     bootstrap_means,
     check_bound,
+    cluster_codes,
     hoeffding_interval,
 )
 
@@ -85,12 +86,12 @@ def _bootstrap_p(means: np.ndarray) -> tuple[float, int]:
     return min(1.0, p_up, p_down), (1 if p_up <= p_down else -1)
 
 
-def _arm_test(d: np.ndarray, kind: str, level: float, bound, n_bootstrap: int, seed: int) -> dict:
+def _arm_test(d: np.ndarray, kind: str, level: float, bound, n_bootstrap: int, seed: int, clusters=None) -> dict:
     """Interval at `level` and the dual two-sided p-value (smallest level that excludes 0)."""
     mean = float(d.mean())
     if kind == "bootstrap":
-        low, high = bootstrap_interval(d, level, n_bootstrap=n_bootstrap, seed=seed)
-        p, sign = _bootstrap_p(bootstrap_means(d, n_bootstrap, seed))
+        low, high = bootstrap_interval(d, level, n_bootstrap=n_bootstrap, seed=seed, clusters=clusters)
+        p, sign = _bootstrap_p(bootstrap_means(d, n_bootstrap, seed, clusters=clusters))
     elif kind == "hoeffding":
         low, high = hoeffding_interval(d, level, bound)
         # half(alpha) = 2B sqrt(ln(2/alpha) / (2m)) < |mean|  <=>  alpha > 2 exp(-m mean^2 / (2 B^2))
@@ -126,6 +127,7 @@ def corrected_intervals(
     loss_bound: float | None = None,
     n_bootstrap: int = 2000,
     seed: int = 0,
+    clusters=None,
 ) -> dict:
     """Per-arm paired intervals for the mean delta, with family-wise error `delta` across arms.
 
@@ -151,6 +153,9 @@ def corrected_intervals(
         loss_bound: B for Bernstein/Hoeffding, whose differences must lie in [-B, B] (clip the
             losses to [0, B] first); ignored by the bootstrap.
         n_bootstrap, seed: the paired resamples, shared by all arms.
+        clusters (*optional*): one document label per example (the arms share the examples): the bootstrap then
+            resamples documents, all blocks of a drawn document together (`bounds.bootstrap_interval`);
+            Bernstein and Hoeffding ignore it.
 
     Returns:
         `{"method", "kind", "delta", "level", "certified": [arms], "worse": [arms], "arms": {arm:
@@ -173,7 +178,9 @@ def corrected_intervals(
     if kind != "bootstrap":
         loss_bound = check_bound(loss_bound)
     level = delta / len(arms)
-    rows = {name: _arm_test(d, kind, level, loss_bound, n_bootstrap, seed) for name, d in arms.items()}
+    if clusters is not None:
+        clusters = cluster_codes(clusters, next(iter(arms.values())).size)[0]  # checked once, the same for every arm
+    rows = {name: _arm_test(d, kind, level, loss_bound, n_bootstrap, seed, clusters) for name, d in arms.items()}
     p_values = {name: row["p_value"] for name, row in rows.items()}
     if method == "holm":
         rejected = _holm(p_values, delta)

@@ -95,3 +95,33 @@ def table_cell(x) -> str:
         ```
     """
     return format_value(x).replace("\n", " ").replace("|", "\\|")
+
+
+_PART_NAMES = {"train": "train", "heldout": "held-out", "held_out": "held-out", "test": "test", "retention": "retention",
+               "retention_selection": "retention selection", "retention_test": "retention test"}
+
+
+def data_parts_text(parts: dict, cluster_key: str | None = "auto") -> str:
+    """One sentence: blocks and documents per part, and whether the intervals resampled documents.
+
+    Example:
+        ```python
+        >>> data_parts_text({"test": {"blocks": 80, "documents": 2, "resampled": "documents"}})
+        'Data: test 80 blocks of 2 documents. Intervals resample documents (cluster bootstrap) on test.'
+        ```
+    """
+    def one(name, part):
+        docs = part.get("documents")
+        of = f" of {docs} document{'s' if docs != 1 else ''}" if docs is not None else " (documents not named)"
+        return f"{_PART_NAMES.get(name, name)} {part['blocks']} blocks{of}"
+
+    text = "Data: " + "; ".join(one(n, p) for n, p in parts.items()) + "."
+    by_documents = [_PART_NAMES.get(n, n) for n, p in parts.items() if p.get("resampled") == "documents"]
+    by_blocks = [_PART_NAMES.get(n, n) for n, p in parts.items() if p.get("resampled") == "blocks"]
+    if by_documents:
+        text += f" Intervals resample documents (cluster bootstrap) on {', '.join(by_documents)}"
+        return text + (f"; blocks on {', '.join(by_blocks)}." if by_blocks else ".")
+    if by_blocks:
+        why = " (cluster_key none)" if cluster_key is None else ""
+        return text + f" Intervals resample blocks{why}: blocks of one document are treated as independent."
+    return text

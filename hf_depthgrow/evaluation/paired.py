@@ -28,7 +28,7 @@ from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
 from ..growth.record import growth_record
 from ..losses import is_causal_lm, model_inputs
 from .bounds import INTERVALS, paired_intervals
-from .checks import check_level, check_same_head, prepare_batches, split_batch
+from .checks import batches_and_documents, check_level, check_same_head, cluster_labels, split_batch
 from .collector import Collector
 from .formatting import public_name
 from .metrics import task_metrics
@@ -201,7 +201,8 @@ def _loss_bound(per_old: np.ndarray, per_new: np.ndarray, loss_bound: float | No
 
 def _assemble(collect: Collector, ids: list, *, mode: str, delta: float, loss_bound: float | None, n_bootstrap: int,
               seed: int, metrics: bool, use_evaluate: bool, num_labels: int | None, routes: RouteInputs | None,
-              prefix_index: int | None, started: float, models: dict) -> EvalResult:
+              prefix_index: int | None, started: float, models: dict, documents: list | None = None,
+              clusters: list | None = None, cluster_key: str | None = None) -> EvalResult:
     old, new = collect.cat("old"), collect.cat("new")
     # Reused losses must be of these examples: the same count, and (causal LM) the same tokens per example.
     if len(old.weight) != len(ids) or len(new.weight) != len(ids) or not torch.equal(old.weight, new.weight):
@@ -213,7 +214,7 @@ def _assemble(collect: Collector, ids: list, *, mode: str, delta: float, loss_bo
     _check_finite(per_old, per_new, ids)
     notes: list[str] = []
     bound, source = _loss_bound(per_old, per_new, loss_bound, notes)
-    details = paired_intervals(per_old, per_new, delta=delta, bound=bound, n_bootstrap=n_bootstrap, seed=seed)
+    details = paired_intervals(per_old, per_new, delta=delta, bound=bound, n_bootstrap=n_bootstrap, seed=seed, clusters=clusters)
     if details["hoeffding"]["clipped"]:
         notes.append(
             f"{details['hoeffding']['clipped']} per-example losses exceed B = {bound:.4g} and were clipped for "
@@ -239,7 +240,7 @@ def _assemble(collect: Collector, ids: list, *, mode: str, delta: float, loss_bo
         intervals={k: (details[k]["low"], details[k]["high"]) for k in INTERVALS}, interval_details=details,
         certified={k: details[k]["certified"] for k in INTERVALS}, metrics=metric_block, routes=route_block,
         prefix_index=prefix_index, n_bootstrap=n_bootstrap, seed=seed, seconds=time.perf_counter() - started,
-        warnings=notes, models=models,
+        warnings=notes, models=models, example_documents=documents, cluster_key=cluster_key if clusters is not None else None,
     )  # fmt: skip
 
 
@@ -271,6 +272,7 @@ def evaluate_delta(
     progress: bool = False,
     chunk_size="auto",
     losses: Collector | None = None,
+    cluster_key: str | None = "auto",
 ) -> EvalResult:
     """Paired test-risk delta of a grown model against its original, sharing the frozen prefix.
 
@@ -302,6 +304,11 @@ def evaluate_delta(
             `"auto"` (where the vocabulary makes them large), tokens per chunk, or `None` (plain).
         losses: The `Collector` of `paired_losses(model, data, ...)` when it already ran on this data (e.g.
             with a stepping stone in the same pass): nothing runs again; the examples are checked to match.
+        cluster_key: The column naming each example's document. The bootstrap then resamples documents (all
+            blocks of a drawn document together: blocks of one document are not independent), see
+            `bounds.bootstrap_interval`. `"auto"` (the default) uses `"document"` where the data carries it
+            (`load_data` writes it for causal-LM blocks); `None` or `"none"` resamples examples. A named column
+            the data lacks is a `ValueError` before any model runs.
 
     Returns:
         `EvalResult`.
@@ -317,7 +324,7 @@ def evaluate_delta(
     check_level(delta, n_bootstrap, seed)
     started = time.perf_counter()
     index = _prefix_index(model)
-    batches, ids = prepare_batches({"the model": model}, data, batch_size, example_ids)
+    batches, ids, documents, key = batches_and_documents({"the model": model}, data, batch_size, example_ids, cluster_key)
     if losses is None:
         with eval_mode(model):
             collect = _run_paired(model, batches, index, progress, chunk_size)
@@ -331,7 +338,8 @@ def evaluate_delta(
     return _assemble(
         collect, ids, mode="shared_prefix", delta=delta, loss_bound=loss_bound, n_bootstrap=n_bootstrap, seed=seed,
         metrics=metrics, use_evaluate=use_evaluate, num_labels=getattr(model.config, "num_labels", None),
-        routes=routes, prefix_index=index, started=started, models=described,
+        routes=routes, prefix_index=index, started=started, models=described, documents=documents, cluster_key=key,
+        clusters=cluster_labels(documents, cluster_key),
     )
 
 
@@ -352,6 +360,7 @@ def compare_models(
     progress: bool = False,
     chunk_size="auto",
     reuse: Mapping[str, tuple[Collector, str]] | None = None,
+    cluster_key: str | None = "auto",
 ) -> EvalResult:
     """Paired test-risk delta of two separate models: `model_a` is the reference ("old"), `model_b` the candidate ("new").
 
@@ -360,6 +369,7 @@ def compare_models(
     the two models must have the same head (task, classes or vocabulary). `reuse={"new": (collector,
     "new")}` takes a side's losses from an earlier evaluation of the same examples instead of running
     that model again (e.g. the grown model's test losses when it is compared with a control next).
+    `cluster_key` as for `evaluate_delta` (a document-level bootstrap where the data names documents).
 
     Example:
         ```python
@@ -370,7 +380,7 @@ def compare_models(
     check_level(delta, n_bootstrap, seed)
     check_same_head(model_a, model_b)
     started = time.perf_counter()
-    batches, ids = prepare_batches({"model_a": model_a, "model_b": model_b}, data, batch_size, example_ids)
+    batches, ids, documents, key = batches_and_documents({"model_a": model_a, "model_b": model_b}, data, batch_size, example_ids, cluster_key)
     if reuse and not set(reuse) <= {"old", "new"}:
         raise ValueError(f"reuse takes the sides 'old' and 'new', got {sorted(reuse)}")
     with eval_mode(model_a, model_b):
@@ -379,7 +389,8 @@ def compare_models(
         collect, ids, mode="separate", delta=delta, loss_bound=loss_bound, n_bootstrap=n_bootstrap, seed=seed,
         metrics=metrics, use_evaluate=use_evaluate, num_labels=getattr(model_a.config, "num_labels", None),
         routes=routes, prefix_index=None, started=started,
-        models={"old": describe_model(model_a), "new": describe_model(model_b)},
+        models={"old": describe_model(model_a), "new": describe_model(model_b)}, documents=documents, cluster_key=key,
+        clusters=cluster_labels(documents, cluster_key),
     )
 
 

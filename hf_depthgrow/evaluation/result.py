@@ -30,7 +30,9 @@ class EvalResult:
     `per_example_old/new` hold one loss per example in data order (for LMs: the mean over that
     example's supervised tokens). The intervals (`intervals[name] = (low, high)` at confidence
     `1 - level`) are for `mean_delta`, the mean of per-example differences; for an LM whose examples
-    carry different token counts it differs from `delta`.
+    carry different token counts it differs from `delta`. `example_documents` names each example's
+    document where the data carries one, and `num_documents` counts them; `cluster_key` is the column
+    the bootstrap resampled by (documents, not examples), `None` where it resampled examples.
 
     Example:
         ```python
@@ -68,6 +70,13 @@ class EvalResult:
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
     models: dict = field(default_factory=dict)
+    example_documents: list | None = None
+    cluster_key: str | None = None
+
+    @property
+    def num_documents(self) -> int | None:
+        """Distinct documents among the examples (`None` when the data names none)."""
+        return None if self.example_documents is None else len(set(self.example_documents))
 
     @property
     def confidence(self) -> float:
@@ -91,6 +100,7 @@ class EvalResult:
         out["intervals"] = {k: list(v) for k, v in self.intervals.items()}
         out["confidence"] = self.confidence
         out["verdict"] = self.verdict
+        out["num_documents"] = self.num_documents
         # Model names and notes may carry where files sat on this machine: reports name them by id or folder.
         out["models"], out["warnings"] = scrub_paths(out["models"]), scrub_paths(out["warnings"])
         return json_safe(out)

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..losses import DOCUMENT_COLUMN
 from ..utils import package_version
 
 __all__ = [
@@ -114,7 +115,8 @@ def _update(h, value) -> None:
 def rows_fingerprint(rows) -> str:
     """sha256 over every row of `rows` (a `datasets.Dataset` column by column, or a list of row dicts), in order.
 
-    Every row, not a sample: a reused probe must have read exactly these examples.
+    Every row, not a sample: a reused probe must have read exactly these examples. The `document` column is left
+    out: which document a block came from changes no loss, only how the statistics group the blocks.
     """
     h = hashlib.sha256()
     if hasattr(rows, "column_names") and hasattr(rows, "with_format"):
@@ -122,13 +124,13 @@ def rows_fingerprint(rows) -> str:
         h.update(f"dataset:{len(rows)}".encode())
         for start in range(0, len(rows), 1024):  # slices read as arrays (a column alone is a lazy view)
             chunk = table[start : start + 1024]
-            for column in sorted(rows.column_names):
+            for column in sorted(c for c in rows.column_names if c != DOCUMENT_COLUMN):
                 h.update(f"\0{column}\0".encode())
                 _update(h, chunk[column])
         return h.hexdigest()
     h.update(f"rows:{len(rows)}".encode())
     for row in rows:
-        for key in sorted(row):
+        for key in sorted(k for k in row if k != DOCUMENT_COLUMN):
             h.update(f"\0{key}\0".encode())
             _update(h, row[key])
     return h.hexdigest()

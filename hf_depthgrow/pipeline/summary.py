@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..data.batches import documents_of
+from ..evaluation.checks import cluster_labels
+from ..evaluation.formatting import data_parts_text
 from ..hub.loading import public_name
 
 
@@ -20,6 +23,22 @@ def probe_summary(result) -> dict:
         "num_improvable": int(sum(result.improvable)),
         "num_positions": len(result.positions),
     }
+
+
+def data_parts(run) -> dict:
+    """Blocks and documents of each part of a run's data (`train`, `held_out`, `test`, `retention`); for the test part
+    and the retention set, `resampled` says whether their bootstrap drew documents or blocks (the evaluation's
+    `cluster_key="auto"`: documents where the part names at least 2)."""
+    sets = {**dict(run.splits or {}), "retention": run.retention_data}
+    out = {}
+    for name, rows in sets.items():
+        if rows is None:
+            continue
+        docs = documents_of(rows)
+        out[name] = {"blocks": len(rows), "documents": len(set(docs)) if docs is not None else None}
+        if name in ("test", "retention"):
+            out[name]["resampled"] = "documents" if cluster_labels(docs, "auto") is not None else "blocks"
+    return out
 
 
 def grown_summary(run) -> dict:
@@ -46,6 +65,7 @@ def grown_summary(run) -> dict:
             "certified": getattr(eval_result, "certified", None),
             "verdict": getattr(eval_result, "verdict", None),
         },
+        "data_parts": data_parts(run),
         **({"control": run.control} if run.control else {}),
         **({"retention": run.retention} if run.retention else {}),
         **({"reused": run.reused} if run.reused else {}),
@@ -143,6 +163,8 @@ def summary_markdown(summary: dict) -> str:
         ("test delta (old - new)", _fmt(test["delta"])),
     ]
     rows += [(f"interval ({name})", f"[{_fmt(lo)}, {_fmt(hi)}]") for name, (lo, hi) in test["intervals"].items()]
+    if summary.get("data_parts"):
+        rows.append(("data", data_parts_text(summary["data_parts"])))
     if test.get("verdict"):
         rows.append(("verdict", str(test["verdict"])))
     if summary.get("control"):
