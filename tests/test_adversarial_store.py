@@ -32,7 +32,7 @@ from hf_depthgrow.pipeline.evidence_cache import write_digest
 from hf_depthgrow.testing import tiny_model, tiny_rows
 
 DISK_FULL = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
-KW = dict(growth=["top:1"], controls=["layers"], budgets=[2, 4], learning_rates=[3e-3], lr_extensions=0, batch_size=4,
+KW = dict(growth=["top:1"], controls=["layers"], budgets=[2, 4], learning_rates=[3e-3], lr_extensions=0, batch_size=4, allow_repeated_data=True,
           progress=False, n_bootstrap=50)  # fmt: skip
 
 

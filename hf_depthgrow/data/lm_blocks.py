@@ -197,14 +197,14 @@ def _pieces(texts: Iterable) -> Iterator[tuple[str, bool]]:
         yield "", True
 
 
-def _batches(pieces: Iterator[tuple[str, bool]], batch_size: int) -> Iterator[list[tuple[str, bool]]]:
-    """Up to `batch_size` pieces per tokenizer call, and about `_BATCH_CHARS` characters at most (so a call on
+def _batches(pieces: Iterator[tuple[str, bool]], batch_size: int, max_chars: int = _BATCH_CHARS) -> Iterator[list[tuple[str, bool]]]:
+    """Up to `batch_size` pieces per tokenizer call, and about `max_chars` characters at most (so a call on
     a few huge documents does not tokenize far more than the blocks need)."""
     batch, chars = [], 0
     for text, ends in pieces:
         batch.append((text, ends))
         chars += len(text)
-        if len(batch) >= batch_size or chars >= _BATCH_CHARS:
+        if len(batch) >= batch_size or chars >= max_chars:
             yield batch
             batch, chars = [], 0
     if batch:

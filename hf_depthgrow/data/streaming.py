@@ -33,20 +33,41 @@ import torch
 
 from .checks import check_batch
 from .lm_blocks import _batches, _pieces
+from .text_files import _cut
 
 __all__ = ["StreamTooShortError", "StreamedBlocks", "stream_data"]
 
-_WINDOW = 4096  # blocks kept behind the read position: a global batch's rows are read out of order within it
+_WINDOW = 1024  # blocks kept behind the read position: at least one global batch, whose rows ranks read out of order
+# Characters per tokenizer call. A fast tokenizer's call holds several times its text in token metadata, and the
+# allocator keeps that peak: small calls keep a stream's memory flat (measured: benchmarks/bench_streaming.py).
+_CALL_CHARS = 1 << 15
 
 
 class StreamTooShortError(ValueError):
     """The stream ends before the blocks a run needs."""
 
 
+def _split(texts: Iterable) -> Iterator:
+    """Documents longer than one tokenizer call as pieces cut where byte-level BPE tokenizers split anyway."""
+    for doc in texts:
+        if isinstance(doc, str) and len(doc) > _CALL_CHARS:
+            yield _cut_pieces(doc)
+        else:
+            yield doc
+
+
+def _cut_pieces(text: str) -> Iterator[str]:
+    while text:
+        end = _cut(text, _CALL_CHARS) if len(text) > _CALL_CHARS else len(text)
+        yield text[:end]
+        text = text[end:]
+
+
 def _blocks(texts: Iterable, tokenizer, block_size: int, eos: int) -> Iterator[torch.Tensor]:
-    """Blocks of `block_size` token ids, packed exactly as `causal_lm_blocks` packs them."""
+    """Blocks of `block_size` token ids, packed as `causal_lm_blocks` packs them (long documents tokenized in pieces,
+    as lazily read text files are: the same tokens for byte-level BPE tokenizers)."""
     stream: list[int] = []
-    for batch in _batches(_pieces(texts), 64):
+    for batch in _batches(_pieces(_split(texts)), 64, _CALL_CHARS):
         encoded = tokenizer([text for text, _ in batch], add_special_tokens=False, verbose=False)["input_ids"]
         for ids, (_, ends) in zip(encoded, batch):
             stream.extend(ids)
@@ -138,8 +159,10 @@ class StreamedBlocks(torch.utils.data.Dataset):
             if seen < self.skip:
                 continue
             digest.update(block.numpy().tobytes())
+            if model is None:
+                continue
             chunk.append(block)
-            if model is not None and (len(chunk) == 256 or seen == self.skip + self.num_blocks - 1):
+            if len(chunk) == 256 or seen == self.skip + self.num_blocks - 1:
                 ids = torch.stack(chunk)
                 start = seen - self.skip - len(chunk) + 1
                 check_batch(model, {"input_ids": ids, "labels": ids}, where=self.where, ids=range(start, start + len(chunk)))
