@@ -83,13 +83,13 @@ def variant(args) -> dict:
     load_s, peak_load = time.perf_counter() - start, _status_mib("VmHWM")
     grow_depth(model, args.positions)
     _settle()
-    rss_loaded = _status_mib("VmRSS")
+    rss_loaded, rss_file = _status_mib("VmRSS"), _status_mib("RssFile")
     held_out, train_rows = rows[: args.batch], rows[args.batch :]
     result = train(model, train_rows, eval_data=held_out, max_steps=args.steps, learning_rate=1e-3, fallback=False,
                    per_device_train_batch_size=args.batch, progress_bar=False, prefix_cache="off")  # fmt: skip
     return {
         "variant": args.variant, "base_bytes": base_bytes, "load_s": load_s, "peak_load_mib": peak_load,
-        "rss_loaded_mib": rss_loaded, "peak_train_mib": _status_mib("VmHWM"), "trainable": result.num_trainable_parameters,
+        "rss_loaded_mib": rss_loaded, "rss_file_mib": rss_file, "peak_train_mib": _status_mib("VmHWM"), "trainable": result.num_trainable_parameters,
         "eval_before": result.eval_loss_before, "eval_after": result.eval_loss_after,
     }  # fmt: skip
 
@@ -108,8 +108,8 @@ def markdown(rows: list[dict], args, command: str) -> str:
         f"steps of {args.batch} {'Shakespeare' if args.model == 'smollm2' else 'random'} sequences of {args.seq} tokens, {args.threads} torch thread(s), prefix cache off. Each "
         f"variant in a fresh process, one after the other in this run. {machine()}, torch {torch.__version__}, bitsandbytes "
         f"{bitsandbytes.__version__} (its CPU backend), Python {platform.python_version()}; {date.today().isoformat()}.", "",
-        "| base | base weights MiB (ratio) | peak RSS while loading MiB (ratio) | RSS loaded and grown MiB (ratio) | peak RSS while training MiB (ratio) | trainable parameters | held-out loss before / after |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| base | base weights MiB (ratio) | peak RSS while loading MiB (ratio) | RSS loaded and grown MiB (ratio) | of it file-backed MiB | peak RSS while training MiB (ratio) | trainable parameters | held-out loss before / after |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]  # fmt: skip
 
     def cell(r, key, scale=1.0):
@@ -117,16 +117,25 @@ def markdown(rows: list[dict], args, command: str) -> str:
 
     for r in rows:
         lines.append(
-            f"| {r['variant']} | {cell(r, 'base_bytes', 2**-20)} | {cell(r, 'peak_load_mib')} | {cell(r, 'rss_loaded_mib')} | "
+            f"| {r['variant']} | {cell(r, 'base_bytes', 2**-20)} | {cell(r, 'peak_load_mib')} | {cell(r, 'rss_loaded_mib')} | {r['rss_file_mib']:.0f} | "
             f"{cell(r, 'peak_train_mib')} | {r['trainable']:,} | {r['eval_before']:.3f} / {r['eval_after']:.3f} |"
         )
+    for r in rows[1:]:
+        lines += ["", (
+            f"{r['variant']}: the base holds {r['base_bytes'] / base['base_bytes']:.0%} of the float32 base's weight bytes; the "
+            f"process {r['rss_loaded_mib'] / base['rss_loaded_mib']:.0%} of its resident memory once loaded and "
+            f"{r['peak_train_mib'] / base['peak_train_mib']:.0%} of its training peak (the libraries, the float embeddings and "
+            f"head, activations and the new blocks' optimizer state are not quantised), but "
+            f"{r['peak_load_mib'] / base['peak_load_mib']:.1f}x its loading peak: transformers reads the full-precision weights "
+            "to quantise them, where the float32 load only maps the file."
+        )]  # fmt: skip
     lines += [
         "",
         "Base weights: every storage of the loaded base's state dict before growth, each once (a tied head shares the "
         "embedding's). 4-bit holds two weights per byte plus one float32 scale per 64, 8-bit one byte per weight plus a scale "
         "per row; embeddings, head and norms stay in float32, as bitsandbytes leaves them. The RSS columns count the whole "
         "process (torch and the libraries too): its peak while `load_model` ran, its resident memory once loaded and grown "
-        "(garbage collected, freed heap handed back), and its peak while training (the kernel's counter reset just before "
+        "(garbage collected, freed heap handed back; file-backed: pages of mapped files, the float32 base's weights among them, as transformers maps the safetensors file and uses its tensors in place), and its peak while training (the kernel's counter reset just before "
         "`train`: the weights, the new blocks' AdamW state, activations and the data).",
     ]
     return "\n".join(lines) + "\n"

@@ -238,3 +238,25 @@ def test_a_blocks_only_save_with_a_missing_tensor_is_refused(tmp_path):
     save_file(state, weights)
     with pytest.raises(ValueError, match=r"blocks: the saved blocks do not match the growth record: missing \['model.layers.2.mlp.down_proj.weight'\]"):
         load_pretrained(tmp_path / "blocks")
+
+
+@pytest.mark.parametrize("trainable", ["full", "new+lora"])
+def test_training_more_than_the_new_blocks_of_a_quantised_base_is_refused(base, trainable):
+    model = grow_depth(_quantized(base, "4bit"), [2])
+    with pytest.raises(ValueError) as caught:
+        train(model, tiny_rows(model, 4), max_steps=1, trainable=trainable)
+    assert str(caught.value) == (
+        f"trainable={trainable!r} with a base quantised by bitsandbytes (4bit): the base's weights are frozen and quantised, "
+        "and only trainable='new' (the float new blocks) is supported on it"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's memory map (Linux)")
+def test_a_quantised_base_on_cpu_lets_go_of_the_full_precision_file(base):
+    import gc
+
+    model = _quantized(base, "4bit")
+    gc.collect()
+    weights = str((base / "model.safetensors").resolve())
+    assert not [ln for ln in Path("/proc/self/maps").read_text().splitlines() if ln.endswith(weights)]
+    assert model.model.embed_tokens.weight is model.lm_head.weight or not model.config.tie_word_embeddings

@@ -203,14 +203,13 @@ def _check_quantizable(source: str, config, task: str | None) -> None:
             "load the grown folder without quantize"
         )
     import torch
-    import transformers
     from torch import nn
 
     from ..growth.families import resolve_family
 
-    auto = transformers.AutoModelForCausalLM if task in (None, "causal_lm") else getattr(transformers, _AUTO_CLASSES[task][0])
+    cls = _quantized_class(config, task)
     with torch.device("meta"):  # the architecture only: no weights, no memory
-        skeleton = auto.from_config(config, trust_remote_code=False)
+        skeleton = cls(config) if cls.__name__ in (config.architectures or []) else cls.from_config(config, trust_remote_code=False)
     try:
         _, stack, _ = resolve_family(skeleton)
     except ValueError as err:
@@ -221,6 +220,15 @@ def _check_quantizable(source: str, config, task: str | None) -> None:
             f"quantize: the layers of {config.model_type} hold no torch.nn.Linear ({', '.join(kinds) or 'no projection'}), "
             "which is all bitsandbytes quantises; load this model without quantize"
         )
+
+
+def _quantized_class(config, task: str | None):
+    """The class a quantised load builds: the task's Auto class, else the saved architecture (as `load_model` does)."""
+    import transformers
+
+    if task is None and config.architectures and hasattr(transformers, config.architectures[0]):
+        return getattr(transformers, config.architectures[0])
+    return getattr(transformers, _AUTO_CLASSES[task or "causal_lm"][0])
 
 
 def _load_quantized(source: str, config, task: str | None, quantize: str, kwargs: dict):
@@ -236,10 +244,16 @@ def _load_quantized(source: str, config, task: str | None, quantize: str, kwargs
     else:
         qconfig = transformers.BitsAndBytesConfig(load_in_8bit=True)
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-    auto = getattr(transformers, _AUTO_CLASSES[task or "causal_lm"][0])
-    model = auto.from_pretrained(
+    model = _quantized_class(config, task).from_pretrained(
         source, quantization_config=qconfig, dtype=dtype, device_map={"": device}, use_safetensors=True, **kwargs
     ).eval()
+    if device == "cpu":
+        # On CPU the float parts (embeddings, head, norms) stay views into the mapped full-precision file, which keeps
+        # all of it mapped and every page the quantisation read resident: owned copies let the mapping go.
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.is_floating_point():
+                    param.data = param.data.clone()
     prepare_quantized_base(model)
     return model
 
