@@ -260,3 +260,22 @@ def test_a_quantised_base_on_cpu_lets_go_of_the_full_precision_file(base):
     weights = str((base / "model.safetensors").resolve())
     assert not [ln for ln in Path("/proc/self/maps").read_text().splitlines() if ln.endswith(weights)]
     assert model.model.embed_tokens.weight is model.lm_head.weight or not model.config.tie_word_embeddings
+
+
+@pytest.mark.slow
+def test_run_command_with_quantize_grows_trains_evaluates_and_saves_both(tmp_path, capsys):
+    from tiny_lm import make_tiny_lm
+
+    root = make_tiny_lm(tmp_path, max_chars=6_000)
+    out = tmp_path / "out"
+    argv = ["run", "--model", str(root / "tiny"), "--data", str(root / "sample.txt"), "--output-dir", str(out), "--quantize", "4bit",
+            "--positions", "2", "--block-size", "16", "--max-examples", "48", "--batch-size", "8", "--probe-max-batches", "1",
+            "--stone-max-batches", "1", "--stone-refine-steps", "0", "--train-steps", "2", "--eval-steps", "1",
+            "--selection-max-examples", "8", "--route-max-examples", "8", "--loss-bound", "10", "--evidence-cache", "none",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["artifacts"]["blocks"] == "blocks" and summary.get("control") is None
+    plain = transformers.AutoModelForCausalLM.from_pretrained(out / "model")
+    assert getattr(plain.config, "quantization_config", None) is None and plain.config.num_hidden_layers == 5
+    assert bnb_mode(load_pretrained(out / "blocks")) == "4bit"
