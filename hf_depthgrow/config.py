@@ -387,6 +387,10 @@ class ScriptArguments:
     eval_fraction: float = field(default=0.1, metadata={"help": "Held-out share for evaluation; 0: none."})
     split_seed: int = field(default=0, metadata={"help": "Seed of the train/held-out split."})
     dtype: str = field(default="float32", metadata={"help": "Weights dtype.", "choices": ["float32", "bfloat16", "float16"]})
+    quantize: str | None = field(
+        default=None,
+        metadata={"help": "Load the base quantised by bitsandbytes, 4bit (NF4) or 8bit, as a frozen base: only the new blocks (in --dtype) train."},
+    )
     stepping_stone: bool = field(default=False, metadata={"help": "Build f~_S (one position) for the fallback rule."})
     stepping_stone_max_batches: int | None = field(default=None, metadata={"help": "Batches of training data f~_S is built on."})
 
@@ -401,6 +405,8 @@ class ScriptArguments:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.quantize is not None and self.quantize not in ("4bit", "8bit"):
+            raise ValueError(f"quantize must be 4bit or 8bit, got {self.quantize!r}")
         if self.positions is not None and (not self.positions or not all(isinstance(k, int) and not isinstance(k, bool) for k in self.positions)):
             raise ValueError(f"positions must be a non-empty list of ints, got {self.positions!r}")
         if self.stepping_stone and self.positions is not None and len(self.positions) != 1:

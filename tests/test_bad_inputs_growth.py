@@ -174,7 +174,8 @@ def test_flagged_quantised_model_is_refused():
     model.config.quantization_config = {"quant_method": "gguf"}
     message = (
         "the model is flagged as quantised (e.g. loaded with gguf_file= or a quantization_config) and cannot be grown "
-        "or trained: make a float copy first (see hf_depthgrow.data.embedded for the GGUF case)."
+        "or trained: make a float copy first (see hf_depthgrow.data.embedded for the GGUF case), or load the base with "
+        "bitsandbytes (load_model(..., quantize='4bit' or '8bit'))."
     )
     refused(model, ValueError, message, [1])
 

@@ -65,7 +65,7 @@ def run(args: ScriptArguments, config: TrainConfig):
     from ..hub.loading import load_model
     from ..training.trainer import train
 
-    from ..hub.loading import check_model_source
+    from ..hub.loading import check_model_source, check_quantizable
     from ..pipeline.checks import check_data_source
 
     if not args.model or not args.dataset:
@@ -78,7 +78,13 @@ def run(args: ScriptArguments, config: TrainConfig):
     check_data_source(args.dataset)
     if args.streaming and config.max_steps <= 0:
         raise ValueError("--streaming needs --max-steps > 0: a stream has no epochs")
-    model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype))
+    if args.quantize is not None:
+        check_quantizable(args.model, args.quantize)
+        if config.trainable != "new":
+            raise ValueError(f"--quantize keeps the base frozen, so it needs --trainable new (got {config.trainable!r})")
+        if not args.positions:
+            raise ValueError("--quantize loads an ungrown base: pass --positions to grow it (its new blocks are what trains)")
+    model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype), quantize=args.quantize)
     train_ds, eval_ds = _streamed(args, config, model, tokenizer) if args.streaming else args.split(_load_dataset(args, model, tokenizer))
     stone = None
     if args.positions:

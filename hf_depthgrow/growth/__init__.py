@@ -21,6 +21,7 @@
 from .blocks import build_block
 from .bypass import bypass_new_blocks
 from .checks import check_positions, is_quantized, resolve_block_kind
+from .quantized import QUANTIZE_MODES, bnb_mode, dequantized_copy
 from .config import BLOCK_KINDS, INITS, GrowthConfig
 from .engine import grow_depth, new_block_modules, new_block_parameters, reattach_adapters
 from .families import FAMILIES, SUPPORTED_FAMILIES, FamilySpec, resolve_family
@@ -52,6 +53,9 @@ __all__ = [
     "grow_depth",
     "growth_record",
     "is_quantized",
+    "QUANTIZE_MODES",
+    "bnb_mode",
+    "dequantized_copy",
     "new_block_modules",
     "new_block_parameters",
     "norm_inventory",

@@ -19,6 +19,7 @@ from . import adapter
 from .checks import check_positions, check_zeroable, resolve_block_kind
 from .config import GrowthConfig
 from .families import FamilySpec, model_eps, residual_output_targets
+from .quantized import float_linears
 from .towers import resolve_target
 
 
@@ -104,6 +105,7 @@ def build_native_block(
     if cfg.init == "copy":
         block = copy.deepcopy(src)
         adapter.strip(block)  # a copied host layer must not carry the host's adapters
+        float_linears(block, _param_like(src).dtype)  # a copy of a quantised layer trains in float: never quantised
     else:
         like = _param_like(src)
         with torch.random.fork_rng(devices=[]):

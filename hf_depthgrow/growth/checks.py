@@ -13,6 +13,7 @@ from torch import nn
 
 from .config import GrowthConfig
 from .families import FamilySpec
+from .quantized import bnb_mode
 
 
 _TORCH_QUANTIZED = ("torch.ao.nn.quantized", "torch.nn.quantized", "torch.ao.nn.intrinsic.quantized")
@@ -42,7 +43,10 @@ def is_quantized(model: nn.Module) -> bool:
 
 
 def check_not_quantized(model: nn.Module) -> None:
-    """Refuse a quantised model: its weights cannot take an exact zero-initialised block, nor be trained.
+    """Refuse a quantised model other than a bitsandbytes one (4-bit or 8-bit, through `BitsAndBytesConfig`).
+
+    A bitsandbytes base takes float new blocks exactly (`growth/quantized.py`); a GGUF-flagged model
+    refuses saving and training in transformers, and torch's quantised modules have no float copy to train.
 
     Example:
         ```python
@@ -56,10 +60,11 @@ def check_not_quantized(model: nn.Module) -> None:
             f"module `{name}` is a torch quantised {type(module).__module__}.{type(module).__name__}: the model cannot be "
             "grown or trained exactly; grow the float model and quantise afterwards."
         )
-    if is_quantized(model):
+    if is_quantized(model) and bnb_mode(model) is None:
         raise ValueError(
             "the model is flagged as quantised (e.g. loaded with gguf_file= or a quantization_config) and cannot be "
-            "grown or trained: make a float copy first (see hf_depthgrow.data.embedded for the GGUF case)."
+            "grown or trained: make a float copy first (see hf_depthgrow.data.embedded for the GGUF case), or load the "
+            "base with bitsandbytes (load_model(..., quantize='4bit' or '8bit'))."
         )
 
 

@@ -44,6 +44,7 @@ from .families import FamilySpec, model_eps, residual_output_modules, resolve_fa
 from .layout import _insert_native, _Snapshot
 from .norms import check_norm_eps
 from .placement import PlacementEntry, describe, resolve_positions
+from .quantized import bnb_mode, prepare_quantized_base
 from .record import AdapterEntry, GrowthRecord, GrowthStep, growth_record, store_record, stored_record
 from .towers import resolve_target
 
@@ -161,6 +162,8 @@ def grow_depth(
         # Called from here, not from a helper: its warning's stacklevel points at our caller.
         check_norm_eps(check_eps, dtype)
 
+    if bnb_mode(model) is not None:
+        prepare_quantized_base(model)  # before the reference run: one 4-bit kernel for training and evaluation
     # Build every block before touching the model: a failure here leaves it as it was.
     new_blocks = build_blocks(model, stack, spec, kind, entries, cfg, stack_config=target.config)
     probe = _reference(model, target) if cfg.verify else None
@@ -176,7 +179,7 @@ def grow_depth(
         placement = _placement_record(positions, entries)
         _update_record(model, stack, snapshot, kind, cfg, sorted_positions, new_blocks, own_eps, placement, target.tower)
         if probe is not None:
-            _check_exact(probe, dtype, target)
+            _check_exact(probe, dtype, target, bitwise=bnb_mode(model) is not None)
     except Exception:
         if kind == "adapter":
             for _, block in new_blocks:
@@ -232,9 +235,9 @@ def _placement_record(spec, entries) -> dict | None:
     }
 
 
-def _check_exact(probe: tuple, dtype, target) -> None:
+def _check_exact(probe: tuple, dtype, target, *, bitwise: bool = False) -> None:
     try:
-        verify.check_exact(*probe, dtype)
+        verify.check_exact(*probe, dtype, bitwise=bitwise)
     except verify.GrowthNotExactError as err:
         if target.tower is None:
             raise

@@ -158,16 +158,21 @@ def check_finite(model: nn.Module, output: torch.Tensor) -> None:
     )
 
 
-def check_exact(model: nn.Module, inputs: dict, before: torch.Tensor, dtype: torch.dtype) -> None:
-    """Raise `GrowthNotExactError` with the measured max |diff| if the grown model's output moved or is not finite."""
+def check_exact(model: nn.Module, inputs: dict, before: torch.Tensor, dtype: torch.dtype, *, bitwise: bool = False) -> None:
+    """Raise `GrowthNotExactError` with the measured max |diff| if the grown model's output moved or is not finite.
+
+    `bitwise=True` allows no difference at all: a quantised base runs the very same kernels on the very
+    same inputs after growing, and its new blocks add exactly 0, so any change at all is a fault.
+    """
     after = run_probe(model, inputs)
     if after.shape != before.shape:
         raise GrowthNotExactError(f"the grown model's output shape {tuple(after.shape)} != the original's {tuple(before.shape)}")
     diff = float((after - before).abs().max()) if after.isfinite().all() else float("nan")
-    tol = TOLERANCES.get(dtype, 1e-2) * max(1.0, float(before.abs().max()))
+    tol = 0.0 if bitwise else TOLERANCES.get(dtype, 1e-2) * max(1.0, float(before.abs().max()))
     if not diff <= tol:  # NaN fails too
+        kind = "quantised base, bit for bit" if bitwise else str(dtype)
         raise GrowthNotExactError(
-            f"the grown model is not exact: max |diff| {diff:.3g} > tolerance {tol:.3g} ({dtype}) on a probe input, so "
+            f"the grown model is not exact: max |diff| {diff:.3g} > tolerance {tol:.3g} ({kind}) on a probe input, so "
             "the growth was rolled back. Something in the residual path (a wrapper, a hook, a custom layer) is not "
             "silenced by zeroing its weights: try block='adapter'; verify=False skips this check."
         )

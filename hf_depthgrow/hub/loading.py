@@ -78,7 +78,7 @@ def check_model_source(name_or_path: str | os.PathLike) -> str:
     if path.exists():
         if not path.is_dir():
             raise ValueError(f"{name} is a file, not a model folder")
-        if not any((path / f).is_file() for f in ("config.json", "adapter_config.json", "depthgrow_adapters.json")):
+        if not any((path / f).is_file() for f in ("config.json", "adapter_config.json", "depthgrow_adapters.json", "depthgrow_blocks.json")):
             raise ValueError(f"{name} holds no saved model (no config.json)")
         return "folder"
     if _looks_like_path(name) or not _is_hub_id(name):
@@ -129,6 +129,135 @@ def _load_weights(source: str, config, task: str | None, kwargs: dict):
     return getattr(transformers, _AUTO_CLASSES[task][0]).from_pretrained(source, use_safetensors=True, **kwargs)
 
 
+def check_quantize(quantize: str | None) -> None:
+    """Refuse a `quantize` other than `None`, `"4bit"` or `"8bit"`, or one whose backend (bitsandbytes) is missing.
+
+    Example:
+        ```python
+        >>> check_quantize("2bit")
+        Traceback (most recent call last):
+        ValueError: quantize must be '4bit', '8bit' or None, got '2bit'
+        ```
+    """
+    from ..growth.quantized import QUANTIZE_MODES
+
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE_MODES:
+        raise ValueError(f"quantize must be '4bit', '8bit' or None, got {quantize!r}")
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ValueError(f"quantize={quantize!r} needs bitsandbytes, which is not installed: pip install \"hf_depthgrow[quantize]\"")
+
+
+def check_quantizable(name_or_path: str | os.PathLike, quantize: str | None, task: str | None = None, *, trust_remote_code: bool = False) -> None:
+    """Refuse, before any weight is read, a `quantize` that `load_model` could not honour: a bad mode, a missing
+    backend, remote code, a grown model, or an architecture whose layers bitsandbytes leaves unquantised (GPT-2's `Conv1D`).
+
+    Reads only the config (for a Hub id, from the Hub or its cache); a `ValueError` names the problem.
+
+    Example:
+        ```python
+        >>> check_quantizable("smollm2", "4bit")        # returns None
+        >>> check_quantizable("gpt2-folder", "4bit")
+        Traceback (most recent call last):
+        ValueError: quantize: the layers of gpt2 hold no torch.nn.Linear (Conv1D), which is all bitsandbytes quantises; ...
+        ```
+    """
+    check_quantize(quantize)
+    if quantize is None:
+        return
+    if trust_remote_code:
+        raise ValueError("quantize loads transformers' own architectures only: it cannot be combined with trust_remote_code")
+    source, config = _source_and_config(str(name_or_path), trust_remote_code=False)
+    _check_quantizable(source, config, task)
+
+
+def _source_and_config(name: str, trust_remote_code: bool):
+    """`(source, config)`: the folder or Hub id `load_model` reads and its config (`None` for an adapter folder)."""
+    config = None
+    kind = check_model_source(name)
+    if kind == "embedded":
+        from ..data.models import minilm_path, smollm2_path
+
+        source = str(smollm2_path() if name == "smollm2" else minilm_path())
+    elif kind == "folder":
+        source = str(Path(name).expanduser())
+    else:
+        source, config = name, _hub_config(name, trust_remote_code)
+    if config is None and not Path(source, "adapter_config.json").is_file() and not Path(source, "config.json").is_file():
+        return source, None  # an adapters- or blocks-only save: no config of its own
+    if config is None and not Path(source, "adapter_config.json").is_file():
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(source, trust_remote_code=bool(trust_remote_code))
+    return source, config
+
+
+def _check_quantizable(source: str, config, task: str | None) -> None:
+    """Refuse, before any weight is read, a model bitsandbytes would leave unquantised or a grown one."""
+    if config is None or getattr(config, "depth_growth", None) or Path(source, "adapter_config.json").is_file():
+        raise ValueError(
+            f"{public_name(source)} is already grown: quantize loads an ungrown base (its new blocks must stay in float); "
+            "load the grown folder without quantize"
+        )
+    import torch
+    from torch import nn
+
+    from ..growth.families import resolve_family
+
+    cls = _quantized_class(config, task)
+    with torch.device("meta"):  # the architecture only: no weights, no memory
+        skeleton = cls(config) if cls.__name__ in (config.architectures or []) else cls.from_config(config, trust_remote_code=False)
+    try:
+        _, stack, _ = resolve_family(skeleton)
+    except ValueError as err:
+        raise ValueError(f"quantize: {config.model_type} has no layer stack hf_depthgrow can grow ({err})") from None
+    if not any(isinstance(m, nn.Linear) for m in stack.modules()):
+        kinds = sorted({type(m).__name__ for m in stack.modules() if hasattr(m, "weight") and getattr(m.weight, "ndim", 0) == 2})
+        raise ValueError(
+            f"quantize: the layers of {config.model_type} hold no torch.nn.Linear ({', '.join(kinds) or 'no projection'}), "
+            "which is all bitsandbytes quantises; load this model without quantize"
+        )
+
+
+def _quantized_class(config, task: str | None):
+    """The class a quantised load builds: the task's Auto class, else the saved architecture (as `load_model` does)."""
+    import transformers
+
+    if task is None and config.architectures and hasattr(transformers, config.architectures[0]):
+        return getattr(transformers, config.architectures[0])
+    return getattr(transformers, _AUTO_CLASSES[task or "causal_lm"][0])
+
+
+def _load_quantized(source: str, config, task: str | None, quantize: str, kwargs: dict):
+    """The base with its linear layers in bitsandbytes 4-bit NF4 or 8-bit; everything else in `dtype` (default float32)."""
+    import torch
+    import transformers
+
+    from ..growth.quantized import prepare_quantized_base
+
+    dtype = kwargs.pop("dtype", None) or torch.float32
+    if quantize == "4bit":
+        qconfig = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
+    else:
+        qconfig = transformers.BitsAndBytesConfig(load_in_8bit=True)
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+    model = _quantized_class(config, task).from_pretrained(
+        source, quantization_config=qconfig, dtype=dtype, device_map={"": device}, use_safetensors=True, **kwargs
+    ).eval()
+    if device == "cpu":
+        # On CPU the float parts (embeddings, head, norms) stay views into the mapped full-precision file, which keeps
+        # all of it mapped and every page the quantisation read resident: owned copies let the mapping go.
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.is_floating_point():
+                    param.data = param.data.clone()
+    prepare_quantized_base(model)
+    return model
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     task: str | None = None,
@@ -136,6 +265,7 @@ def load_model(
     dtype=None,
     trust_remote_code: bool = False,
     num_labels: int | None = None,
+    quantize: str | None = None,
 ):
     """Load a model and its tokenizer from an embedded name, a local folder (grown or not) or a Hub id.
 
@@ -151,6 +281,9 @@ def load_model(
         dtype (`torch.dtype`, *optional*): Weights dtype; `None` leaves transformers' default.
         trust_remote_code (`bool`, defaults to `False`): Run code from the model repository; off unless asked.
         num_labels (`int`, *optional*): Classes of a new classification head.
+        quantize (`str`, *optional*): `"4bit"` (NF4) or `"8bit"`: load an ungrown base with its linear layers
+            quantised by bitsandbytes (`transformers.BitsAndBytesConfig`), as a frozen base to grow; the new
+            blocks stay in `dtype` (default float32). Needs `pip install "hf_depthgrow[quantize]"`.
 
     Returns:
         `(model, tokenizer)`; the tokenizer is `None` for vision models and for folders that have none.
@@ -172,27 +305,19 @@ def load_model(
     name = str(name_or_path)
     kwargs = {k: v for k, v in (("dtype", dtype), ("num_labels", num_labels)) if v is not None}
     kwargs["trust_remote_code"] = bool(trust_remote_code)  # explicit on every load: repository code stays off
-    if name == "smollm2" and task in (None, "causal_lm") and num_labels is None:
+    if quantize is not None:
+        check_quantizable(name, quantize, task, trust_remote_code=trust_remote_code)
+    if name == "smollm2" and task in (None, "causal_lm") and num_labels is None and quantize is None:
         import torch
 
         from ..data.models import load_smollm2
 
         return load_smollm2(dtype=torch.float32 if dtype is None else dtype)
-    config = None
-    kind = check_model_source(name)
-    if kind == "embedded":
-        from ..data.models import minilm_path, smollm2_path
-
-        source = str(smollm2_path() if name == "smollm2" else minilm_path())
-    elif kind == "folder":
-        source = str(Path(name).expanduser())
+    source, config = _source_and_config(name, trust_remote_code)
+    if quantize is not None:
+        model = _load_quantized(source, config, task, quantize, kwargs)
     else:
-        source, config = name, _hub_config(name, trust_remote_code)
-    if config is None and not Path(source, "adapter_config.json").is_file():
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(source, trust_remote_code=bool(trust_remote_code))
-    model = _load_weights(source, config, task, kwargs)
+        model = _load_weights(source, config, task, kwargs)
     try:
         vision = infer_task(model) == "image_classification"
     except ValueError:  # a bare encoder (no head) is still a text model

@@ -39,12 +39,16 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..growth.adapter import POST, PRE
-from ..growth.engine import reattach_adapters
+from ..growth.engine import grow_depth, new_block_modules, reattach_adapters
+from ..growth.quantized import bnb_mode, dequantized_copy
 from ..growth.record import RECORD_KEY, GrowthRecord, InvalidGrowthRecordError, check_record_matches, growth_record, store_record
 from ..utils import pid_alive, umask
 
 ADAPTER_WEIGHTS = "depthgrow_adapters.safetensors"
 ADAPTER_CONFIG = "depthgrow_adapters.json"
+# A blocks-only save: every new block (native layers and adapters) and what to replay them onto.
+BLOCKS_WEIGHTS = "depthgrow_blocks.safetensors"
+BLOCKS_CONFIG = "depthgrow_blocks.json"
 
 
 class NoSpaceError(OSError):
@@ -155,7 +159,7 @@ def _recover(path: Path) -> None:
 
 def _is_model_save(path: Path) -> bool:
     """A folder this tool (or transformers) saved a model into: replacing it is the normal case."""
-    if (path / MARKER).is_file() or (path / ADAPTER_CONFIG).is_file():
+    if (path / MARKER).is_file() or (path / ADAPTER_CONFIG).is_file() or (path / BLOCKS_CONFIG).is_file():
         return True
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
@@ -208,16 +212,55 @@ def _commit(tmp: Path, path: Path) -> None:
     shutil.rmtree(backup, ignore_errors=True)
 
 
+def new_block_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of every new block (native layers and adapters), under the grown model's own state-dict names.
+
+    Example:
+        ```python
+        >>> grow_depth(model, [2])                    # a 4-layer Llama
+        >>> sorted(new_block_state(model))[:1]
+        ['model.layers.2.input_layernorm.weight']
+        ```
+    """
+    blocks = {id(m) for m in new_block_modules(model)}
+    state: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():  # the blocks' own state dicts: the quantised base is not read
+        if id(module) in blocks:
+            state.update((k, v.detach().contiguous()) for k, v in module.state_dict(prefix=name + ".").items())
+    return state
+
+
+def _write_blocks_only(model: nn.Module, record: GrowthRecord | None, base_model: str | None, tmp: Path) -> None:
+    if not record:
+        raise ValueError("blocks_only=True needs a grown model (grow_depth first)")
+    if not base_model:
+        raise ValueError("blocks_only=True needs base_model= (the Hub id or path of the ungrown base weights)")
+    meta = {
+        "base_model": str(base_model),
+        "quantize": bnb_mode(model),  # the base is loaded the same way again, so the blocks meet the same function
+        RECORD_KEY: record.to_dict(),
+        "architectures": model.config.architectures or [type(model).__name__],
+    }
+    (tmp / BLOCKS_CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    save_file(new_block_state(model), str(tmp / BLOCKS_WEIGHTS), metadata={"format": "pt"})
+
+
 def save_pretrained(
     model: nn.Module,
     path: str | os.PathLike,
     *,
     tokenizer=None,
     adapters_only: bool = False,
+    blocks_only: bool = False,
     base_model: str | None = None,
     **kwargs,
 ) -> Path:
     """Save a grown model with safetensors, atomically.
+
+    A model grown on a bitsandbytes-quantised base is saved merged: a dequantised, full-precision
+    copy (the model itself stays quantised) that plain `from_pretrained` loads. A quantised
+    checkpoint would quantise the trained blocks too when loaded; `blocks_only=True` keeps the
+    quantised base instead.
 
     Args:
         model: A model grown by `grow_depth` (an ungrown model saves as usual).
@@ -225,7 +268,10 @@ def save_pretrained(
         tokenizer: Saved beside the model when given.
         adapters_only: Save only the adapter blocks and the growth record, with `base_model`
             (a Hub id or local path) as the reference to load the base weights from.
-        base_model: Where the base weights live, required with `adapters_only=True`.
+        blocks_only: Save only the new blocks, native or adapter (`depthgrow_blocks.safetensors`), the
+            growth record and how the base was loaded (`depthgrow_blocks.json`: `base_model` and its
+            quantisation); `load_pretrained` loads the base that way again and replays the growth.
+        base_model: Where the base weights live, required with `adapters_only=True` or `blocks_only=True`.
 
     Example:
         ```python
@@ -240,7 +286,11 @@ def save_pretrained(
     _check_target(path)
     tmp = _atomic_dir(path)
     try:
-        if adapters_only:
+        if adapters_only and blocks_only:
+            raise ValueError("pass adapters_only=True or blocks_only=True, not both")
+        if blocks_only:
+            _write_blocks_only(model, record, base_model, tmp)
+        elif adapters_only:
             if not record or not record.adapters:
                 raise ValueError("adapters_only=True needs a model with adapter blocks")
             if record.native_indices:
@@ -252,10 +302,12 @@ def save_pretrained(
             )
         else:
             # Adapter blocks stay in the module tree, so the main checkpoint carries them too (see the module doc).
+            if bnb_mode(model) is not None:
+                model = dequantized_copy(model)  # merged: the full-precision checkpoint plain transformers loads
             marker = _not_loaded_marker(model, record) if record and record.adapters else contextlib.nullcontext()
             with marker:
                 model.save_pretrained(str(tmp), safe_serialization=True, **kwargs)
-        if record and record.adapters:
+        if record and record.adapters and not blocks_only:
             save_file(_adapter_state(model), str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
@@ -321,6 +373,8 @@ def load_pretrained(path: str | os.PathLike, *, base_model: str | os.PathLike | 
     kwargs.setdefault("trust_remote_code", False)
     kwargs["use_safetensors"] = True  # never fall back to a pickle checkpoint
     trusted = bool(kwargs["trust_remote_code"])
+    if (path / BLOCKS_CONFIG).exists():
+        return _load_blocks_only(path, base_model, kwargs)
     if (path / ADAPTER_CONFIG).exists():
         meta = json.loads((path / ADAPTER_CONFIG).read_text())
         base = base_model or meta["base_model"]
@@ -347,10 +401,39 @@ def load_pretrained(path: str | os.PathLike, *, base_model: str | os.PathLike | 
     _check_record_matches(model, record, path, state)
     store_record(model.config, record)
     reattach_adapters(model, record)
-    expected = set(_adapter_state(model))
+    return _load_block_weights(model, state, set(_adapter_state(model)), "adapter weights")
+
+
+def _load_block_weights(model: nn.Module, state: dict, expected: set, what: str) -> nn.Module:
+    """Load the saved block tensors after checking they are exactly the ones the growth record gives the model."""
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
-        raise ValueError(f"adapter weights do not match the growth record: missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
+        raise ValueError(f"{what} do not match the growth record: missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
     model.load_state_dict(state, strict=False)
     return model
 
+
+def _load_blocks_only(path: Path, base_model, kwargs: dict) -> nn.Module:
+    """The base loaded as the blocks were trained on it (quantised or not), the growth replayed, the blocks loaded."""
+    from .loading import load_model
+
+    meta = json.loads((path / BLOCKS_CONFIG).read_text())
+    record = GrowthRecord.from_dict(meta[RECORD_KEY])
+    base = str(base_model or meta["base_model"])
+    if Path(base).is_dir():
+        _check_local_folder(Path(base), bool(kwargs["trust_remote_code"]))
+    if meta.get("quantize"):
+        model, _ = load_model(base, quantize=meta["quantize"], dtype=kwargs.get("dtype"))
+    else:
+        model = _model_class(meta.get("architectures")).from_pretrained(base, **kwargs)
+    if growth_record(model) is not None:
+        raise ValueError(f"{path.name}: base_model {base} is already grown; the blocks load onto the ungrown base")
+    state = load_file(str(path / BLOCKS_WEIGHTS))
+    if record.native_indices:
+        # Zero-initialised native layers at the recorded places (exact, checked), then the saved weights over them.
+        positions = [record.num_original_below(i) for i in record.native_indices]
+        grow_depth(model, positions, block="native", init="random", tower=record.tower)
+    store_record(model.config, record)
+    _check_record_matches(model, record, path, {k: v for k, v in state.items() if f".{PRE}." in k or f".{POST}." in k})
+    reattach_adapters(model, record)
+    return _load_block_weights(model, state, set(new_block_state(model)), f"{path.name}: the saved blocks")

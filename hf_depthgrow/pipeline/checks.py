@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..data.sources import EMBEDDED_SOURCES
 from ..data.text_files import check_data_path
-from ..hub.loading import check_model_source
+from ..hub.loading import check_model_source, check_quantizable
 from .output import check_output_dir
 
 # File endings of local data (`data.sources._read_local`): a name ending so is a missing file, not a Hub id.
@@ -92,6 +92,7 @@ def check_push(repo_id: str, endpoint: str | None) -> None:
 def check_run(cfg) -> None:
     """Inputs, output folder and push prerequisites of a run; raises one-line errors and touches nothing."""
     check_model_source(cfg.model)
+    check_quantizable(cfg.model, cfg.quantize, trust_remote_code=cfg.trust_remote_code)
     check_data_source(cfg.data)
     inputs = {"model": cfg.model, "data": cfg.data}
     if cfg.retention_data is not None:

@@ -93,6 +93,11 @@ class RunConfig:
     logging_dir: str | None = field(default=None, metadata={"help": "Where trackers write (runs probe, grown, control); default: <output_dir>/logs."})
     project_name: str = field(default=DEFAULT_PROJECT, metadata={"help": "Project name in the trackers (the W&B project)."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model (off unless given)."})
+    quantize: str | None = field(
+        default=None,
+        metadata={"help": "Load the base quantised by bitsandbytes, 4bit (NF4) or 8bit, as a frozen base: only the new blocks train "
+                          "(trainable new; the control arm auto resolves to none, since the base's layers cannot train)."},
+    )
 
     def __post_init__(self):
         # `positions="interleave:8"` from Python: the flag and YAML key hold ints only, so presets live in `placement`.
@@ -166,12 +171,26 @@ class RunConfig:
             )
         if self.control == "layers" and self.block == "adapter":
             raise ValueError("control 'layers' trains whole existing layers, which adapter blocks do not match in size; use control: lora or none")
+        if self.quantize is not None:
+            self._check_quantize()
         if self.retention_data is not None and not self.retention_data.strip():
             raise ValueError("retention_data needs a data source such as 'python_docs' (or none)")
         if self.evidence_cache is not None and not self.evidence_cache.strip():
             raise ValueError("evidence_cache needs auto, a folder or none")
         if self.retention_max_examples < 1:
             raise ValueError(f"retention_max_examples must be >= 1, got {self.retention_max_examples}")
+
+    def _check_quantize(self):
+        if self.quantize not in ("4bit", "8bit"):
+            raise ValueError(f"quantize must be 4bit or 8bit, got {self.quantize!r}")
+        if self.trainable != "new":
+            raise ValueError(f"quantize keeps the base frozen, so it needs trainable='new' (got {self.trainable!r})")
+        if self.control == "auto":
+            self.control = None  # both controls train the base's own layers, which stay quantised and frozen
+        elif self.control is not None:
+            raise ValueError(
+                f"control {self.control!r} trains the base's own layers, which a quantised base keeps frozen: pass control: none with quantize"
+            )
 
     def _check_placement(self):
         # The spec's form is checked now (before loading anything); its range needs the model's depth.

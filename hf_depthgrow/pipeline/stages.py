@@ -121,7 +121,7 @@ def _load(run: _Run) -> None:
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
     run.log(f"loading model {cfg.model!r}")
-    run.model, run.tokenizer = load_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    run.model, run.tokenizer = load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, quantize=cfg.quantize)
     run.base_name = public_name(cfg.model)
     run.model.eval()
     data = load_data(cfg.data, model=run.model, tokenizer=run.tokenizer, block_size=cfg.block_size, max_examples=cfg.max_examples, seed=cfg.seed)
@@ -293,6 +293,7 @@ def _save(run: _Run, summary: dict) -> None:
     """The selected model with its card and report in `model/` (and on the Hub when asked)."""
     from ..hub.model_card import CardInfo, render_model_card
     from ..hub.serialization import save_pretrained
+    from ..training.result import save_quantized_blocks
 
     cfg = run.cfg
     # The card is public: inputs by Hub id or folder name, never a path on this machine.
@@ -311,12 +312,15 @@ def _save(run: _Run, summary: dict) -> None:
             config=config, command=run.command, datasets=[public_name(cfg.data)], license=cfg.license,
         )
     )  # fmt: skip
-    model_dir = save_pretrained(run.model, run.out / "model", tokenizer=run.tokenizer)
+    model_dir = save_pretrained(run.model, run.out / "model", tokenizer=run.tokenizer)  # a quantised base: merged, dequantised
+    blocks_dir = save_quantized_blocks(run.model, run.out / "blocks")
     card.save(str(model_dir / "README.md"))
     for name in ("json", "markdown"):
         shutil.copy(run.report_paths[name], model_dir / Path(run.report_paths[name]).name)
     # Relative to the output folder: the run is written in a temp folder and moved into place.
     summary["artifacts"] = {"model": "model", "report": "eval/report.md", "probe_plot": "probe/probe.png", "loss_plot": "train/loss.png"}
+    if blocks_dir is not None:
+        summary["artifacts"]["blocks"] = "blocks"
     if run.control:
         summary["artifacts"]["control_report"] = run.control["report"]
     if run.retention:

@@ -12,6 +12,7 @@ from torch import nn
 from ..utils import atomic_write_text
 
 FINAL_MODEL = "model"
+FINAL_BLOCKS = "blocks"  # beside `model`, for a quantised base: the new blocks alone, to load onto that base again
 
 
 @dataclass
@@ -72,6 +73,7 @@ class TrainResult:
     resumed_from: str | None = None
     nonfinite: dict | None = None
     model_path: str | None = None
+    blocks_path: str | None = None
     original_losses: object = None  # OriginalLosses
 
     def to_dict(self) -> dict:
@@ -106,6 +108,26 @@ def initial_result(trainer, global_step: int) -> TrainResult:
     )
 
 
+def save_quantized_blocks(model: nn.Module, path) -> str | None:
+    """For a model grown on a bitsandbytes-quantised base, save its new blocks alone at `path` (`blocks_only=True`,
+    the base named by the folder or Hub id it was loaded from); returns the path, or `None` for any other model.
+
+    Example:
+        ```python
+        >>> save_quantized_blocks(grown_4bit, "out/blocks")
+        'out/blocks'
+        ```
+    """
+    from ..growth.quantized import bnb_mode
+    from ..growth.record import growth_record
+    from ..hub.serialization import save_pretrained
+
+    if bnb_mode(model) is None or growth_record(model) is None:
+        return None
+    save_pretrained(model, path, blocks_only=True, base_model=model.config.name_or_path)
+    return str(path)
+
+
 def write_outputs(result: TrainResult, config, *, tokenizer=None, peft_model=None, full_state: dict | None = None) -> None:
     """Write `<output_dir>/model` (if `save_final_model`), `train_config.json` and `train_result.json`.
 
@@ -128,7 +150,8 @@ def write_outputs(result: TrainResult, config, *, tokenizer=None, peft_model=Non
         if peft_model is not None and result.model is peft_model:
             to_save = copy.deepcopy(peft_model).merge_and_unload()
         extra = {"state_dict": full_state} if full_state is not None else {}
-        save_pretrained(to_save, out / FINAL_MODEL, tokenizer=tokenizer, **extra)
+        save_pretrained(to_save, out / FINAL_MODEL, tokenizer=tokenizer, **extra)  # a quantised base: merged, dequantised
         result.model_path = str(out / FINAL_MODEL)
+        result.blocks_path = save_quantized_blocks(to_save, out / FINAL_BLOCKS)
     atomic_write_text(out / "train_config.json", config.to_json_string())
     atomic_write_text(out / "train_result.json", json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))

@@ -36,6 +36,7 @@ from torch import nn
 from ..data.batches import to_device
 from ..growth.engine import growth_record
 from ..growth.prefix import lowest_new_index
+from ..growth.quantized import bnb_mode
 from ..losses import is_causal_lm
 from .checkpoints import (
     CHECKPOINT_PREFIX,
@@ -124,6 +125,11 @@ class GrownTrainer:
             raise ValueError(
                 f"trainable={mode!r} trains the inserted blocks, but the model is not grown: "
                 "call hf_depthgrow.grow_depth first (or use trainable='full', 'layers' or 'lora')."
+            )
+        if mode != "new" and bnb_mode(model) is not None:
+            raise ValueError(
+                f"trainable={mode!r} with a base quantised by bitsandbytes ({bnb_mode(model)}): the base's weights are frozen "
+                "and quantised, and only trainable='new' (the float new blocks) is supported on it"
             )
         if mode in ("layers", "lora") and self.record:
             raise ValueError(f"trainable={mode!r} is a control that adds no depth: pass the model before grow_depth")
