@@ -2,6 +2,18 @@
 
 __version__ = "0.1.0"
 
+import logging as _logging
+
+
+def _not_the_cpu_kernel_notice(record) -> bool:
+    # bitsandbytes (imported by peft and transformers whenever it is installed) logs, on CPUs with AVX512-BF16, that
+    # it could not fetch an optional 4-bit kernel from the Hub. This package keeps 4-bit layers off that kernel
+    # (it passes no gradient to its input), so the line is noise on every command's stderr: only it is dropped.
+    return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward")
+
+
+_logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_the_cpu_kernel_notice)
+
 from .growth.families import FAMILIES, SUPPORTED_FAMILIES, FamilySpec  # noqa: E402
 from .growth.engine import (  # noqa: E402
     GrowthConfig,
