@@ -40,7 +40,8 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
     tracking.check_logging_dir(cfg.report_to, cfg.logging_dir, "logging_dir is not set (hf-depthgrow compare defaults it to <output_dir>/logs)")
     rows = {k: training_rows(data[k], f"{k}_data", model=model) for k in ("train", "eval")}
     rows.update({k: _checked_rows(model, data[k], f"{k}_data", cfg.batch_size) if data[k] is not None else None for k in ("test", "retention")})
-    arms = build_arms(model, names, [], reference=None, probe_result=probe_result, seed=cfg.seed, lora_target_modules=cfg.lora_target_modules)
+    arms = build_arms(model, names, [], reference=None, probe_result=probe_result, seed=cfg.seed, lora_target_modules=cfg.lora_target_modules,
+                      matched=False)  # the oracle trains positions only
     original = _OriginalPerSeed(test=example_losses(model, rows["test"], cfg.batch_size))
     if rows["retention"] is not None:
         original["retention"] = example_losses(model, rows["retention"], cfg.batch_size)
