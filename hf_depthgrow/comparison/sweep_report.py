@@ -171,7 +171,11 @@ def sweep_markdown(result) -> list[str]:
         lines.append("")
     sentences = [s for s in (frontier_sentence(v) for v in views) if s]
     if sentences:
-        lines += ["## Gain x forgetting", ""] + [f"- {s[0].upper() + s[1:]}." for s in sentences] + [""]
+        family = views[-1].frontier.get("family")
+        intro = ([f"Every choice ranges over the trained points (arm x rate x budget); the selection-part forgetting upper "
+                  f"bounds are corrected over all {family['points']} points of the comparison (level "
+                  f"{format_value(family['level'])} each), so choosing one of them is inside the bound.", ""] if family else [])  # fmt: skip
+        lines += ["## Gain x forgetting", "", *intro] + [f"- {s[0].upper() + s[1:]}." for s in sentences] + [""]
         curve = views[-1].frontier.get("control_curve")
         if curve:
             lines += ["Every growth point at the largest budget against the curve of every control point there (each kind at "
