@@ -167,6 +167,7 @@ def swept(setting):
         base, rows["train"], rows["eval"], rows["test"], retention_data=rows["ret"], growth=["top:1"],
         controls=["layers", "lora", "lora:4"], budgets=[2, 4, 6, 8], growth_learning_rates=[1e-5, 3e-5], lr_extensions=1,
         batch_size=4, progress=False, n_bootstrap=200, max_forgetting=0.5, allow_repeated_data=True,  # 32 blocks of 24
+        forgetting_rates=1,
     )  # fmt: skip
     return base, before, result
 
@@ -182,11 +183,16 @@ def test_compare_with_budgets_scores_every_arm_at_every_budget(swept):
         for arm in view.arms[1:]:
             losses = {lr: t["heldout_loss"] for lr, t in arm.tried.items()}
             assert arm.learning_rate == min(losses, key=losses.get)  # chosen on held-out, per budget
-        assert set(view.frontier["frontier"]) <= set(names)
-        assert view.frontier["best_within"] in names
-    # Tiny rates for the growth arm: its choice sits at the top edge, so its grid gained one x3 step, then hit the limit.
+        # The frontier and the choice within the forgetting budget range over every trained point (arm x rate) at the budget.
+        points = view.frontier["points"]
+        assert len(points) == sum(len(a.tried) for a in view.arms[1:])
+        assert set(view.frontier["frontier"]) <= set(points) | {"original"}
+        assert view.frontier["best_within"] in set(points) | {"original"}
+        assert set(view.frontier["frontier_arms"]) <= set(names)
+    # Tiny rates for the growth arm: its choice sits at the top edge, so its grid gained one x3 step, then hit the limit;
+    # with a retention set every grid also starts one x3 step below its lowest rate (forgetting_rates=1).
     assert result.grids["top:1"]["added"] == [9e-5] and result.grids["top:1"]["stopped"] == "limit"
-    assert set(result.arm("top:1").tried) == {1e-5, 3e-5, 9e-5}
+    assert set(result.arm("top:1").tried) == {3.33333e-6, 1e-5, 3e-5, 9e-5}
     assert result.halving_agreement and all(v["of"] >= 1 for v in result.halving_agreement.values())
 
 
@@ -261,7 +267,7 @@ def test_stored_trials_resume_without_training_and_a_tampered_one_is_rerun(setti
 
     base, rows = setting
     kw = dict(retention_data=rows["ret"], growth=["top:1"], controls=["layers"], budgets=[4, 8], learning_rates=[1e-3, 3e-3],
-              lr_extensions=0, batch_size=4, progress=False, n_bootstrap=100, trials_dir=tmp_path / "trials",
+              lr_extensions=0, forgetting_rates=0, batch_size=4, progress=False, n_bootstrap=100, trials_dir=tmp_path / "trials",
               allow_repeated_data=True)  # fmt: skip
     first = compare_plans(base, rows["train"], rows["eval"], rows["test"], **kw)
     entries = sorted((tmp_path / "trials" / "trials").iterdir())

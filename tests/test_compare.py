@@ -132,6 +132,7 @@ def compared():
         model, data["train"], data["eval"], data["test"], retention_data=data["ret"],
         growth=["top:1", "at:2", "bottom:1"], controls=["layers", "lora"], learning_rates=[1e-3, 5e-3],
         max_steps=6, progress=False, n_bootstrap=300, successive_halving=True, lr_extensions=0, allow_repeated_data=True,
+        forgetting_rates=0,  # the two-rate grid halving is checked on (the rates below it: tests/test_curve_against_curve.py)
     )  # fmt: skip
     return model, data, before, result
 

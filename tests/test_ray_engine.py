@@ -43,7 +43,7 @@ def setting():
     return model, rows
 
 
-SETTINGS = dict(growth=["at:2"], controls=["layers"], learning_rates=[1e-3, 1e-2], lr_extensions=0, budgets=[4, 8],
+SETTINGS = dict(growth=["at:2"], controls=["layers"], learning_rates=[1e-3, 1e-2], lr_extensions=0, forgetting_rates=0, budgets=[4, 8],
                 warmup_steps=1, batch_size=4, selection_max_examples=None, n_bootstrap=200, progress=False,
                 allow_repeated_data=True)  # fmt: skip
 

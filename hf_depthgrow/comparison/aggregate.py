@@ -3,9 +3,17 @@
 Reads only `TrialResult`s and the original's losses, so trials run in this process, on another engine, or
 read back from storage all give the same result. Per budget and arm, the learning rate is the one with the
 lowest held-out loss at that budget; the arm's row is that trial's score. Then, per budget: the corrected
-paired intervals (`runner`'s statistics), the frontier and the control curve (`frontier`), the arm within
-the forgetting budget, the epochs of the training data it took (`fresh_data`); across budgets: learning-curve
-fits and the predicted crossover (`crossover`), which says where it lies beyond the fresh data.
+paired intervals (`statistics`: vs the original, the best control and each growth arm's matched control,
+forgetting), and, over *every* trained point (arm x rate x budget x seed, growth and controls alike), the
+frontier, the point within the forgetting budget and each growth point against the curve of every control
+point (`frontier`); with several budgets the same once more over the points of every budget; the epochs of the
+training data each budget took (`fresh_data`); across budgets: learning-curve fits and the predicted crossover
+(`crossover`), which says where it lies beyond the fresh data. Where the examples name their documents, the
+retention parts are disjoint documents and every bootstrap resamples documents (`evaluation.bounds`).
+
+Corrections are family-wise over the whole comparison: each budget's intervals spend `delta / (budgets x
+seeds)`, the selection-part forgetting bounds are corrected over every point, the curve tests over every
+growth point tested.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import numpy as np
 from ..evaluation.checks import cluster_labels
 from ..evaluation.decisions import corrected_intervals
 from . import frontier as fr
+from .arms import matched_control
 from .fresh_data import DataPlan
 from .grids import best_rate, halving_survivor
 from .result import ArmResult, BudgetView, CompareResult
@@ -53,11 +62,11 @@ def retention_parts(n: int, fraction: float, seed: int, documents=None) -> tuple
     return np.sort(order[:cut]), np.sort(order[cut:])
 
 
-def _corrected(diffs: dict, cfg, clusters=None) -> dict | None:
+def _corrected(diffs: dict, cfg, delta: float | None = None, clusters=None) -> dict | None:
     if not diffs:
         return None
-    return corrected_intervals(diffs, delta=cfg.delta, method=cfg.method, kind=cfg.interval, loss_bound=cfg.loss_bound,
-                               n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, clusters=clusters)  # fmt: skip
+    return corrected_intervals(diffs, delta=cfg.delta if delta is None else delta, method=cfg.method, kind=cfg.interval,
+                               loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, clusters=clusters)  # fmt: skip
 
 
 def _part(documents, index):
@@ -65,28 +74,58 @@ def _part(documents, index):
     return None if documents is None else [documents[i] for i in index]
 
 
-def statistics(results: list[ArmResult], original: ArmResult, cfg, clusters: dict | None = None) -> dict:
-    """Corrected paired intervals: every trained arm vs the original, growth vs the best control, forgetting.
+def statistics(results: list[ArmResult], original: ArmResult, cfg, family: int = 1, clusters: dict | None = None) -> dict:
+    """Corrected paired intervals: every trained arm vs the original, growth vs the best control and its match, forgetting.
 
+    `family`: the budgets x seeds the same tests repeat over; each block of intervals spends `cfg.delta / family`
+    (Bonferroni across the family, Holm within a block), so the whole family errs with probability <= `cfg.delta`.
     `clusters`: the document of each `test` and `retention` (test part) example, where known: their bootstraps
     then resample documents.
     """
     clusters = clusters or {}
     test_docs, ret_docs = clusters.get("test"), clusters.get("retention")
+    delta = cfg.delta / family
     trained = [r for r in results if r.kind != "original"]
-    stats = {"vs_original": _corrected({r.name: original.test_per_example - r.test_per_example for r in trained}, cfg, test_docs)}
+    by_name = {r.name: r for r in trained}
+    stats = {"family": {"delta": cfg.delta, "blocks": family, "delta_per_block": delta},
+             "vs_original": _corrected({r.name: original.test_per_example - r.test_per_example for r in trained}, cfg, delta, test_docs)}  # fmt: skip
     controls = [r for r in trained if r.kind in CONTROLS]
     growth = [r for r in trained if r.kind == "growth"]
     best = min(controls, key=lambda r: r.heldout_loss) if controls else None
     stats["best_control"] = best.name if best else None
-    stats["vs_best_control"] = _corrected({r.name: best.test_per_example - r.test_per_example for r in growth}, cfg, test_docs) if best else None
+    stats["vs_best_control"] = _corrected({r.name: best.test_per_example - r.test_per_example for r in growth}, cfg, delta, test_docs) if best else None
+    matches = {r.name: matched_control([a.arm for a in results], r.name) for r in growth}
+    stats["matched"] = {g: m for g, m in matches.items() if m in by_name}
+    stats["unmatched"] = [g for g in matches if g not in stats["matched"]]
+    stats["vs_matched"] = _corrected({g: by_name[m].test_per_example - by_name[g].test_per_example for g, m in stats["matched"].items()},
+                                     cfg, delta, test_docs)  # fmt: skip
     if original.retention_per_example is not None:
-        stats["retention"] = _corrected({r.name: original.retention_per_example - r.retention_per_example for r in trained}, cfg, ret_docs)
+        stats["retention"] = _corrected({r.name: original.retention_per_example - r.retention_per_example for r in trained}, cfg, delta, ret_docs)
     # An arm whose fallback rule kept the original is the original, not growth: it is the best growth arm
     # only when every growth arm fell back (its held-out loss may still be a rounding below a real one's).
     kept = [r for r in growth if r.selected != "old"] or growth
     stats["best_growth"] = min(kept, key=lambda r: r.heldout_loss).name if kept else None
     return stats
+
+
+def point_label(arm: str, lr: float, steps: int, seed: int | None = None) -> str:
+    """A trained point's name: arm, rate and budget (and the seed where several are pooled), e.g. `full@lr1e-05@20steps`."""
+    return f"{arm}@lr{lr:g}@{steps}steps" + (f"@seed{seed}" if seed is not None else "")
+
+
+def trial_points(by_arm: dict, budget: int, parts, pooled: bool) -> tuple[list[ArmResult], dict]:
+    """Every trial scored at `budget` as an `ArmResult` named by its point label, and each label's arm, kind, rate, seed."""
+    points, info = [], {}
+    for arm, trials in by_arm.values():
+        for t in sorted(trials, key=lambda t: (t.spec.learning_rate, t.spec.seed)):
+            score = t.scores.get(budget)
+            if score is None:
+                continue  # stopped by successive halving before this budget
+            row = ArmResult.scored(arm, t.spec.learning_rate, score, {}, t.seconds, t.trainable_parameters, parts)
+            row.name = point_label(arm.name, t.spec.learning_rate, budget, t.spec.seed if pooled else None)
+            points.append(row)
+            info[row.name] = {"arm": arm.name, "kind": arm.kind, "learning_rate": t.spec.learning_rate, "steps": budget, "seed": t.spec.seed}
+    return points, info
 
 
 def _arm_row(arm, trials: list[TrialResult], budget: int, parts) -> ArmResult:
@@ -123,32 +162,95 @@ def _halving_agreement(by_arm: dict, budgets: list[int]) -> dict:
     return {k: {**v, "share": v["agree"] / v["of"]} for k, v in counts.items()}
 
 
-def _frontier(view: BudgetView, original: ArmResult, cfg, ret_sel_base: np.ndarray, clusters: dict | None = None) -> dict:
-    """The frontier (held-out gain, retention selection-part forgetting), the arm within eps, and the control curve.
+def _point_table(points: list[ArmResult], info: dict, base: ArmResult, ret_sel_base: np.ndarray, high: dict) -> dict:
+    """Per point: its arm, kind, rate, budget, seed, held-out gain and selection-part forgetting with its upper bound."""
+    table = {}
+    for p in points:
+        table[p.name] = {**info[p.name], "gain": base.heldout_loss - p.heldout_loss,
+                         "forgetting": float((p.retention_selection - ret_sel_base).mean()), "forgetting_high": high[p.name]}  # fmt: skip
+    return table
 
-    `clusters`: documents of the `test`, `retention` (test part) and `retention_selection` examples, where known.
-    """
-    clusters = clusters or {}
-    trained = [a for a in view.arms if a.kind != "original"]
-    sel_gain = {a.name: original.heldout_loss - a.heldout_loss for a in trained}
-    sel_forget = {a.name: a.retention_selection - ret_sel_base for a in trained}
-    points = {n: (sel_gain[n], float(sel_forget[n].mean())) for n in sel_gain} | {"original": (0.0, 0.0)}
-    # forgetting's upper bound = -(low of -forgetting)
-    bounds = _corrected({n: -f for n, f in sel_forget.items()}, cfg, clusters.get("retention_selection"))
-    high = {n: -bounds["arms"][n]["low"] for n in sel_forget}
-    out = {"frontier": fr.pareto(points), "selection": {n: {"gain": sel_gain[n], "forgetting": points[n][1], "forgetting_high": high[n]}
-                                                      for n in sel_gain}}  # fmt: skip
-    out["best_gain"] = max(sel_gain, key=lambda n: sel_gain[n])
+
+def _choices(table: dict, cfg) -> dict:
+    """The frontier, the best point on gain and the best within the forgetting budget: selection parts only."""
+    points = {n: (r["gain"], r["forgetting"]) for n, r in table.items()} | {"original": (0.0, 0.0)}
+    gain = {n: r["gain"] for n, r in table.items()}
+    out = {"frontier": fr.pareto(points), "best_gain": max(gain, key=lambda n: gain[n])}
     if cfg.max_forgetting is not None:
         out["max_forgetting"] = cfg.max_forgetting
-        out["best_within"] = fr.best_within(sel_gain, high, cfg.max_forgetting)
-    controls = [a.name for a in trained if a.kind in CONTROLS]
-    growth = [a.name for a in trained if a.kind == "growth"]
-    gain = {a.name: original.test_per_example - a.test_per_example for a in trained}
-    forget = {a.name: a.retention_per_example - original.retention_per_example for a in trained}
-    out["control_curve"] = fr.off_curve(gain, forget, controls, growth, delta=cfg.delta, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
-                                        test_clusters=clusters.get("test"), retention_clusters=clusters.get("retention"))  # fmt: skip
+        out["best_within"] = fr.best_within(gain, {n: r["forgetting_high"] for n, r in table.items()}, cfg.max_forgetting)
+        out["best_within_bound"] = table[out["best_within"]]["forgetting_high"] if out["best_within"] in table else None
     return out
+
+
+def _curve(points: list[ArmResult], info: dict, base: ArmResult, cfg, tests: int, clusters: dict) -> dict | None:
+    """Every growth point against the curve of every control point (test parts), `tests` in the Bonferroni family."""
+    gain = {p.name: base.test_per_example - p.test_per_example for p in points}
+    forget = {p.name: p.retention_per_example - base.retention_per_example for p in points}
+    controls = [p.name for p in points if info[p.name]["kind"] in CONTROLS]
+    growth = [p.name for p in points if info[p.name]["kind"] == "growth"]
+    out = fr.off_curve(gain, forget, controls, growth, delta=cfg.delta, tests=tests, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
+                       test_clusters=clusters.get("test"), retention_clusters=clusters.get("retention"))  # fmt: skip
+    if out is not None:
+        out["points"] = out.pop("arms")
+    return out
+
+
+def _frontier(view: BudgetView, points: list[ArmResult], info: dict, base: ArmResult, cfg, ret_sel_base, high: dict, tests: int,
+              seed: int | None, clusters: dict) -> dict:  # fmt: skip
+    """One budget over every point trained to it: the frontier, the choice within eps, each growth arm against the curve."""
+    table = _point_table(points, info, base, ret_sel_base, high)
+    out = _choices(table, cfg)
+    chosen = {a.name: point_label(a.name, a.learning_rate, view.steps, seed) for a in view.arms if a.kind != "original"}
+    out.update(points=table, chosen=chosen, selection={arm: table[label] for arm, label in chosen.items()})
+    out["frontier_arms"] = [a for a, label in chosen.items() if label in out["frontier"]] + (["original"] if "original" in out["frontier"] else [])
+    curve = _curve(points, info, base, cfg, tests, clusters)
+    if curve is not None:  # each growth arm as trained (its rate chosen on held-out), read off the every-point curve
+        curve["arms"] = {a: {**curve["points"][label], "point": label} for a, label in chosen.items() if label in curve["points"]}
+    out["control_curve"] = curve
+    return out
+
+
+def _within_claims(frontiers: list[dict], points: dict[str, ArmResult], base: ArmResult, cfg, clusters: dict) -> None:
+    """The test parts' gain and forgetting of each point chosen within the forgetting budget, corrected over the choices."""
+    chosen = sorted({f["best_within"] for f in frontiers if f.get("best_within") not in (None, "original")})
+    if not chosen:
+        return
+    gain = _corrected({n: base.test_per_example - points[n].test_per_example for n in chosen}, cfg, clusters=clusters.get("test"))
+    kept = _corrected({n: base.retention_per_example - points[n].retention_per_example for n in chosen}, cfg, clusters=clusters.get("retention"))
+    for f in frontiers:
+        n = f.get("best_within")
+        if n in chosen:
+            g, k = gain["arms"][n], kept["arms"][n]
+            f["best_within_test"] = {"gain": {x: g[x] for x in ("mean", "low", "high")},
+                                     "forgetting": {"mean": -k["mean"], "low": -k["high"], "high": -k["low"]}, "claims": len(chosen)}  # fmt: skip
+
+
+def _frontiers(views: list[BudgetView], by_arm: dict, base: ArmResult, cfg, parts, ret_sel_base, seeds: set, clusters: dict) -> dict | None:
+    """Every budget's frontier (set on its view) and, over several budgets, the sweep-wide one over every point (returned).
+
+    One family throughout: the selection-part bounds are corrected over every point of every budget, the curve tests
+    over every growth point of every budget (twice with several budgets: per budget and sweep-wide).
+    """
+    pooled = len(seeds) > 1
+    per_budget = [trial_points(by_arm, v.steps, parts, pooled) for v in views]
+    points = [p for ps, _ in per_budget for p in ps]
+    info = {k: v for _, i in per_budget for k, v in i.items()}
+    # forgetting's upper bound = -(low)
+    bounds = _corrected({p.name: ret_sel_base - p.retention_selection for p in points}, cfg, clusters=clusters.get("retention_selection"))
+    high = {n: -r["low"] for n, r in bounds["arms"].items()}
+    growth = sum(1 for i in info.values() if i["kind"] == "growth")
+    tests = max(1, growth * (2 if len(views) > 1 else 1))
+    seed = cfg.seed if pooled else None
+    for v, (ps, i) in zip(views, per_budget):
+        v.frontier = _frontier(v, ps, i, base, cfg, ret_sel_base, high, tests, seed, clusters)
+        v.frontier["family"] = {"points": len(points), "level": bounds["level"]}
+    overall = None
+    if len(views) > 1:
+        overall = _choices(_point_table(points, info, base, ret_sel_base, high), cfg)
+        overall.update(points=len(points), control_curve=_curve(points, info, base, cfg, tests, clusters), family={"points": len(points), "level": bounds["level"]})
+    _within_claims([v.frontier for v in views] + ([overall] if overall else []), {p.name: p for p in points}, base, cfg, clusters)
+    return overall
 
 
 def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: dict, extra: dict, documents: dict | None = None) -> CompareResult:
@@ -169,6 +271,8 @@ def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: di
     budgets = cfg.sweep
     documents = documents or {}
     by_arm = {a.name: (a, [t for t in trials if t.spec.arm.name == a.name]) for a in arms if a.kind != "original"}
+    seeds = {t.spec.seed for t in trials} or {cfg.seed}
+    family = len(budgets) * len(seeds)  # the tests of one budget repeat at every budget (and seed)
     parts = None
     clusters = {"test": cluster_labels(documents.get("test"), cfg.cluster_key)}
     if original.get("retention") is not None:
@@ -184,13 +288,13 @@ def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: di
         units = {r.units_seen for r in rows[1:]}
         if len(units) > 1:
             raise RuntimeError(f"the arms saw different amounts of data at {b} steps {sorted(units)}: the budget was not equal")
-        view = BudgetView(steps=b, units_seen=units.pop() if units else 0, arms=rows, statistics=statistics(rows, base, cfg, clusters),
-                          epochs=plan.epochs(b) if plan else None)  # fmt: skip
-        if parts is not None:
-            view.frontier = _frontier(view, base, cfg, original["retention"][0][parts[0]], clusters)
-        views.append(view)
+        views.append(BudgetView(steps=b, units_seen=units.pop() if units else 0, arms=rows, statistics=statistics(rows, base, cfg, family, clusters),
+                                epochs=plan.epochs(b) if plan else None))  # fmt: skip
+    overall = None
+    if parts is not None:
+        overall = _frontiers(views, by_arm, base, cfg, parts, original["retention"][0][parts[0]], seeds, clusters)
     result = CompareResult(arms=views[-1].arms, config=cfg.to_dict(), statistics=views[-1].statistics, views=views, grids=grids,
-                           data_parts=data_parts(extra.get("num_examples") or {}, documents, parts, clusters), **extra)  # fmt: skip
+                           overall=overall, data_parts=data_parts(extra.get("num_examples") or {}, documents, parts, clusters), **extra)  # fmt: skip
     if not cfg.successive_halving:
         result.halving_agreement = _halving_agreement(by_arm, budgets)
     if len(views) >= 3:

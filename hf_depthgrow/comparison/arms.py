@@ -10,6 +10,11 @@ An arm is what a user could do with the same optimizer steps, tokens and schedul
   closest to the reference arm's (matched up to one rank step; both counts are reported);
 - **full**: every parameter (same steps; not parameter-matched, the upper end of what training buys);
 - **original**: no training, the reference of every delta.
+
+`layers` and `lora` match the reference growth arm. Every other growth arm whose trainable-parameter count
+no control matches gets its own matched control (`matched=True`, the default): `layers[ARM]`, the layers its
+blocks copy, where that count is exact (native blocks), else `lora[ARM]`, the closest LoRA rank. The verdict
+compares each growth arm with its match (`matched_control`) as well as with the best control overall.
 """
 
 from __future__ import annotations
@@ -254,6 +259,7 @@ def build_arms(
     seed: int = 0,
     lora_target_modules: Sequence[str] | None = None,
     grow_kwargs: dict | None = None,
+    matched: bool = True,
 ) -> list[Arm]:
     """Resolve every arm against `model` (not changed) before anything trains; the original comes first.
 
@@ -266,6 +272,7 @@ def build_arms(
         seed: Seeds `"random:N"` placements.
         lora_target_modules: Name suffixes the LoRA control adapts (default: every linear layer).
         grow_kwargs: `grow_depth` keyword arguments of every growth arm (`block`, `init`, ...).
+        matched: Add a matched control for every growth arm no control matches (see the module docstring).
 
     Raises:
         ValueError: for an unknown control, duplicate names, a bad spec or an unknown reference.
@@ -298,7 +305,52 @@ def build_arms(
         raise ValueError(f"reference {reference!r} is not a growth arm (have {[a.name for a in arms if a.kind == 'growth']})")
     for kind in dict.fromkeys(c for c in controls if c != "original"):
         arms.append(_control(model, kind, ref, num_layers, lora_target_modules))
+    if matched:
+        arms += _matched_controls(model, arms, num_layers, lora_target_modules)
     return arms
+
+
+def matched_control(arms: Sequence, growth: str) -> str | None:
+    """The control matched to growth arm `growth`: one built for it, else a `layers`/`lora` control of its exact count.
+
+    `arms` are `Arm`s or their `to_dict()`s (what a `CompareResult` keeps); `layers` is preferred (an exact
+    match of native blocks), then `lora`. `None` when no control matches (matched controls turned off).
+
+    Example:
+        ```python
+        >>> arms = build_arms(tiny_model("llama"), ["top:1", "interleave:2"], ["lora"])
+        >>> matched_control(arms, "top:1"), matched_control(arms, "interleave:2")
+        ('lora', 'layers[interleave:2]')
+        ```
+    """
+    rows = [a if isinstance(a, dict) else a.to_dict() for a in arms]
+    target = next((r for r in rows if r.get("name") == growth), None)
+    if target is None:
+        return None
+    controls = sorted((r for r in rows if r.get("kind") in ("layers", "lora")), key=lambda r: r["kind"] != "layers")
+    for rule in (lambda r: r.get("matched_to") == growth,
+                 lambda r: r.get("trainable_parameters") == target.get("trainable_parameters")):  # fmt: skip
+        found = next((r["name"] for r in controls if rule(r)), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _matched_controls(model: nn.Module, arms: list[Arm], num_layers: int, suffixes) -> list[Arm]:
+    """A control for each growth arm none matches: `layers[ARM]` where its count is exact, else `lora[ARM]`."""
+    stack = resolve_family(model)[1]
+    added: list[Arm] = []
+    for g in [a for a in arms if a.kind == "growth"]:
+        if matched_control(arms + added, g.name) is not None:
+            continue
+        layers = matched_layers(g.placement, num_layers)
+        count = sum(p.numel() for i in layers for p in stack[i].parameters())
+        if count == g.trainable_parameters:
+            added.append(Arm(f"layers[{g.name}]", "layers", layers=layers, trainable_parameters=count, matched_to=g.name))
+        else:
+            rank, count = lora_rank_for(model, g.trainable_parameters, suffixes)
+            added.append(Arm(f"lora[{g.name}]", "lora", lora_r=rank, trainable_parameters=count, matched_to=g.name))
+    return added
 
 
 def _control(model: nn.Module, kind: str, ref: Arm, num_layers: int, suffixes) -> Arm:

@@ -10,7 +10,7 @@ from ..evaluation.decisions import METHODS
 from ..training.tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_report_to
 from ..training.schedules import SCHEDULERS, check_wsd
 from .arms import check_control_spec, check_growth_spec
-from .grids import DEFAULT_GRIDS
+from .grids import DEFAULT_GRIDS, rates_below
 
 
 
@@ -35,6 +35,11 @@ class CompareConfig:
         metadata={"help": "Control arms that add no depth: layers (matched parameters), lora (matched), full."},
     )
     reference: str | None = field(default=None, metadata={"help": "The growth arm the controls match (default: the first)."})
+    matched_controls: bool = field(
+        default=True,
+        metadata={"help": "Give every growth arm no control matches its own control of the same trainable-parameter count "
+                          "(layers[ARM], else lora[ARM]); the verdict compares each growth arm with its match."},
+    )  # fmt: skip
     learning_rates: list[float] | None = field(
         default=None, metadata={"help": "One learning-rate grid for every arm (default: each kind's own grid, below)."}
     )
@@ -48,6 +53,11 @@ class CompareConfig:
         default=2, metadata={"help": "Rates (x3 steps) an arm's grid may gain when its chosen rate is at an edge of the rates tried; 0: never."}
     )
     max_learning_rate: float = field(default=0.1, metadata={"help": "The largest rate a grid extension may try (the cap)."})
+    forgetting_rates: int = field(
+        default=2,
+        metadata={"help": "With a retention set: rates (x3 steps) added below every arm's grid, so each kind's forgetting "
+                          "curve is traced below its gain-optimal rate; 0: none."},
+    )  # fmt: skip
     successive_halving: bool = field(
         default=False,
         metadata={"help": "Stop the worse half of an arm's learning rates (on held-out loss) at 1/4 and 1/2 of the steps (one budget only). "
@@ -142,7 +152,7 @@ class CompareConfig:
             positive_int(name)
         if self.selection_max_examples is not None:
             positive_int("selection_max_examples")
-        for name in ("successive_halving", "progress", "allow_repeated_data"):
+        for name in ("successive_halving", "progress", "allow_repeated_data", "matched_controls"):
             if not isinstance(getattr(self, name), bool):
                 fail(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_budgets()
@@ -212,8 +222,10 @@ class CompareConfig:
             raise ValueError(f"the warm-up ({self.warmup} steps) is longer than the budget ({b[0]} steps)")
 
     def _check_extension(self) -> None:
-        if not isinstance(self.lr_extensions, int) or isinstance(self.lr_extensions, bool) or self.lr_extensions < 0:
-            raise ValueError(f"lr_extensions must be an int >= 0, got {self.lr_extensions!r}")
+        for name in ("lr_extensions", "forgetting_rates"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if not _number(self.max_learning_rate) or self.max_learning_rate <= 0:
             raise ValueError(f"max_learning_rate must be a finite number > 0, got {self.max_learning_rate!r}")
         top = max(max(self.grid(kind)) for kind in DEFAULT_GRIDS)
@@ -237,11 +249,14 @@ class CompareConfig:
         """Warm-up steps, the same for every budget (so every budget shares the stable phase)."""
         return self.warmup_steps or math.ceil(self.warmup_ratio * self.sweep[0])
 
-    def grid(self, kind: str) -> list[float]:
-        """The learning-rate grid of an arm kind (`learning_rates` when set: one grid for every arm)."""
-        if self.learning_rates is not None:
-            return list(self.learning_rates)
-        return list(getattr(self, f"{kind}_learning_rates"))
+    def grid(self, kind: str, *, retention: bool = False) -> list[float]:
+        """The learning-rate grid of an arm kind (`learning_rates` when set: one grid for every arm).
+
+        With `retention` (forgetting is measured), `forgetting_rates` x3 steps below the grid come first: a grid
+        that reaches down only to the gain-optimal rate cannot trace the forgetting curve below it.
+        """
+        rates = list(self.learning_rates) if self.learning_rates is not None else list(getattr(self, f"{kind}_learning_rates"))
+        return (rates_below(rates, self.forgetting_rates) if retention else []) + rates
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,20 +1,25 @@
 """The gain x forgetting frontier, the choice within a forgetting budget, and the control curve.
 
-Gain is an arm's paired loss reduction on the training domain (higher is better); forgetting is its loss
-increase on a general-domain retention set (lower is better). Training methods trade one for the other:
-LoRA and full fine-tuning lie on one learning-vs-forgetting curve (arXiv:2405.09673), so a method is
-better only if it moves *off* that curve. Three questions, each answered here:
+Gain is a trained point's paired loss reduction on the training domain (higher is better); forgetting is
+its loss increase on a general-domain retention set (lower is better). A *point* is one trial at one budget:
+an arm kind at one learning rate (and seed). Training methods trade one axis for the other, and within a
+kind the learning rate moves along the trade: LoRA and full fine-tuning lie on one learning-vs-forgetting
+curve (arXiv:2405.09673), traced by their rates, so a method is better only if it moves *off* that curve.
+Three questions, each answered over every trained point, growth and controls alike:
 
-- **The frontier**: the arms no other arm beats on both axes (the original, gain 0 and forgetting 0, is
-  one of the candidates: training nothing is always an option).
-- **Within a forgetting budget** `eps`: the best-gain arm whose forgetting's upper bound stays within eps.
-- **Off the control curve**: the controls (LoRA at several ranks, `layers`, `full`) and the original trace
-  a curve (their lower envelope: the least forgetting seen at each gain, linear in between, flat past the
-  largest gain). A growth arm is off the curve when, at its gain, it forgets less than the curve, with a
-  paired bootstrap interval over test and retention examples (Bonferroni across growth arms); where the
-  examples name their documents, documents are resampled instead (`evaluation.bounds`).
+- **The frontier**: the points no other point beats on both axes (the original, gain 0 and forgetting 0,
+  is one of the candidates: training nothing is always an option).
+- **Within a forgetting budget** `eps`: the best-gain point whose forgetting's upper bound stays within
+  eps, the bound corrected for every candidate point (choosing one of many is inside the bound).
+- **Off the control curve**: every control point (each kind at every rate, low rates included) and the
+  original trace a curve (their lower envelope: the least forgetting seen at each gain, linear in between,
+  flat past the largest gain). A growth point is off the curve when, at its gain, it forgets less than the
+  curve, with a paired bootstrap interval over test and retention examples that recomputes the envelope
+  on every resample (Bonferroni over every growth point tested; where the examples name their documents,
+  documents are resampled instead, `evaluation.bounds`); a point that is not off names the control that
+  dominates it, where one does.
 
-Choices (the frontier, the arm within eps) use held-out data only: the domain's held-out loss and the
+Choices (the frontier, the point within eps) use held-out data only: the domain's held-out loss and the
 retention set's selection part. The curve test is a reported claim, made on the test parts.
 """
 
@@ -79,6 +84,22 @@ class _Resampler:
         return sums[self.draws].sum(axis=1) / self.sizes
 
 
+def dominating(point: tuple[float, float], controls: dict[str, tuple[float, float]]) -> str | None:
+    """The control that gains at least as much as `point = (gain, forgetting)` and forgets the least, if it forgets no more.
+
+    Ties on forgetting go to the larger gain. `None` when no control gains as much and forgets no more.
+
+    Example:
+        ```python
+        >>> dominating((0.5, 0.2), {"full@lr1e-05": (0.55, 0.05), "full@lr0.0003": (0.9, 0.6)})
+        'full@lr1e-05'
+        ```
+    """
+    g, f = point
+    found = [(cf, -cg, n) for n, (cg, cf) in controls.items() if cg >= g and cf <= f]
+    return min(found)[2] if found else None
+
+
 def off_curve(
     gain: dict[str, np.ndarray],
     forgetting: dict[str, np.ndarray],
@@ -86,26 +107,35 @@ def off_curve(
     growth: list[str],
     *,
     delta: float = 0.05,
+    tests: int | None = None,
     n_bootstrap: int = 2000,
     seed: int = 0,
     test_clusters=None,
     retention_clusters=None,
 ) -> dict:
-    """Is each growth arm off the controls' learning-vs-forgetting curve? A paired bootstrap answer.
+    """Is each growth point off the controls' learning-vs-forgetting curve? A paired bootstrap answer.
+
+    The curve is the lower envelope of every control point given (each kind at every rate and budget the
+    caller passes, low rates included), recomputed on each resample, so choosing the curve's points from the
+    set is inside the interval.
 
     Args:
-        gain: Per arm, per test example `loss(original) - loss(arm)` (the same examples for every arm).
-        forgetting: Per arm, per retention example `loss(arm) - loss(original)`.
-        controls, growth: Which arms trace the curve, and which are tested against it.
-        delta: Family-wise error across the growth arms (Bonferroni).
+        gain: Per point, per test example `loss(original) - loss(point)` (the same examples for every point).
+        forgetting: Per point, per retention example `loss(point) - loss(original)`.
+        controls, growth: Which points trace the curve, and which are tested against it.
+        delta: Family-wise error of the curve tests (Bonferroni).
+        tests: Tests in the family (default: `len(growth)`): the caller's count across budgets and seeds.
         test_clusters, retention_clusters: The document of each test / retention example (optional): documents are
             then resampled, all their examples together (the same draws as examples when each is its own document).
 
     Returns:
-        `{"curve": [[gain, forgetting], ...], "arms": {name: {"gain", "forgetting", "curve", "margin": {mean,
-        low, high}, "status"}}}`; margin = curve forgetting at the arm's gain minus the arm's forgetting (positive:
-        the arm forgets less). status: `"off the curve"` (low > 0), `"forgets more than the curve"` (high < 0),
-        `"on the curve"` otherwise. `None` without controls.
+        `{"curve": [[gain, forgetting], ...], "curve_points": [names], "controls": {name: (gain, forgetting)}
+        (means, the original's (0, 0) included), "level", "tests", "arms": {name: {"gain",
+        "forgetting", "curve", "margin": {mean, low, high}, "status", "dominated_by"}}}`; margin = the curve's
+        forgetting at the point's gain minus the point's (positive: it forgets less). status: `"off the curve"`
+        (low > 0), `"forgets more than the curve"` (high < 0), `"on the curve"` otherwise; `dominated_by`: the
+        control that gains at least as much and forgets no more (`dominating`, on the means). `None` without
+        controls or growth.
     """
     if not controls or not growth:
         return None
@@ -114,21 +144,28 @@ def off_curve(
     names = controls + growth
     test = _Resampler(n_test, test_clusters, rng, n_bootstrap)
     ret = _Resampler(n_ret, retention_clusters, rng, n_bootstrap)
-    g_boot = {n: test.means(gain[n]) for n in names}
-    f_boot = {n: ret.means(forgetting[n]) for n in names}
+    g_boot = np.stack([test.means(gain[n]) for n in names], axis=1)  # (resample, point)
+    f_boot = np.stack([ret.means(forgetting[n]) for n in names], axis=1)
     g_mean = {n: float(gain[n].mean()) for n in names}
     f_mean = {n: float(forgetting[n].mean()) for n in names}
-    gains, forgets = envelope(np.array([[g_mean[c], f_mean[c]] for c in controls]))
-    alpha = delta / len(growth)
-    out = {"curve": [[float(a), float(b)] for a, b in zip(gains, forgets)], "level": alpha, "arms": {}}
-    for name in growth:
-        margins = np.empty(n_bootstrap)
-        for b in range(n_bootstrap):
-            gb, fb = envelope(np.array([[g_boot[c][b], f_boot[c][b]] for c in controls]))
-            margins[b] = curve_at(gb, fb, g_boot[name][b]) - f_boot[name][b]
+    c, k = len(controls), len(growth)
+    margins = np.empty((n_bootstrap, k))
+    for b in range(n_bootstrap):  # one envelope per resample, every growth point read off it
+        gb, fb = envelope(np.stack([g_boot[b, :c], f_boot[b, :c]], axis=1))
+        margins[b] = np.interp(g_boot[b, c:], gb, fb) - f_boot[b, c:]
+    gains, forgets = envelope(np.array([[g_mean[n], f_mean[n]] for n in controls]))
+    tests = tests or k
+    alpha = delta / tests
+    on_curve = [n for n in controls if any(abs(g_mean[n] - x) < 1e-15 and abs(f_mean[n] - y) < 1e-15 for x, y in zip(gains, forgets))]
+    out = {"curve": [[float(a), float(b)] for a, b in zip(gains, forgets)], "curve_points": on_curve, "level": alpha,
+           "tests": tests, "arms": {}}  # fmt: skip
+    means = {"original": (0.0, 0.0)} | {n: (g_mean[n], f_mean[n]) for n in controls}  # training nothing dominates too
+    out["controls"] = means
+    for j, name in enumerate(growth):
         mean = curve_at(gains, forgets, g_mean[name]) - f_mean[name]
-        low, high = (float(x) for x in np.quantile(margins, [alpha / 2, 1 - alpha / 2]))
+        low, high = (float(x) for x in np.quantile(margins[:, j], [alpha / 2, 1 - alpha / 2]))
         status = "off the curve" if low > 0 else "forgets more than the curve" if high < 0 else "on the curve"
         out["arms"][name] = {"gain": g_mean[name], "forgetting": f_mean[name], "curve": curve_at(gains, forgets, g_mean[name]),
-                             "margin": {"mean": mean, "low": low, "high": high}, "status": status}  # fmt: skip
+                             "margin": {"mean": mean, "low": low, "high": high}, "status": status,
+                             "dominated_by": dominating((g_mean[name], f_mean[name]), means)}  # fmt: skip
     return out

@@ -7,7 +7,9 @@ arXiv:2405.09673), and a zero-initialised block, like LoRA's zero-initialised B,
 and needs a LoRA-like rate to move in a few steps. So each kind gets its own three-point grid (x3 apart),
 the rate is chosen on held-out data per arm and per budget, and a choice at an edge of the rates tried
 extends that arm's grid by one x3 step beyond it, until the choice is interior, `lr_extensions` steps
-were added, or the next rate would pass `max_learning_rate`; the table says which.
+were added, or the next rate would pass `max_learning_rate`; the table says which. Where forgetting is
+measured every grid also reaches below its lowest rate (`rates_below`): the lower rates trace each kind's
+learning-vs-forgetting curve, which the gain x forgetting comparison ranges over.
 """
 
 from __future__ import annotations
@@ -76,6 +78,23 @@ def extension(rates: Iterable[float], edges: Iterable[str | None], *, added: int
         if "low" not in wanted:
             return None, "cap"
     return _tidy(rates[0] / EXTENSION_FACTOR), ""
+
+
+def rates_below(rates: Iterable[float], n: int) -> list[float]:
+    """`n` rates below the lowest of `rates`, x3 apart (increasing): where a forgetting curve is traced.
+
+    The gain-optimal rate forgets the most that gain buys; lower rates gain less and forget less, and a
+    control's lower rates may dominate a growth arm on both axes. So when forgetting is measured every kind's
+    grid reaches `n` x3 steps below its own lowest rate (`CompareConfig.forgetting_rates`, default 2).
+
+    Example:
+        ```python
+        >>> rates_below([3e-5, 1e-4, 3e-4], 2)
+        [3.33333e-06, 1e-05]
+        ```
+    """
+    low = min(rates)
+    return [_tidy(low / EXTENSION_FACTOR**k) for k in range(n, 0, -1)]
 
 
 def _tidy(rate: float) -> float:

@@ -41,7 +41,8 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
     rows = {k: training_rows(data[k], f"{k}_data", model=model) for k in ("train", "eval")}
     rows.update({k: _checked_rows(model, data[k], f"{k}_data", cfg.batch_size) if data[k] is not None else None for k in ("test", "retention")})
     documents = set_documents({"test": rows["test"], "retention": rows["retention"]}, cfg.cluster_key)
-    arms = build_arms(model, names, [], reference=None, probe_result=probe_result, seed=cfg.seed, lora_target_modules=cfg.lora_target_modules)
+    arms = build_arms(model, names, [], reference=None, probe_result=probe_result, seed=cfg.seed, lora_target_modules=cfg.lora_target_modules,
+                      matched=False)  # the oracle trains positions only
     original = _OriginalPerSeed(test=example_losses(model, rows["test"], cfg.batch_size))
     if rows["retention"] is not None:
         original["retention"] = example_losses(model, rows["retention"], cfg.batch_size)

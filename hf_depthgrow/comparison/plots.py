@@ -163,8 +163,8 @@ def plot_gain_forgetting(sweep: dict, path) -> Path:
     _caption_and_layout(fig, (
         "Better is right (more gain) and down (less forgetting). Each arm's path joins its budgets (marker labels: "
         f"{'training steps' if budgets[0].get('steps') is not None else 'tokens'}); bars: intervals. A black ring: on "
-        "the gain x forgetting frontier at that budget. Dashed: the control curve at the largest budget (controls "
-        "that no other control beats on both axes); a growth arm below it forgets less at matched gain."
+        "the gain x forgetting frontier at that budget. Dashed: the control curve at the largest budget (the control "
+        "points, every rate, that no other control point beats on both axes); a growth arm below it forgets less at matched gain."
     ))  # fmt: skip
     return save_figure(fig, path)
 
@@ -176,7 +176,12 @@ def _legend(ax) -> None:
 
 
 def _control_curve(ax, budget: dict, controls: list[str]) -> None:
-    """Dashed line through the controls on their lower envelope at `budget` (needs two of them)."""
+    """Dashed line: the curve of every control point at `budget` (each rate), else the controls' rows' envelope (two or more)."""
+    curve = ((budget.get("frontier_detail") or {}).get("control_curve") or {}).get("curve")
+    if curve and len(curve) >= 2:
+        ax.plot([p[0] for p in curve], [p[1] for p in curve], "--", marker=".", color="0.15", lw=1.2,  # vertices: control points
+                label=f"control curve, every rate ({_budget_label(budget)})", zorder=1)  # fmt: skip
+        return
     points = []
     for name in controls:
         arm = budget["arms"].get(name) or {}

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..evaluation.formatting import data_parts_text, format_value
 from ..utils import atomic_write_text, json_safe, write_json
-from .sweep_report import frontier_sentence, sweep_markdown, view_dict
+from .sweep_report import family_delta, family_text, frontier_sentence, matched_sentence, overall_sentence, sweep_markdown, view_dict
 
 
 @dataclass
@@ -103,9 +103,10 @@ class CompareResult:
 
     Attributes:
         arms: `ArmResult`s, the original first.
-        statistics: `vs_original`, `vs_best_control`, `retention` (each `corrected_intervals`' output,
-            positive mean = better than the reference / no forgetting), `best_control`, `best_growth`
-            (each chosen by held-out loss, never by test loss).
+        statistics: `vs_original`, `vs_best_control`, `vs_matched` (each growth arm against its matched control,
+            named in `matched`), `retention` (each `corrected_intervals`' output, positive mean = better than the
+            reference / no forgetting), `best_control`, `best_growth` (each chosen by held-out loss, never by
+            test loss), `family` (the error level of the whole comparison and the blocks it is split over).
         probe: The probe's positions, signal and z (when it ran or was given).
         seconds, num_examples, config: cost, sizes, settings.
         views: One `BudgetView` per budget (`arms` and `statistics` are the largest budget's), each with the
@@ -116,6 +117,8 @@ class CompareResult:
         curves: With 3+ budgets: learning-curve fits, the predicted crossover and the fit's validation.
         data_parts: Per part (`train`, `heldout`, `test`, `retention_selection`, `retention_test`) its `blocks` and
             `documents` (`None` where the data names no documents).
+        overall: With several budgets and a retention set: the frontier, the point within the forgetting
+            budget and the control curve over every trained point of every budget.
     """
 
     arms: list[ArmResult]
@@ -129,6 +132,7 @@ class CompareResult:
     halving_agreement: dict | None = None
     curves: dict | None = None
     data_parts: dict = field(default_factory=dict)
+    overall: dict | None = None
 
     def arm(self, name: str) -> ArmResult:
         for a in self.arms:
@@ -138,16 +142,19 @@ class CompareResult:
 
     @property
     def verdict(self) -> str:
-        """Plain sentences: did growth beat the best control on gain (at the largest budget), and the frontier verdict."""
-        frontier = frontier_sentence(self.views[-1]) if self.views else None
-        return self.gain_verdict + (f". {frontier[0].upper()}{frontier[1:]}" if frontier else "")
+        """Plain sentences: growth vs the best control and vs its matched control on gain (at the largest budget), the
+        frontier verdict over every point at that budget, and over every point of every budget."""
+        sentences = [self.gain_verdict, matched_sentence(self.statistics)]
+        sentences += [frontier_sentence(self.views[-1]) if self.views else None, overall_sentence(self.overall)]
+        first, *rest = [s for s in sentences if s]
+        return ". ".join([first] + [s[0].upper() + s[1:] for s in rest])
 
     @property
     def gain_verdict(self) -> str:
         """One plain sentence: did growth beat the best control, and by how much."""
         stats = self.statistics
         best_growth, control = stats.get("best_growth"), stats.get("best_control")
-        level = 1 - stats["vs_original"]["delta"]
+        level = 1 - family_delta(stats)
         if control is None:
             row = stats["vs_original"]["arms"][best_growth]
             return f"no control arm was trained; {best_growth} vs the original: {_span(row)} ({level:.0%}, {stats['vs_original']['method']})"
@@ -170,7 +177,7 @@ class CompareResult:
                    "trainable_parameters": a.trainable_parameters or a.arm.get("trainable_parameters"),
                    "learning_rate": a.learning_rate, "selected": a.selected, "heldout_loss": a.heldout_loss,
                    "test_loss": a.test_loss, "retention_loss": a.retention_loss, "train_seconds": a.train_seconds}
-            for key in ("vs_original", "vs_best_control", "retention"):
+            for key in ("vs_original", "vs_best_control", "vs_matched", "retention"):
                 block = stats.get(key)
                 if block and a.name in block["arms"]:
                     r = block["arms"][a.name]
@@ -183,25 +190,25 @@ class CompareResult:
             "verdict": self.verdict, "rows": self.rows(), "arms": [a.to_dict() for a in self.arms],
             "statistics": self.statistics, "probe": self.probe, "seconds": self.seconds,
             "num_examples": self.num_examples, "config": self.config, "budgets": [view_dict(v) for v in self.views],
-            "grids": self.grids, "halving_agreement": self.halving_agreement, "curves": self.curves,
+            "grids": self.grids, "halving_agreement": self.halving_agreement, "curves": self.curves, "overall": self.overall,
             "data_parts": self.data_parts,
         })
 
     def to_markdown(self) -> str:
         """The comparison table and the verdict as Markdown."""
-        level = 1 - self.statistics["vs_original"]["delta"]
+        level = 1 - family_delta(self.statistics)
         method = self.statistics["vs_original"]["method"]
         lines = [
             "# Comparison at an equal budget", "",
             f"**Verdict:** {self.verdict}.", "",
             f"Every arm: {self._steps_text()} of {self.config['batch_size']} examples, "
             f"{self._schedule_text()}, learning rate chosen on held-out from {self._grid_text()}. "
-            f"Intervals: {self.config['interval']}, {level:.0%} family-wise ({method} over the arms). "
+            f"Intervals: {self.config['interval']}, {level:.0%} family-wise ({family_text(self.statistics, method)}). "
             "Deltas are `loss(reference) - loss(arm)`: positive = the arm is better; forgetting = retention loss "
             "of the arm minus the original's (positive = forgot).", "",
             *([data_parts_text(self.data_parts, self.config.get("cluster_key")), ""] if self.data_parts else []),
-            "| arm | kind | trainable | lr | held-out | test | vs original | vs best control | forgetting | train s |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| arm | kind | trainable | lr | held-out | test | vs original | vs best control | vs its match | forgetting | train s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in self.rows():
             ret = row.get("retention")
@@ -209,7 +216,8 @@ class CompareResult:
             lines.append(
                 f"| {row['arm']} | {row['kind']} | {row['trainable_parameters'] or 0:,} | {format_value(row['learning_rate'])} | "
                 f"{format_value(row['heldout_loss'])} | {format_value(row['test_loss'])} | "
-                f"{_cell(row.get('vs_original'))} | {_cell(row.get('vs_best_control'))} | {forgetting} | {format_value(row['train_seconds'])} |"
+                f"{_cell(row.get('vs_original'))} | {_cell(row.get('vs_best_control'))} | {_cell(row.get('vs_matched'))} | {forgetting} | "
+                f"{format_value(row['train_seconds'])} |"
             )
         lines += ["", "`+` certified better, `-` certified worse (after the correction); `*` certified forgetting. "
                   "train s: the arm's whole training time (every rate of the grid until it stopped, set-up and held-out "
@@ -235,10 +243,13 @@ class CompareResult:
         return f"{'cosine' if name == 'auto' else name} schedule"  # auto is cosine for one budget
 
     def _grid_text(self) -> str:
-        if self.config.get("learning_rates"):
-            return str(self.config["learning_rates"])
         grids = {a.kind: self.config.get(f"{a.kind}_learning_rates") for a in self.arms if a.kind != "original"}
-        return "each kind's grid (" + "; ".join(f"{k} {v}" for k, v in grids.items()) + ")"
+        text = str(self.config["learning_rates"]) if self.config.get("learning_rates") else (
+            "each kind's grid (" + "; ".join(f"{k} {v}" for k, v in grids.items()) + ")")  # fmt: skip
+        below = max((g.get("below") or 0 for g in self.grids.values()), default=0)
+        if below:  # the forgetting curve is traced below each grid
+            text += f", each reaching {below} x3 steps below its lowest rate (forgetting is measured)"
+        return text
 
     def save(self, folder) -> dict[str, str]:
         """Write `compare.json`, `compare.md` and `compare.png` into `folder` (atomically); returns their paths."""

@@ -144,8 +144,10 @@ def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs, eng
     """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap."""
     from tqdm.auto import tqdm
 
-    specs = [_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind)]
-    grids = {arm.name: {"grid": cfg.grid(arm.kind), "added": [], "stopped": None} for arm in trained}
+    forgetting = inputs.retention_rows is not None  # lower rates trace each kind's forgetting curve
+    specs = [_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind, retention=forgetting)]
+    grids = {arm.name: {"grid": cfg.grid(arm.kind, retention=forgetting), "below": cfg.forgetting_rates if forgetting else 0,
+                        "added": [], "stopped": None} for arm in trained}  # fmt: skip
     with tqdm(total=len(specs), desc="compare trials", disable=not cfg.progress, unit="trial") as bar:
         trials = engine(specs, inputs, halving=cfg.successive_halving, bar=bar)
         while True:
@@ -254,7 +256,7 @@ def compare_plans(
     probe_result, probe_seconds = _probe_if_needed(model, cfg, train_rows, probe_result, probe_max_batches)
     arms = build_arms(
         model, cfg.growth, cfg.controls, reference=cfg.reference, probe_result=probe_result, seed=cfg.seed,
-        lora_target_modules=cfg.lora_target_modules, grow_kwargs=grow_kwargs,
+        lora_target_modules=cfg.lora_target_modules, grow_kwargs=grow_kwargs, matched=cfg.matched_controls,
     )  # fmt: skip
     if probe_result is not None:
         tracking.log_probe_run(probe_result, **_tracker_settings(cfg, "probe"))
