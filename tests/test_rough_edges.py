@@ -1,0 +1,138 @@
+"""Rough edges a new user hit: settings silently ignored, messages naming the wrong thing, API arguments unchecked.
+
+Each case is one clear line (exit code 2 in the CLI, a `ValueError`/`TypeError` naming the argument in the API) or
+the behaviour a user expects.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hf_depthgrow.cli import main
+from hf_depthgrow.comparison import CompareConfig
+
+# compare's refusals below come from parsing (or right after it): no model or data is needed on disk.
+COMPARE = ["compare", "--model", "nowhere", "--data", "nowhere.txt", "--growth", "top:1", "--controls", "layers",
+           "--budgets", "4", "8", "16"]  # fmt: skip
+
+
+def _one_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith(f"hf-depthgrow {command}: "), err
+    return err
+
+
+# ---------------------------------------------------------------- Ray settings on the serial engine
+
+
+@pytest.mark.parametrize("flag", [["--max-concurrent-trials", "2"], ["--resources-per-trial", "4"]])
+def test_ray_settings_without_ray_are_refused(flag, capsys, tmp_path):
+    """Before: the serial engine ran one trial at a time and ignored them without a word (exit 0)."""
+    assert main([*COMPARE, "--output-dir", str(tmp_path / "o"), *flag]) == 2
+    err = _one_line(capsys, "compare")
+    assert f"{flag[0]} is a Ray Tune setting, but engine is 'serial'" in err and "use --engine ray or drop it" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_ray_settings_refused_in_the_api_with_field_names():
+    with pytest.raises(ValueError, match="max_concurrent_trials is a Ray Tune setting, but engine is 'serial'"):
+        CompareConfig(max_concurrent_trials=2)
+    with pytest.raises(ValueError, match="resources_per_trial is a Ray Tune setting"):
+        CompareConfig(resources_per_trial=2)
+    CompareConfig(resources_per_trial=1)  # the default stays accepted
+
+
+# ---------------------------------------------------------------- the learning-rate cap
+
+
+def test_max_learning_rate_is_checked_against_the_arms_in_the_run_only():
+    """Before: refused because of the lora grid (top 1e-2) in a run without a lora arm."""
+    cfg = CompareConfig(growth=["top:1"], controls=["layers"], growth_learning_rates=[1e-3], max_learning_rate=2e-3)
+    assert cfg.max_learning_rate == 2e-3
+    with pytest.raises(ValueError, match=r"below the largest rate of the lora arms' grid \(0.01\)"):
+        CompareConfig(growth=["top:1"], controls=["lora:4"], growth_learning_rates=[1e-3], max_learning_rate=2e-3)
+
+
+# ---------------------------------------------------------------- a forgetting budget needs a retention set
+
+
+def test_max_forgetting_without_retention_is_refused(capsys, tmp_path):
+    """Before: accepted, and the verdict silently had no forgetting budget."""
+    assert main([*COMPARE, "--output-dir", str(tmp_path / "o"), "--retention-data", "none", "--max-forgetting", "0.05"]) == 2
+    err = _one_line(capsys, "compare")
+    assert "--max-forgetting is a forgetting budget and needs a retention set" in err, err
+
+
+def test_compare_plans_arguments_are_checked():
+    from hf_depthgrow.comparison import compare_plans
+    from hf_depthgrow.testing import tiny_model, tiny_rows
+
+    with pytest.raises(TypeError, match="model must be a torch nn.Module .*got NoneType"):
+        compare_plans(None, [], [], [], growth=["top:1"], controls=["layers"])
+    model = tiny_model("llama")
+    rows = tiny_rows(model, 4)
+    with pytest.raises(TypeError, match="probe_result must be a ProbeResult .*got str"):
+        compare_plans(model, rows, rows, rows, growth=["top:1"], controls=["layers"], probe_result="junk")
+    with pytest.raises(ValueError, match="max_forgetting is a forgetting budget and needs a retention set"):
+        compare_plans(model, rows, rows, rows, growth=["top:1"], controls=["layers"], max_forgetting=0.05)
+
+
+@pytest.mark.parametrize("field", ["growth", "controls"])
+def test_a_string_is_one_arm(field):
+    """Before: CompareConfig(growth="top:1") said "unknown growth arm 't'" (the string was read letter by letter)."""
+    value = {"growth": "top:1", "controls": "layers"}[field]
+    cfg = CompareConfig(**{field: value})
+    assert getattr(cfg, field) == [value]
+    with pytest.raises(ValueError, match="unknown growth arm 'middle:1'"):
+        CompareConfig(growth="middle:1")
+
+
+# ---------------------------------------------------------------- crossover: ties and settings
+
+
+def _flat_sweep(offsets):
+    base = np.random.default_rng(0).uniform(4.0, 6.0, 50)
+    tokens = [1000, 2000, 4000, 8000]
+    return tokens, {"g": [base + d for d in offsets], "c": [base.copy() for _ in tokens]}
+
+
+def test_flat_curves_a_hair_apart_are_a_tie_not_a_crossover():
+    """Before: "growth is already ahead at the largest budget (g fitted 5.0537 < c 5.0537)" on a 6e-8-nat difference."""
+    from hf_depthgrow.comparison.crossover import TIE_NATS, predict_crossover
+
+    tokens, losses = _flat_sweep((3e-8, 2e-8, 1e-8, -6e-8))
+    out = predict_crossover(tokens, losses, growth=["g"], controls=["c"], best_growth="g", best_control="c", n_bootstrap=20)
+    assert out["on_gain"]["status"] == "tie", out["on_gain"]["text"]
+    assert out["on_gain"]["text"].startswith(f"no crossover: the fitted curves of g and c stay within {TIE_NATS:g} nats")
+    # A real gap is still a crossover.
+    tokens, losses = _flat_sweep((0.3, 0.2, 0.1, 0.05))
+    out = predict_crossover(tokens, losses, growth=["g"], controls=["c"], best_growth="g", best_control="c", n_bootstrap=0)
+    assert out["on_gain"]["status"] == "crossover" and out["on_gain"]["multiple"] > 1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"n_bootstrap": 2.5}, "n_bootstrap must be an int >= 0"),
+    ({"n_bootstrap": math.nan}, "n_bootstrap must be an int >= 0"),
+    ({"n_bootstrap": "10"}, "n_bootstrap must be an int >= 0"),
+    ({"horizon": math.inf}, "horizon must be a finite number > 1"),
+    ({"seed": -1}, "seed must be an int >= 0"),
+])  # fmt: skip
+def test_predict_crossover_settings_are_checked(kwargs, match):
+    from hf_depthgrow.comparison.crossover import predict_crossover
+
+    tokens, losses = _flat_sweep((0.3, 0.2, 0.1, 0.05))
+    with pytest.raises(ValueError, match=match):
+        predict_crossover(tokens, losses, growth=["g"], controls=["c"], best_growth="g", best_control="c", **kwargs)
+
+
+def test_validate_fit_settings_are_checked():
+    """Before: validate_fit(n_bootstrap="10") failed deep inside with a TypeError comparing str and int."""
+    from hf_depthgrow.comparison.crossover import validate_fit
+
+    tokens, losses = _flat_sweep((0.3, 0.2, 0.1, 0.05))
+    with pytest.raises(ValueError, match=r"n_bootstrap must be an int >= 0 \(replicates\), got '10'"):
+        validate_fit(tokens, losses, n_bootstrap="10")
