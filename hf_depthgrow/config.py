@@ -1,8 +1,9 @@
 """One config system: dataclasses -> command-line flags and YAML, for every command and recipe.
 
 A settings dataclass documents each field with `metadata={"help": ...}` (optionally `"choices"`,
-`"aliases"`, `"positional"`, `"flag"` (a flag named otherwise than the field), `"deprecated"` (old
-flags, hidden, that warn) and `"deprecated_positional"` (a flag that still accepts the value as a
+`"aliases"`, `"positional"`, `"flag"` (a flag named otherwise than the field), `"hidden"` (a flag that
+works but is left out of `--help`: test and debugging hooks), `"deprecated"` (old flags, hidden, that warn) and
+`"deprecated_positional"` (a flag that still accepts the value as a
 positional argument, with a warning)). From such dataclasses this module builds
 
 - the flags: `--kebab-case` for every field, types from the annotations (`int`, `float`, `str`,
@@ -177,6 +178,8 @@ class ConfigParser(argparse.ArgumentParser):
     def _add_field(self, spec: _Spec) -> None:
         help_ = spec.metadata.get("help", "")
         help_ += " (required)" if spec.required else f" (default: {spec.default})"
+        if spec.metadata.get("hidden"):
+            help_ = argparse.SUPPRESS
         if spec.metadata.get("positional"):
             self.add_argument(spec.name, nargs="?", default=argparse.SUPPRESS, type=self._caster(spec), help=help_)
             return

@@ -136,3 +136,52 @@ def test_validate_fit_settings_are_checked():
     tokens, losses = _flat_sweep((0.3, 0.2, 0.1, 0.05))
     with pytest.raises(ValueError, match=r"n_bootstrap must be an int >= 0 \(replicates\), got '10'"):
         validate_fit(tokens, losses, n_bootstrap="10")
+
+
+# ---------------------------------------------------------------- `make run` twice
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    from tiny_lm import make_tiny_lm
+
+    return make_tiny_lm(tmp_path_factory.mktemp("again"), max_chars=30_000)
+
+
+def _run_argv(tiny_lm, out, cache, *extra):
+    return ["run", "--model", str(tiny_lm / "tiny"), "--data", str(tiny_lm / "sample.txt"), "--output-dir", str(out),
+            "--block-size", "32", "--max-examples", "64", "--batch-size", "8", "--train-steps", "2", "--eval-steps", "1",
+            "--stone-max-batches", "1", "--learning-rate", "3e-3", "--no-progress", "--control", "none",
+            "--force", "--evidence-cache", str(cache), *extra]  # fmt: skip
+
+
+def test_the_same_run_again_replaces_its_own_output_and_reuses_the_evidence(tiny_lm, tmp_path, capsys):
+    """Before: the second `make run` stopped with "exists and is not empty; pass --overwrite" (exit 2), though the
+    README promises that a second run reuses the evidence."""
+    import json
+
+    import warnings
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(_run_argv(tiny_lm, out, cache)) == 0
+    first = json.loads((out / "summary.json").read_text())
+    # Before: numpy's "Degrees of freedom <= 0" (a std of one bootstrap resample) and one "loss_bound not given"
+    # warning with its source line per paired evaluation; now one line, once.
+    shown = [str(w.message) for w in caught if "Degrees of freedom" in str(w.message) or "loss_bound" in str(w.message)]
+    assert shown == []
+    assert capsys.readouterr().err.count("loss_bound not given") == 1
+    assert main(_run_argv(tiny_lm, out, cache)) == 0
+    assert "holds this run's own earlier output (same settings): replacing it" in capsys.readouterr().err
+    second = json.loads((out / "summary.json").read_text())
+    assert "probe" in second["reused"] and "reused" not in first
+    assert second["test"] == first["test"]
+    # Other settings, or a file someone added since: still refused, and nothing changes.
+    assert main(_run_argv(tiny_lm, out, cache, "--train-steps", "3")) == 2
+    assert "exists and is not empty; pass --overwrite to replace it" in capsys.readouterr().err
+    (out / "my_notes.txt").write_text("mine")
+    assert main(_run_argv(tiny_lm, out, cache)) == 2
+    assert "exists and is not empty; pass --overwrite" in capsys.readouterr().err
+    assert (out / "my_notes.txt").read_text() == "mine"
+    assert json.loads((out / "summary.json").read_text()) == second

@@ -59,11 +59,11 @@ def _check_output(args: ExportArguments) -> None:
 
 
 def _export(argv: list[str]) -> int:
+    parser = ConfigParser([ExportArguments], prog="hf-depthgrow export-gguf", description=__doc__)
+    (args,) = parser.parse(argv)  # first: --help imports no torch
     from ..hub.gguf_export import export_gguf
     from ..hub.loading import check_model_source, load_model
 
-    parser = ConfigParser([ExportArguments], prog="hf-depthgrow export-gguf", description=__doc__)
-    (args,) = parser.parse(argv)
     check_model_source(args.model)
     _check_output(args)
     if args.dtype == "source" and args.source_gguf is None and args.model != "smollm2":

@@ -11,6 +11,8 @@ import shlex
 import shutil
 import sys
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -359,13 +361,29 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         run = _Run(cfg, tmp, public_command(command))
         try:
-            summary = _stages(run)
+            with _one_loss_bound_note(cfg):
+                summary = _stages(run)
         finally:
             run.tracking.finish()  # the tracker files are closed before the folder moves into place
         write_summary(tmp, summary)
     if cfg.push_to_hub and summary["decision"] == "grew":
         _push(cfg, out, summary)
     return RunResult(out, summary, run.model, run.control_model if run.control_result is not None else None)
+
+
+@contextmanager
+def _one_loss_bound_note(cfg: RunConfig):
+    """Without `loss_bound` every paired evaluation of a run (grown, control, stones, retention) would warn the
+    same, with a source line each: one line up front instead. The reports carry the note too."""
+    if cfg.loss_bound is not None:
+        yield
+        return
+    print("[hf-depthgrow run] loss_bound not given: B is each evaluation's largest per-example loss, so the Hoeffding "
+          "and Bernstein intervals are indicative, not guarantees (the bootstrap ones are unaffected); --loss-bound B "
+          "sets an a-priori bound", file=sys.stderr)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="loss_bound not given")
+        yield
 
 
 def _stages(run: _Run) -> dict:
