@@ -185,3 +185,65 @@ def test_the_same_run_again_replaces_its_own_output_and_reuses_the_evidence(tiny
     assert "exists and is not empty; pass --overwrite" in capsys.readouterr().err
     assert (out / "my_notes.txt").read_text() == "mine"
     assert json.loads((out / "summary.json").read_text()) == second
+
+
+# ---------------------------------------------------------------- progress bars
+
+
+def test_stepping_stone_bars_have_a_total_and_end_full(monkeypatch):
+    """Before: the line search's bar had no total (a bare counter)."""
+    import tqdm.auto
+
+    from hf_depthgrow.probe.line_search import most_evaluations
+    from hf_depthgrow.probe.stepping_stone import stepping_stone
+    from hf_depthgrow.testing import tiny_model, tiny_rows
+
+    bars = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": False, "file": open("/dev/null", "w")})
+            bars.append(self)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    model = tiny_model("llama")
+    stepping_stone(model, 1, tiny_rows(model, 8), batch_size=4, max_expand=3, refine_steps=1, progress=True)
+    stones = [b for b in bars if str(b.desc).startswith("stepping stone")]
+    assert stones, [b.desc for b in bars]
+    for bar in stones:
+        assert bar.total is not None and 1 <= bar.n == bar.total <= most_evaluations(None, {"max_expand": 3, "refine_steps": 1})
+
+
+# ---------------------------------------------------------------- push: checked before anything is written
+
+
+def test_push_model_to_hub_without_a_token_writes_nothing(monkeypatch):
+    """Before: the model's shards were saved to a temporary folder, then the push found there was no token."""
+    import huggingface_hub
+
+    import hf_depthgrow.hub.push as push
+    from hf_depthgrow import grow_depth
+    from hf_depthgrow.testing import tiny_model
+
+    from fake_hub import FakeHub, use_fake_hub_env
+
+    use_fake_hub_env(monkeypatch, "unused")
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setattr(push, "get_token", lambda: None)
+
+    def no_save(*args, **kwargs):
+        raise AssertionError("the model was written before the push was known to be possible")
+
+    monkeypatch.setattr(push, "save_pretrained", no_save)
+    model = tiny_model("llama")
+    grow_depth(model, [1])
+    huggingface_hub.close_session()
+    with FakeHub() as hub:
+        with pytest.raises(ValueError, match="no Hugging Face token"):
+            push.push_model_to_hub(model, "me/grown", endpoint=hub.endpoint)
+        with pytest.raises(ValueError, match="create_pr=True opens the pull request against the default branch"):
+            push.push_model_to_hub(model, "me/grown", endpoint=hub.endpoint, token="t", create_pr=True, revision="dev")
+        with pytest.raises(ValueError, match="namespace"):
+            push.push_model_to_hub(model, "grown", endpoint=hub.endpoint)
+        assert hub.requests == []
+    huggingface_hub.close_session()
