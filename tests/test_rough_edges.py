@@ -7,6 +7,7 @@ the behaviour a user expects.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,22 +152,38 @@ def tiny_lm(tmp_path_factory):
 def _run_argv(tiny_lm, out, cache, *extra):
     return ["run", "--model", str(tiny_lm / "tiny"), "--data", str(tiny_lm / "sample.txt"), "--output-dir", str(out),
             "--block-size", "32", "--max-examples", "64", "--batch-size", "8", "--train-steps", "2", "--eval-steps", "1",
-            "--stone-max-batches", "1", "--learning-rate", "3e-3", "--no-progress", "--control", "none",
+            "--stone-max-batches", "1", "--learning-rate", "3e-3", "--no-progress", "--control", "layers",
             "--force", "--evidence-cache", str(cache), *extra]  # fmt: skip
 
 
-def test_the_same_run_again_replaces_its_own_output_and_reuses_the_evidence(tiny_lm, tmp_path, capsys):
+def test_the_same_run_again_replaces_its_own_output_and_reuses_the_evidence(tiny_lm, tmp_path, capsys, monkeypatch):
     """Before: the second `make run` stopped with "exists and is not empty; pass --overwrite" (exit 2), though the
     README promises that a second run reuses the evidence."""
     import json
-
     import warnings
 
+    import hf_depthgrow.plots as plots
+
+    figures, save = {}, plots.save_figure
+
+    def recorded(fig, path, **kwargs):
+        figures[Path(path).name] = fig
+        return save(fig, path, **kwargs)
+
+    monkeypatch.setattr(plots, "save_figure", recorded)
     out, cache = tmp_path / "out", tmp_path / "cache"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert main(_run_argv(tiny_lm, out, cache)) == 0
     first = json.loads((out / "summary.json").read_text())
+    # The figures a run draws (before: no k marked, no title, no control curve): probe.png marks the k grown at;
+    # loss.png has a title and the control's curves.
+    marks = [line.get_label() for ax in figures["probe.png"].axes for line in ax.get_lines() if line.get_label().startswith("grown at")]
+    assert marks == [f"grown at k = {', '.join(map(str, first['positions']))}"]
+    loss = figures["loss.png"].axes[0]
+    assert loss.get_title().endswith("against the equal-budget control")
+    assert any(line.get_label().startswith("control (layers") for line in loss.get_lines())
+    monkeypatch.undo()
     # Before: numpy's "Degrees of freedom <= 0" (a std of one bootstrap resample) and one "loss_bound not given"
     # warning with its source line per paired evaluation; now one line, once.
     shown = [str(w.message) for w in caught if "Degrees of freedom" in str(w.message) or "loss_bound" in str(w.message)]
@@ -247,3 +264,25 @@ def test_push_model_to_hub_without_a_token_writes_nothing(monkeypatch):
             push.push_model_to_hub(model, "grown", endpoint=hub.endpoint)
         assert hub.requests == []
     huggingface_hub.close_session()
+
+
+def test_the_probe_figure_marks_the_probe_pick_and_the_training_figure_has_a_title():
+    """Before: probe.png marked no k, loss.png had no title."""
+    from types import SimpleNamespace
+
+    from hf_depthgrow.plots import probe_figure, training_figure
+    from hf_depthgrow.probe.signal import probe
+    from hf_depthgrow.testing import tiny_model, tiny_rows
+
+    model = tiny_model("llama")
+    result = probe(model, tiny_rows(model, 8), batch_size=4)
+    labels = [line.get_label() for ax in probe_figure(result).axes for line in ax.get_lines()]
+    best = result.recommendation.get("best")
+    assert (f"the probe's pick: k = {best}" in labels) == (best is not None)
+    assert not any("k =" in label for ax in probe_figure(result, chosen=[]).axes for label in map(lambda l: l.get_label(), ax.get_lines()))
+    assert "grown at k = 1, 3" in [line.get_label() for line in probe_figure(result, chosen=[3, 1]).axes[1].get_lines()]
+    run = SimpleNamespace(history=[{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}], eval_history=[{"step": 2, "eval_loss": 1.7}])
+    alone = training_figure(run).axes[0]
+    assert alone.get_title() == "training of the grown model" and len(alone.get_lines()) == 2
+    both = training_figure(run, control=run, control_label="control (layers [1])").axes[0]
+    assert [line.get_label() for line in both.get_lines()][2:] == ["control (layers [1]): train loss", "control (layers [1]): held-out loss"]

@@ -136,7 +136,6 @@ def _load(run: _Run) -> None:
 
 def _probe(run: _Run) -> None:
     """Where can a block help, and can it at all at this data size?"""
-    from ..plots import plot_probe
     from ..probe.signal import probe
 
     cfg, train_ds = run.cfg, run.splits["train"]
@@ -154,8 +153,15 @@ def _probe(run: _Run) -> None:
     probe_dir.mkdir()
     run.probe_result.to_json(probe_dir / "probe.json")
     tracking.log_probe_run(run.probe_result, **run.trackers)
-    plot_probe(run.probe_result, probe_dir / "probe.png", title=f"{Path(run.base_name).name}: first-order signal by depth")
     run.lap("probe")
+
+
+def _plot_probe(run: _Run, grown: bool) -> None:
+    """probe.png, with the positions the run grows at marked (drawn once they are chosen)."""
+    from ..plots import plot_probe
+
+    plot_probe(run.probe_result, run.out / "probe" / "probe.png", title=f"{Path(run.base_name).name}: first-order signal by depth",
+               chosen=run.positions if grown else [])  # fmt: skip
 
 
 def _choose_positions(run: _Run) -> bool:
@@ -235,7 +241,8 @@ def _grow_and_train(run: _Run) -> None:
     run.model = run.train_result.model
     (run.out / "train").mkdir(exist_ok=True)
     (run.out / "train" / "train_result.json").write_text(json.dumps(run.train_result.to_dict(), indent=2, default=str))
-    plot_training(run.train_result, run.out / "train" / "loss.png")
+    plot_training(run.train_result, run.out / "train" / "loss.png", title=f"{Path(run.base_name).name} grown at k = "
+                  f"{', '.join(map(str, run.positions))}: training")  # fmt: skip
     run.lap("train")
 
 
@@ -390,7 +397,9 @@ def _stages(run: _Run) -> dict:
     """Every stage in order, writing into `run.out`; returns the summary."""
     _load(run)
     _probe(run)
-    if not _choose_positions(run):
+    grown = _choose_positions(run)
+    _plot_probe(run, grown)
+    if not grown:
         run.log("the probe found no observable first-order signal: not growing (pass --force to grow anyway)")
         return {
             "decision": "do not grow",
