@@ -286,3 +286,30 @@ def test_the_probe_figure_marks_the_probe_pick_and_the_training_figure_has_a_tit
     assert alone.get_title() == "training of the grown model" and len(alone.get_lines()) == 2
     both = training_figure(run, control=run, control_label="control (layers [1])").axes[0]
     assert [line.get_label() for line in both.get_lines()][2:] == ["control (layers [1]): train loss", "control (layers [1]): held-out loss"]
+
+
+# ---------------------------------------------------------------- --help
+
+
+@pytest.mark.parametrize("command", [[], ["eval"], ["export-gguf"]])
+def test_help_imports_no_torch_and_hides_debug_flags(command):
+    """Before: `hf-depthgrow --help` imported torch (3.2 s idle) though cli/__init__ says it stays fast."""
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\nfrom hf_depthgrow.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    try: main({command!r} + ['--help'])\n    except SystemExit: pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+def test_train_help_hides_the_debugging_flag_which_still_works(capsys):
+    from hf_depthgrow.cli.train import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse(["--help"])
+    assert "--stop-after-step" not in capsys.readouterr().out
+    _, config = build_parser().parse(["--stop-after-step", "3"])
+    assert config.stop_after_step == 3
