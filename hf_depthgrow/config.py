@@ -346,8 +346,8 @@ def flag_words(message: str, specs: dict) -> str:
 
     Example:
         ```python
-        >>> flag_words("max_steps must be >= 1; pass overwrite=True", ConfigParser([TrainConfig]).specs)
-        '--max-steps must be >= 1; pass --overwrite'
+        >>> flag_words("max_steps must be >= 1; pass stepping_stone=True", ConfigParser([ScriptArguments, TrainConfig]).specs)
+        '--max-steps must be >= 1; pass --stepping-stone'
         ```
     """
     if not specs:

@@ -313,3 +313,23 @@ def test_train_help_hides_the_debugging_flag_which_still_works(capsys):
     assert "--stop-after-step" not in capsys.readouterr().out
     _, config = build_parser().parse(["--stop-after-step", "3"])
     assert config.stop_after_step == 3
+
+
+def test_export_gguf_names_its_own_flags(tmp_path, capsys):
+    """Before: "... pass source_gguf= to copy the vocabulary" (the library's argument; the flag is --source-gguf)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_depthgrow.testing import tiny_model
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, **{f"w{i}": i + 2 for i in range(30)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
+    model = tiny_model("llama", vocab_size=len(vocab))
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    assert main(["export-gguf", "--model", str(tmp_path / "m"), "--output", str(tmp_path / "m.gguf"), "--dtype", "f32"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the loading bars
+    assert err.startswith("hf-depthgrow export-gguf: ") and "pass --source-gguf to copy the vocabulary" in err and "source_gguf=" not in err, err
+    assert not (tmp_path / "m.gguf").exists()
