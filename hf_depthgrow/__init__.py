@@ -2,7 +2,10 @@
 
 __version__ = "0.1.0"
 
-import logging as _logging
+import importlib
+import logging
+import sys
+import types
 
 
 def _not_the_cpu_kernel_notice(record) -> bool:
@@ -12,31 +15,27 @@ def _not_the_cpu_kernel_notice(record) -> bool:
     return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward")
 
 
-_logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_the_cpu_kernel_notice)
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_the_cpu_kernel_notice)
 
-from .growth.families import FAMILIES, SUPPORTED_FAMILIES, FamilySpec  # noqa: E402
-from .growth.engine import (  # noqa: E402
-    GrowthConfig,
-    build_block,
-    bypass_new_blocks,
-    grow_depth,
-    growth_record,
-    is_quantized,
-    new_block_modules,
-    new_block_parameters,
-)
-from .growth.norms import NormInfo, norm_inventory  # noqa: E402
-from .hub.serialization import load_pretrained, save_pretrained  # noqa: E402
-
-# Bound eagerly: these functions share their module's name, and a lazy binding would be
-# replaced by the submodule the first time anything imports it.
-from .probe.signal import ProbeResult, probe  # noqa: E402
-from .probe.stepping_stone import stepping_stone  # noqa: E402
-
-from_pretrained = load_pretrained  # the name peft users reach for
-
-# Heavier pieces (accelerate, peft, matplotlib) load on first use, so `import hf_depthgrow` stays light.
+# Everything loads on first use, so that `import hf_depthgrow` (and `hf-depthgrow --help`) imports no torch.
 _LAZY = {
+    "FAMILIES": "growth.families",
+    "SUPPORTED_FAMILIES": "growth.families",
+    "FamilySpec": "growth.families",
+    "GrowthConfig": "growth.engine",
+    "build_block": "growth.engine",
+    "bypass_new_blocks": "growth.engine",
+    "grow_depth": "growth.engine",
+    "growth_record": "growth.engine",
+    "is_quantized": "growth.engine",
+    "new_block_modules": "growth.engine",
+    "new_block_parameters": "growth.engine",
+    "NormInfo": "growth.norms",
+    "norm_inventory": "growth.norms",
+    "load_pretrained": "hub.serialization",
+    "save_pretrained": "hub.serialization",
+    "ProbeResult": "probe.signal",
+    "stepping_stone": "probe.stepping_stone",
     "train": "training",
     "GrownTrainer": "training",
     "TrainConfig": "training",
@@ -50,35 +49,34 @@ _LAZY = {
     "load_model": "hub.loading",
     "RunConfig": "pipeline",
 }
+_ALIASES = {"from_pretrained": "load_pretrained"}  # the name peft users reach for
 
 
 def __getattr__(name):
+    if name in _ALIASES:
+        return __getattr__(_ALIASES[name])
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'hf_depthgrow' has no attribute {name!r}")
 
 
-__all__ = [
-    "FAMILIES",
-    "SUPPORTED_FAMILIES",
-    "FamilySpec",
-    "GrowthConfig",
-    "NormInfo",
-    "build_block",
-    "bypass_new_blocks",
-    "grow_depth",
-    "growth_record",
-    "is_quantized",
-    "new_block_modules",
-    "new_block_parameters",
-    "norm_inventory",
-    "from_pretrained",
-    "load_pretrained",
-    "save_pretrained",
-    "probe",
-    "ProbeResult",
-    "stepping_stone",
-    *_LAZY,
-]
+class _Package(types.ModuleType):
+    """`hf_depthgrow.probe` is the probe function, though a subpackage shares its name.
+
+    Importing the subpackage binds its module to this attribute; the property keeps the function there.
+    """
+
+    @property
+    def probe(self):
+        from .probe.signal import probe
+
+        return probe
+
+    @probe.setter
+    def probe(self, module):  # the import system binding the subpackage: the name stays the function
+        pass
+
+
+sys.modules[__name__].__class__ = _Package
+
+__all__ = ["probe", "from_pretrained", *_LAZY]

@@ -1,8 +1,9 @@
 """One config system: dataclasses -> command-line flags and YAML, for every command and recipe.
 
 A settings dataclass documents each field with `metadata={"help": ...}` (optionally `"choices"`,
-`"aliases"`, `"positional"`, `"flag"` (a flag named otherwise than the field), `"deprecated"` (old
-flags, hidden, that warn) and `"deprecated_positional"` (a flag that still accepts the value as a
+`"aliases"`, `"positional"`, `"flag"` (a flag named otherwise than the field), `"hidden"` (a flag that
+works but is left out of `--help`: test and debugging hooks), `"deprecated"` (old flags, hidden, that warn) and
+`"deprecated_positional"` (a flag that still accepts the value as a
 positional argument, with a warning)). From such dataclasses this module builds
 
 - the flags: `--kebab-case` for every field, types from the annotations (`int`, `float`, `str`,
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import sys
 import types
 import typing
@@ -38,7 +40,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 
-__all__ = ["ConfigError", "ConfigParser", "ScriptArguments", "load_config", "option_name", "parse_args"]
+__all__ = ["ConfigError", "ConfigParser", "ScriptArguments", "flag_words", "load_config", "option_name", "parse_args"]
 
 _BOOL_WORDS = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False, "off": False}
 _NONE_WORDS = ("none", "null")
@@ -175,6 +177,8 @@ class ConfigParser(argparse.ArgumentParser):
     def _add_field(self, spec: _Spec) -> None:
         help_ = spec.metadata.get("help", "")
         help_ += " (required)" if spec.required else f" (default: {spec.default})"
+        if spec.metadata.get("hidden"):
+            help_ = argparse.SUPPRESS
         if spec.metadata.get("positional"):
             self.add_argument(spec.name, nargs="?", default=argparse.SUPPRESS, type=self._caster(spec), help=help_)
             return
@@ -318,7 +322,56 @@ class ConfigParser(argparse.ArgumentParser):
             spec = self.specs[missing[0]]
             name = spec.name if spec.metadata.get("positional") else _flag(spec)
             raise ConfigError(f"missing {name}" + (f" (or `{spec.name}:` in --config)" if self.config_flag else ""))
-        return tuple(cls(**{f.name: values[f.name] for f in fields(cls) if f.init and f.name in values}) for cls in self.dataclass_types)
+        out = []
+        for cls in self.dataclass_types:
+            try:
+                out.append(cls(**{f.name: values[f.name] for f in fields(cls) if f.init and f.name in values}))
+            except ValueError as err:  # the dataclass's own checks name fields; on the command line they are flags
+                raise ConfigError(self.flagged(str(err))) from None
+        return tuple(out)
+
+    def flagged(self, message: str) -> str:
+        """`message` with this parser's field names written as their flags (`max_steps` -> `--max-steps`).
+
+        The dataclasses' checks speak to Python users (`max_steps must be ...`, `pass source_gguf=`); a command
+        shows the same text with its own flags. See `flag_words`.
+        """
+        return flag_words(message, self.specs)
+
+
+def flag_words(message: str, specs: dict) -> str:
+    """Field names in `message` written as flags: `max_steps` -> `--max-steps`, `overwrite=True` -> `--overwrite`,
+    `stepping_stone=False` -> `--no-stepping-stone`, `dtype='source'` -> `--dtype source`, `source_gguf=` -> `--source-gguf`.
+
+    `specs` maps field names to `_Spec`s (`ConfigParser.specs`). A one-word field is rewritten only where it is
+    followed by `=` (as an argument) or opens the message (`seed must be ...`); in prose ("growth arm") it stays a word. Names inside other words, after a
+    dot (`cfg.max_steps`) or a dash (already a flag) are left alone.
+
+    Example:
+        ```python
+        >>> flag_words("max_steps must be >= 1; pass stepping_stone=True", ConfigParser([ScriptArguments, TrainConfig]).specs)
+        '--max-steps must be >= 1; pass --stepping-stone'
+        ```
+    """
+    if not specs:
+        return message
+    names = "|".join(sorted(map(re.escape, specs), key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w.\-`/])({names})(=(True|False|'[^']*'|\"[^\"]*\"|[\w.+\-]+)?)?(?![\w(])")
+
+    def replace(match: re.Match) -> str:
+        name, eq, value = match.group(1), match.group(2), match.group(3)
+        spec = specs[name]
+        at_start = match.start() == 0 and message[match.end():].startswith(" must ")
+        if not eq and "_" not in name and not at_start:
+            return match.group(0)
+        flag = _flag(spec)
+        if spec.kind is bool and not spec.is_list and value in ("True", "False"):
+            return flag if value == "True" else "--no-" + flag[2:]
+        if value is None:
+            return flag
+        return f"{flag} {value.strip(chr(39) + chr(34))}"
+
+    return pattern.sub(replace, message)
 
 
 def parse_args(*dataclass_types, argv: list[str] | None = None, **parser_kwargs) -> tuple:

@@ -42,13 +42,20 @@ def save_figure(fig, path, *, dpi: int | None = None, **kwargs) -> Path:
     return path
 
 
-def plot_probe(result: ProbeResult, path, *, title: str | None = None) -> None:
-    """Save a two-panel PNG: the signals with error bars vs depth, and the z-scores.
+def plot_probe(result: ProbeResult, path, *, title: str | None = None, chosen=None) -> None:
+    """Save a two-panel PNG: the signals with error bars vs depth, and the z-scores (see `probe_figure`)."""
+    save_figure(probe_figure(result, title=title, chosen=chosen), path, dpi=120)
+
+
+def probe_figure(result: ProbeResult, *, title: str | None = None, chosen=None):
+    """The probe's figure: the signals with error bars vs depth, and the z-scores, the chosen k marked.
 
     Top: the empirical `||G_S||^2` and the unbiased population estimate of `||G_D||^2` with
     +-2 standard errors (symmetric-log scale, since the estimate can be negative). Bottom: z-scores
     with the verdict's threshold, labelled as such (`z > -1` by default: calibrated against certified
-    gains, see `probe.result.threshold_note`); improvable positions are filled.
+    gains, see `probe.result.threshold_note`); improvable positions are filled. `chosen`: the positions
+    grown at (a dotted line on both panels); `None` marks the probe's own pick, `recommendation["best"]`,
+    when it has one; `[]` marks nothing.
     """
     from .probe.signal import Z_THRESHOLD  # the probe imports this module
 
@@ -75,30 +82,49 @@ def plot_probe(result: ProbeResult, path, *, title: str | None = None) -> None:
     rule = "calibrated on certified gains" if result.z_threshold == Z_THRESHOLD else "z_threshold of this probe"
     bottom.axhline(result.z_threshold, color="tab:red", ls="--", lw=1, label=f'"improvable" verdict: z > {result.z_threshold:g} ({rule})')
     bottom.axhline(0.0, color="black", lw=0.6)
+    what = "grown at"
+    if chosen is None:
+        best = result.recommendation.get("best")
+        chosen, what = ([] if best is None else [best]), "the probe's pick:"
+    for i, position in enumerate(sorted(chosen)):
+        for ax in (top, bottom):
+            ax.axvline(position, color="tab:orange", ls=":", lw=1.5,
+                       label=f"{what} k = {', '.join(map(str, sorted(chosen)))}" if i == 0 and ax is bottom else None)  # fmt: skip
     bottom.set_ylabel("z-score")
     bottom.set_xlabel("insertion position k (0 = after embeddings, L = before final norm)")
     bottom.legend(loc="best", fontsize=8)
     fig.suptitle(title or f"{result.model_type}: first-order signal of a {result.block} block "
                  f"({result.num_batches} batches, {result.total_weight:.0f} {result.weight_unit})", fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path, dpi=120)
+    return fig
 
 
-def plot_training(train_result, path: Path) -> None:
+def plot_training(train_result, path: Path, *, title: str | None = None, control=None, control_label: str = "control") -> None:
+    """Save the training and held-out loss curves (see `training_figure`)."""
+    save_figure(training_figure(train_result, title=title, control=control, control_label=control_label), path, dpi=120)
 
+
+def training_figure(train_result, *, title: str | None = None, control=None, control_label: str = "control"):
+    """Training loss and held-out loss against the step; with `control` (another `TrainResult` at the same
+    budget, e.g. the equal-parameter control) its curves too, dashed, in another colour."""
     fig = new_figure(figsize=(6, 3.5))
     ax = fig.subplots()
-    if train_result.history:
-        ax.plot([h["step"] for h in train_result.history], [h["loss"] for h in train_result.history], label="train loss", lw=1)
-    if train_result.eval_history:
-        ax.plot(
-            [h["step"] for h in train_result.eval_history], [h["eval_loss"] for h in train_result.eval_history], "o-", label="held-out loss"
-        )
-    ax.set_xlabel("step")
+    runs = [("grown", train_result, "-", "tab:blue")]
+    if control is not None:
+        runs.append((control_label, control, "--", "tab:orange"))
+    for name, result, style, colour in runs:
+        if result.history:
+            ax.plot([h["step"] for h in result.history], [h["loss"] for h in result.history], style, color=colour, alpha=0.6,
+                    lw=1, label=f"{name}: train loss")  # fmt: skip
+        if result.eval_history:
+            ax.plot([h["step"] for h in result.eval_history], [h["eval_loss"] for h in result.eval_history], "o" + style,
+                    color=colour, label=f"{name}: held-out loss")  # fmt: skip
+    ax.set_title(title or ("training: grown model against the control" if control is not None else "training of the grown model"), fontsize=10)
+    ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    save_figure(fig, path, dpi=120)
+    return fig
 
 
 def plot_differences(result: EvalResult, path: str | Path) -> Path:

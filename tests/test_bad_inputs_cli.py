@@ -64,14 +64,14 @@ CASES = [
      "hf-depthgrow run: will not replace foreign with --overwrite: it was not written by hf-depthgrow (no .hf_depthgrow_run file)"),
     (RUN + ["--output-dir", "o", "--learning-rate", "fast"], "hf-depthgrow run: argument --learning-rate: expected a float, got 'fast'"),
     (RUN + ["--output-dir", "o", "--config", "lr.yaml"], "hf-depthgrow run: lr.yaml: learning_rate: expected a float, got 'fast'"),
-    (RUN + ["--output-dir", "o", "--train-steps", "-3"], "hf-depthgrow run: train_steps must be >= 1, got -3"),
+    (RUN + ["--output-dir", "o", "--train-steps", "-3"], "hf-depthgrow run: --train-steps must be >= 1, got -3"),
     (RUN + ["--output-dir", "o", "--trian-steps", "3"], "hf-depthgrow run: unknown option --trian-steps; did you mean --train-steps?"),
     (RUN + ["--output-dir", "o", "--config", "typo.yaml"], "hf-depthgrow run: typo.yaml: unknown key 'train_stepz'; did you mean 'train_steps'?"),
     (RUN + ["--output-dir", "o", "--config", "broken.yaml"],
      "hf-depthgrow run: broken.yaml: not valid YAML (while parsing a flow sequence: expected ',' or ']', but got '<stream end>', "
      "line 2); expected a mapping of option names to values"),
     (["run", "--model", "my models/tiny", "--output-dir", "o"], "hf-depthgrow run: no such model folder: my models/tiny"),
-    (RUN + ["--output-dir", "o", "--positions", "-1"], "hf-depthgrow run: positions must be a non-empty list of ints >= 0, got [-1]"),
+    (RUN + ["--output-dir", "o", "--positions", "-1"], "hf-depthgrow run: --positions must be a non-empty list of ints >= 0, got [-1]"),
     (RUN + ["--output-dir", "o", "--push-to-hub", "grown"],
      "hf-depthgrow run: repo_id 'grown' has no namespace: pass 'namespace/name', e.g. 'your-name/grown'"),
     (["run", "--model", "in/model", "--data", "missing.txt", "--output-dir", "o"], "hf-depthgrow run: no such data file or folder: missing.txt"),
@@ -93,7 +93,7 @@ CASES = [
     (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "e", "--routes", "no.json"], "hf-depthgrow eval: no such --routes file: no.json"),
     (["eval", "--model", "in/model", "--dat", "data.txt", "--output-dir", "e"], "hf-depthgrow eval: unknown option --dat; did you mean --data?"),
     (["probe", "--model", "in/model", "--data", "data.txt", "--output-dir", "foreign"],
-     "hf-depthgrow probe: foreign exists and is not empty; pass --overwrite to replace it"),
+     "hf-depthgrow probe: foreign exists and is not empty, and --overwrite would not replace it: it was not written by hf-depthgrow (no .hf_depthgrow_run file); choose another output folder"),
     (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "foreign", "--overwrite"],
      "hf-depthgrow eval: will not replace foreign with --overwrite: it was not written by hf-depthgrow (no .hf_depthgrow_run file)"),
     (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "in", "--overwrite"],
@@ -102,7 +102,7 @@ CASES = [
      "hf-depthgrow train: no such data file or folder: missing.jsonl"),
     (["train", "--model", "./gone", "--data", "data.txt"], "hf-depthgrow train: no such model folder: ./gone"),
     (["demo", "--position", "-1"], "hf-depthgrow demo: --position must be >= 0, got -1"),
-    (["demo", "--save", "foreign"], "hf-depthgrow demo: foreign exists and is not empty; pass --overwrite to replace it"),
+    (["demo", "--save", "foreign"], "hf-depthgrow demo: foreign exists and is not empty, and --overwrite would not replace it: it was not written by hf-depthgrow (no .hf_depthgrow_run file); choose another output folder"),
 ]  # fmt: skip
 
 

@@ -240,7 +240,7 @@ def test_retention_parts_never_overlap_and_choices_use_the_selection_part(swept)
         ({"budgets": [4, 8], "warmup_steps": 4}, "too small for its warm-up"),
         ({"max_forgetting": -0.1}, "max_forgetting"),
         ({"growth_learning_rates": []}, "growth_learning_rates must be a non-empty list"),
-        ({"max_learning_rate": 1e-3}, "below the grid's largest rate"),
+        ({"max_learning_rate": 1e-3}, "below the largest rate of the"),
         ({"budgets": [10, 20], "lr_scheduler": "cosine"}, "lr_scheduler='wsd'"),
         ({"budgets": [10, 20], "successive_halving": True}, "single budget"),
         ({"controls": ["lora:0"]}, "rank R >= 1"),
@@ -298,8 +298,8 @@ def test_cli_refuses_bad_budgets_and_a_trials_dir_inside_the_output(tmp_path, ca
     from hf_depthgrow.cli import main
 
     out = tmp_path / "out"
-    for extra, message in ((["--budgets", "20", "10"], "strictly increasing"), (["--max-forgetting", "-1"], "max_forgetting"),
-                           (["--growth-learning-rates", "1e-3", "--max-learning-rate", "1e-4"], "below the grid"),
+    for extra, message in ((["--budgets", "20", "10"], "strictly increasing"), (["--max-forgetting", "-1"], "--max-forgetting must be"),
+                           (["--growth-learning-rates", "1e-3", "--max-learning-rate", "1e-4"], "below the largest rate of"),
                            (["--trials-dir", str(out / "trials")], "lies inside output_dir")):  # fmt: skip
         assert main(["compare", "--output-dir", str(out), *extra]) == 2
         err = capsys.readouterr().err.strip()

@@ -277,7 +277,7 @@ def test_cli_bad_arm_is_one_line_and_writes_nothing(lm_dir, tmp_path, capsys):
     assert main(_argv(lm_dir, out, "--controls", "dropout")) == 2
     assert "unknown control arm 'dropout'" in capsys.readouterr().err
     assert main(_argv(lm_dir, out, "--oracle-positions", "0", "1", "1")) == 2
-    assert "oracle_positions needs at least 4 distinct positions" in capsys.readouterr().err
+    assert "--oracle-positions needs at least 4 distinct positions" in capsys.readouterr().err
     assert main(_argv(lm_dir, out, "--oracle-positions", "0", "1", "2", "9")) == 2  # the tiny Llama has 4 layers
     assert "the model has 4 layers" in capsys.readouterr().err and not out.exists()
 

@@ -230,7 +230,7 @@ def _good():
         (lambda l, k: k.update(controls_within=["lora"]), "pass its best as best_control_within"),
         (lambda l, k: k.update(controls_within=["lora"], best_control_within="layers"), "must be one of"),
         (lambda l, k: k.update(best_control_within="layers"), "must be one of"),
-        (lambda l, k: k.update(horizon=1.0), "horizon must be > 1"),
+        (lambda l, k: k.update(horizon=1.0), "horizon must be a finite number > 1"),
         (lambda l, k: k.update(n_bootstrap=-1), "n_bootstrap"),
         (lambda l, k: k.update(weights={"probe:1": [-np.ones(20)] * 5}), "weights must be >= 0"),
     ],

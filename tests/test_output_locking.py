@@ -149,7 +149,7 @@ def test_probe_and_eval_refuse_a_foreign_folder_and_replace_their_own(command, s
     foreign.mkdir()
     (foreign / name).write_text("my own results")
     assert main(argv + ["--output-dir", str(foreign)]) == 2
-    assert capsys.readouterr().err.strip() == f"hf-depthgrow {command}: {foreign} exists and is not empty; pass --overwrite to replace it"
+    assert capsys.readouterr().err.strip() == f"hf-depthgrow {command}: {foreign} exists and is not empty, and --overwrite would not replace it: it was not written by hf-depthgrow (no .hf_depthgrow_run file); choose another output folder"
     assert main(argv + ["--output-dir", str(foreign), "--overwrite"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"hf-depthgrow {command}: will not replace {foreign} with --overwrite: it was not written by hf-depthgrow (no {MARKER} file)"

@@ -149,7 +149,7 @@ def test_unknown_model_id_offline_is_a_clear_error(tmp_path, monkeypatch, capsys
 
 def test_push_needs_a_repo_id(tmp_path, capsys):
     code = run_main(["--push-to-hub", " ", "--output-dir", str(tmp_path / "o"), "--no-progress"])
-    assert code == 2 and "push_to_hub needs a repo id" in capsys.readouterr().err
+    assert code == 2 and "--push-to-hub needs a repo id" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -136,6 +136,6 @@ def test_cli_workers_per_trial_with_the_serial_engine_is_one_line_and_writes_not
     out = tmp_path / "out"
     assert main(["compare", "--workers-per-trial", "2", "--output-dir", str(out), "--model", str(tmp_path / "no-model")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("hf-depthgrow compare: workers_per_trial 2 needs engine 'ray' (a trial spans processes as a Ray Train "
+    assert err == ("hf-depthgrow compare: --workers-per-trial 2 needs engine 'ray' (a trial spans processes as a Ray Train "
                    "TorchTrainer), but engine is 'serial'")  # fmt: skip
     assert not out.exists()

@@ -207,10 +207,11 @@ def fresh_namespace() -> dict:
 
 
 @pytest.mark.real_model
-def test_readme_python_api_block(fake_load_model, fake_hub, tmp_path, monkeypatch):
+def test_readme_python_api_block(fake_load_model, fake_hub, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # anything the block writes lands here
     code = substitute(python_blocks(README)[0], SUBSTITUTIONS[0], "README.md block 1")
     ns = run_block(code, fresh_namespace(), "README.md block 1")
+    assert ns["report"].verdict in capsys.readouterr().out  # the block shows its answer
 
     assert fake_load_model and fake_load_model[0][0] == "smollm2"
     assert len(ns["data"]) == 48 and ns["data"][0]["input_ids"].shape == (16,)

@@ -211,6 +211,9 @@ def _run(argv: list[str]) -> int:
     del plot_comparison, plot_validation, baselines, lookahead  # loaded, not used here
 
     script, cfg = build_parser().parse(argv)
+    if cfg.max_forgetting is not None and script.retention_data is None:
+        raise ValueError("--max-forgetting is a forgetting budget and needs a retention set to measure forgetting on: "
+                         "give --retention-data (not none) or drop --max-forgetting")
     interrupt_stage("the comparison")
     interrupt_hint(_resume_hint(script))
     _check_resume(script)

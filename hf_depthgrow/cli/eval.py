@@ -215,6 +215,7 @@ def route_terms(args: EvalArguments, model, splits: dict):
 
 
 def _eval(argv: list[str]) -> int:
+    (args,) = parse("eval", argv, EvalArguments, description=__doc__)  # first: --help imports no torch
     from ..evaluation.formatting import scrub_paths
     from ..evaluation.paired import compare_models, evaluate_delta
     from ..evaluation.report import write_report
@@ -222,7 +223,6 @@ def _eval(argv: list[str]) -> int:
     from ..pipeline.output import staged_output
     from ..utils import write_json
 
-    (args,) = parse("eval", argv, EvalArguments, description=__doc__)
     check_inputs(args)
     model, base, tokenizer = load_models(args)
     splits, test = load_splits(args, model, tokenizer)

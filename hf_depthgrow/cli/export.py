@@ -16,7 +16,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .common import dtype_of, parse, run_command
+from ..config import ConfigParser
+from .common import dtype_of, run_command
 
 DTYPE_CHOICES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "source"]
 
@@ -58,17 +59,21 @@ def _check_output(args: ExportArguments) -> None:
 
 
 def _export(argv: list[str]) -> int:
+    parser = ConfigParser([ExportArguments], prog="hf-depthgrow export-gguf", description=__doc__)
+    (args,) = parser.parse(argv)  # first: --help imports no torch
     from ..hub.gguf_export import export_gguf
     from ..hub.loading import check_model_source, load_model
 
-    (args,) = parse("export-gguf", argv, ExportArguments, description=__doc__)
     check_model_source(args.model)
     _check_output(args)
     if args.dtype == "source" and args.source_gguf is None and args.model != "smollm2":
         raise ValueError("--dtype source keeps the source GGUF's tensor types: pass --source-gguf")
     source = _source_path(args)
     model, tokenizer = load_model(args.model, dtype=dtype_of(args.load_dtype))
-    path = export_gguf(model, tokenizer, args.output, dtype=args.dtype, source_gguf=source, name=args.name, overwrite=args.overwrite)
+    try:
+        path = export_gguf(model, tokenizer, args.output, dtype=args.dtype, source_gguf=source, name=args.name, overwrite=args.overwrite)
+    except ValueError as err:  # the library names its arguments (`source_gguf=`); here they are this command's flags
+        raise ValueError(parser.flagged(str(err))) from None
     info = {"output": str(path), "bytes": path.stat().st_size, "dtype": args.dtype, "block_count": model.config.num_hidden_layers}
     print(json.dumps(info, indent=2))
     return 0

@@ -139,10 +139,17 @@ class CompareConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 fail(f"{name} must be an int >= 1, got {value!r}")
 
-        if not self.growth or not all(isinstance(g, (str, list, dict)) for g in self.growth):
+        # One spec given as a string is one arm (iterating it would read "top:1" as the arms "t", "o", ...).
+        if isinstance(self.growth, str):
+            self.growth = [self.growth]
+        if isinstance(self.controls, str):
+            self.controls = [self.controls]
+        if not isinstance(self.growth, (list, tuple)) or not self.growth or not all(isinstance(g, (str, list, dict)) for g in self.growth):
             fail(f"growth must be a non-empty list of placement specs, got {self.growth!r}")
         for spec in self.growth:
             check_growth_spec(spec)
+        if not isinstance(self.controls, (list, tuple)):
+            fail(f"controls must be a list of control names, got {self.controls!r}")
         for spec in self.controls:
             check_control_spec(spec)
         for name in ("learning_rates", *(f"{k}_learning_rates" for k in DEFAULT_GRIDS)):
@@ -179,6 +186,11 @@ class CompareConfig:
         from .ray_engine import check_engine  # engine, Ray settings; Ray itself is not imported
 
         check_engine(self)
+        # Ray Tune's own settings mean nothing to the other engines; run silently without them, a user who asked
+        # for four CPUs per trial would wait for a serial sweep believing it parallel, so they are refused.
+        if self.engine != "ray" and self.resources_per_trial != 1:
+            fail(f"resources_per_trial is a Ray Tune setting, but engine is {self.engine!r} (one trial at a time, here): "
+                 "use engine='ray' or drop it")
         from .ray_workers import check_workers  # workers_per_trial: above 1 on Ray only, dividing the batch
 
         check_workers(self)
@@ -228,9 +240,18 @@ class CompareConfig:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if not _number(self.max_learning_rate) or self.max_learning_rate <= 0:
             raise ValueError(f"max_learning_rate must be a finite number > 0, got {self.max_learning_rate!r}")
-        top = max(max(self.grid(kind)) for kind in DEFAULT_GRIDS)
+        # Only the grids of the arms in the run: the full control's grid is no reason to refuse a growth-only sweep.
+        kinds = self.arm_kinds()
+        top, kind = max((max(self.grid(k)), k) for k in kinds)
         if self.max_learning_rate < top:
-            raise ValueError(f"max_learning_rate ({self.max_learning_rate:g}) is below the grid's largest rate ({top:g}): the cap must not cut the grid")
+            grid = "the grid" if self.learning_rates is not None else f"the {kind} arms' grid"
+            raise ValueError(f"max_learning_rate ({self.max_learning_rate:g}) is below the largest rate of {grid} ({top:g}): "
+                             "the cap must not cut the grid")
+
+    def arm_kinds(self) -> list[str]:
+        """The kinds of arm this comparison trains (`"growth"` and its controls' kinds), each once."""
+        controls = [str(c).partition(":")[0] for c in self.controls if c != "original"]
+        return list(dict.fromkeys(["growth", *controls]))
 
     @property
     def sweep(self) -> list[int]:

@@ -25,9 +25,12 @@ from ..utils import json_safe
 from .fresh_data import format_epochs
 from .learning_curve import FLAT_NATS, LearningCurveFit, _check_tokens, _fit, fit_learning_curve
 
-__all__ = ["FLAT_NATS", "HORIZON", "LearningCurveFit", "fit_learning_curve", "predict_crossover", "validate_fit"]
+__all__ = ["FLAT_NATS", "HORIZON", "TIE_NATS", "LearningCurveFit", "fit_learning_curve", "predict_crossover", "validate_fit"]
 
 HORIZON = 100.0  # how far past the largest measured budget a crossover is searched (a multiple of it)
+# Two fitted curves closer than this are tied: no crossover and no lead is claimed. It is above the rounding of
+# a float32 loss of a few nats (~5e-7) and far below any difference a test set can resolve (~1e-2).
+TIE_NATS = 1e-6
 _GRID_POINTS = 4000  # log-spaced points between the largest budget and the horizon: ~0.1% steps at 100x
 
 
@@ -80,11 +83,16 @@ class _Sweep:
         return [np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64) for _ in range(n_boot)]
 
 
-def _check_settings(n_bootstrap, confidence):
-    if n_bootstrap < 0:
-        raise ValueError(f"n_bootstrap must be >= 0, got {n_bootstrap}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+def _check_settings(n_bootstrap, confidence, seed):
+    def is_int(x):
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+    if not is_int(n_bootstrap) or n_bootstrap < 0:
+        raise ValueError(f"n_bootstrap must be an int >= 0 (replicates), got {n_bootstrap!r}")
+    if not is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if not isinstance(confidence, (int, float)) or isinstance(confidence, bool) or not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
 
 
 def _percentiles(values, confidence) -> list[float]:
@@ -97,7 +105,9 @@ def _first_crossing(g: LearningCurveFit, c: LearningCurveFit, d_max: float, hori
     """`(status, multiple)`: where `g` first drops below `c`, as a multiple of the largest budget (in `[1, horizon]`).
 
     `"ahead"` (multiple 1) when `g` is already below at the largest budget, `"none"` (multiple `inf`) when it
-    never gets there within the horizon, `"unfit"` (`nan`) when either fit failed.
+    never gets there within the horizon, `"tie"` (`inf`) when the two curves stay within `TIE_NATS` of each other
+    over the whole horizon, `"unfit"` (`nan`) when either fit failed. Only a lead of more than `TIE_NATS` counts:
+    the crossing is then where the difference last changes sign before that lead.
     """
     from scipy.optimize import brentq
 
@@ -105,12 +115,15 @@ def _first_crossing(g: LearningCurveFit, c: LearningCurveFit, d_max: float, hori
         return "unfit", math.nan
     grid = np.geomspace(1.0, horizon, _GRID_POINTS)
     diff = g.predict(grid * d_max) - c.predict(grid * d_max)
-    if diff[0] < 0:
+    if diff[0] < -TIE_NATS:
         return "ahead", 1.0
-    below = np.flatnonzero(diff < 0)
+    below = np.flatnonzero(diff < -TIE_NATS)
     if below.size == 0:
-        return "none", math.inf
-    i = below[0]
+        return ("tie" if np.all(np.abs(diff) <= TIE_NATS) else "none"), math.inf
+    above = np.flatnonzero(diff[: below[0]] >= 0)
+    if above.size == 0:  # tied at the largest budget, then ahead by more than the tolerance
+        return "crossover", float(grid[0])
+    i = above[-1] + 1
     root = brentq(lambda m: g.predict(m * d_max) - c.predict(m * d_max), grid[i - 1], grid[i], rtol=1e-10)
     return "crossover", float(root)
 
@@ -140,9 +153,9 @@ def predict_crossover(
 
     Returns:
         A JSON-ready dict: `fits` (`{arm: LearningCurveFit.to_dict()}`), `on_gain` (the crossover of
-        `best_growth` against `best_control`: `status` "crossover" / "none" / "ahead" / "unfit" /
-        "floor_at_bound" (either fit's floor sits at its bound, so no crossover can be read from them; what the
-        fits gave is kept in `fitted_status`), `tokens`, `multiple`, `interval`, `share_with_crossover`,
+        `best_growth` against `best_control`: `status` "crossover" / "none" / "tie" (within `TIE_NATS`) / "ahead" /
+        "unfit" / "floor_at_bound" (either fit's floor sits at its bound, so no crossover can be read from them; what
+        the fits gave is kept in `fitted_status`), `tokens`, `multiple`, `interval`, `share_with_crossover`,
         `share_ahead`, with `fresh_tokens`: `epochs` (of the prediction) and `beyond_fresh_data`; and `text`),
         `within_forgetting` (the same
         against `best_control_within`; `{"status": "no_control", "text"}` when `controls_within` is empty;
@@ -154,9 +167,9 @@ def predict_crossover(
             values, or arm names that are not in `growth` / `controls` / `controls_within`.
     """
     growth, controls = list(growth), list(controls)
-    _check_settings(n_bootstrap, confidence)
-    if not horizon > 1:
-        raise ValueError(f"horizon must be > 1 (a multiple of the largest budget), got {horizon}")
+    _check_settings(n_bootstrap, confidence, seed)
+    if not isinstance(horizon, (int, float)) or isinstance(horizon, bool) or not 1 < horizon < math.inf:
+        raise ValueError(f"horizon must be a finite number > 1 (a multiple of the largest budget), got {horizon!r}")
     if fresh_tokens is not None and not (math.isfinite(fresh_tokens) and fresh_tokens > 0):
         raise ValueError(f"fresh_tokens must be a finite number > 0 (the tokens of one pass over the training data), got {fresh_tokens}")
     _check_names(growth, controls, best_growth, best_control, controls_within, best_control_within)
@@ -280,6 +293,8 @@ def _crossover_text(e: dict, horizon: float, confidence: float) -> str:
     if e["status"] == "ahead":
         fit = e["fitted_at_largest"]
         head = f"growth is already ahead at the largest budget ({g} fitted {fit['growth']:.4f} < {c} {fit['control']:.4f})"
+    elif e["status"] == "tie":
+        head = f"no crossover: the fitted curves of {g} and {c} stay within {TIE_NATS:g} nats of each other up to {horizon:g}x (a tie)"
     elif e["status"] == "none":
         head = f"no crossover predicted within {horizon:g}x the largest budget ({g} vs {c})"
     else:
@@ -320,7 +335,7 @@ def validate_fit(
     Raises:
         ValueError: on tokens not increasing, arrays of mismatched lengths or non-finite values.
     """
-    _check_settings(n_bootstrap, confidence)
+    _check_settings(n_bootstrap, confidence, seed)
     arms = list(losses) if arms is None else list(arms)
     sweep = _Sweep(tokens, losses, weights, arms)
     if len(sweep.tokens) < 4:

@@ -62,6 +62,10 @@ def check_engine(cfg) -> None:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {cfg.engine!r}")
     if cfg.max_concurrent_trials is not None:
         positive("max_concurrent_trials", cfg.max_concurrent_trials)
+        # As ray_address: a Ray Tune setting that the serial engine would silently ignore (one trial at a time).
+        if cfg.engine != "ray":
+            raise ValueError(f"max_concurrent_trials is a Ray Tune setting, but engine is {cfg.engine!r} (one trial at a time, "
+                             "here): use engine='ray' or drop it")
     positive("resources_per_trial", cfg.resources_per_trial)
     if cfg.ray_address is not None:
         if cfg.engine != "ray":

@@ -25,6 +25,7 @@ from ..data.batches import as_batches, as_rows, documents_of, to_device
 from ..evaluation.checks import prepare_batches, resolve_cluster_key, split_batch
 from ..evaluation.paired import eval_mode
 from ..losses import batch_example_losses
+from ..probe.signal import ProbeResult
 from ..training import tracking
 from ..training.data_order import training_rows
 from .aggregate import aggregate, rungs_of
@@ -239,7 +240,16 @@ def compare_plans(
     """
     if config is not None and kwargs:
         raise ValueError(f"pass either config= or keyword arguments, not both (got {sorted(kwargs)})")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch nn.Module (a loaded model), got {type(model).__name__}")
+    if config is not None and not isinstance(config, CompareConfig):
+        raise TypeError(f"config must be a CompareConfig, got {type(config).__name__}")
     cfg = config or CompareConfig(**kwargs)
+    if probe_result is not None and not isinstance(probe_result, ProbeResult):
+        raise TypeError(f"probe_result must be a ProbeResult (hf_depthgrow.probe) or None, got {type(probe_result).__name__}")
+    if cfg.max_forgetting is not None and retention_data is None:
+        raise ValueError("max_forgetting is a forgetting budget and needs a retention set to measure forgetting on: "
+                         "pass retention_data or drop max_forgetting")
     if resume and trials_dir is None:
         raise ValueError("resume continues the trials stored in trials_dir: set trials_dir (compare --trials-dir)")
     check_trials_dir(trials_dir, inputs={"model": getattr(model, "name_or_path", None)})

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import numpy as np
 
@@ -171,8 +172,18 @@ def _bootstrap(d: np.ndarray, n_bootstrap: int, seed: int, confidence: float = 0
     rng = np.random.default_rng(seed)
     # scipy >= 1.15 takes `rng`; older releases call it `random_state` (the same Generator either way).
     seeded = {"rng": rng} if "rng" in inspect.signature(bootstrap).parameters else {"random_state": rng}
-    return bootstrap(sample, statistic, n_resamples=n_bootstrap, batch=_BOOTSTRAP_CHUNK, vectorized=True,
-                     confidence_level=confidence, method="percentile", **seeded)  # fmt: skip
+
+    def run():
+        return bootstrap(sample, statistic, n_resamples=n_bootstrap, batch=_BOOTSTRAP_CHUNK, vectorized=True,
+                         confidence_level=confidence, method="percentile", **seeded)  # fmt: skip
+
+    if n_bootstrap > 1:
+        return run()
+    # scipy also reports the standard error, the std of the resampled means: of one resample it is undefined (numpy
+    # warns "Degrees of freedom <= 0"); no caller reads it (one resample is asked for the point estimate alone).
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.filterwarnings("ignore", message="Degrees of freedom <= 0", category=RuntimeWarning)
+        return run()
 
 
 def bootstrap_means(diffs, n_bootstrap: int, seed: int, *, clusters=None) -> np.ndarray:

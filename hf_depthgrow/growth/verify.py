@@ -146,7 +146,8 @@ def reference(model: nn.Module, *, warn: bool = True) -> tuple[dict, torch.Tenso
 def check_finite(model: nn.Module, output: torch.Tensor) -> None:
     """Raise `GrowthNotExactError` naming the NaN/inf parameters if the model's output before growing is not finite.
 
-    A NaN compares false with any tolerance, so the exactness check alone would call such a growth exact.
+    A NaN compares false with any tolerance, so the exactness check alone would call such a growth exact. The
+    message offers no way around the check: every command would only train and score a model whose losses are NaN.
     """
     if bool(output.isfinite().all()):
         return
@@ -154,7 +155,7 @@ def check_finite(model: nn.Module, output: torch.Tensor) -> None:
     where = f"{len(names)} parameter(s) hold NaN or inf, e.g. {', '.join(names[:3])}" if names else "its parameters are finite"
     raise GrowthNotExactError(
         f"the model's output on a probe input is not finite ({where}): a broken model is not grown (nothing was "
-        "changed). Fix or reload the weights; verify=False skips this check."
+        "changed). Reload the model from its source, or repair or replace its weights file, and run again."
     )
 
 

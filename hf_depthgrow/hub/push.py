@@ -208,6 +208,23 @@ def public_copies(folder: str | os.PathLike) -> dict[str, bytes]:
     return out
 
 
+def _check_can_push(endpoint, token, *, create_pr=False, revision=None) -> str:
+    """The endpoint a push goes to, once the push could start: online, a token, a revision that fits `create_pr`."""
+    if create_pr and revision not in (None, constants.DEFAULT_REVISION):
+        raise ValueError(f"create_pr=True opens the pull request against the default branch; do not pass revision={revision!r}")
+    hub = _endpoint(endpoint)
+    if constants.is_offline_mode():
+        raise HubUnreachableError(
+            f"cannot push to {hub}: huggingface_hub's offline mode is on (HF_HUB_OFFLINE=1). "
+            "Unset HF_HUB_OFFLINE (or set it to 0) in the shell that runs the push."
+        )
+    if token is None and get_token() is None:
+        raise ValueError(
+            "no Hugging Face token: pass token=..., set the HF_TOKEN environment variable, or run `hf auth login`"
+        )
+    return hub
+
+
 def push_to_hub(
     folder: str | os.PathLike,
     repo_id: str,
@@ -253,8 +270,7 @@ def push_to_hub(
     """
     repo_id = check_repo_id(repo_id)
     folder = check_model_folder(folder)
-    if create_pr and revision not in (None, constants.DEFAULT_REVISION):
-        raise ValueError(f"create_pr=True opens the pull request against the default branch; do not pass revision={revision!r}")
+    _check_can_push(endpoint, token, create_pr=create_pr, revision=revision)
     _check_readme(folder / "README.md")
     public = public_copies(folder)
     if public:
@@ -263,16 +279,7 @@ def push_to_hub(
             "its folder or file name (the files on disk are unchanged)",
             stacklevel=2,
         )
-    hub = _endpoint(endpoint)
-    if constants.is_offline_mode():
-        raise HubUnreachableError(
-            f"cannot push to {hub}: huggingface_hub's offline mode is on (HF_HUB_OFFLINE=1). "
-            "Unset HF_HUB_OFFLINE (or set it to 0) in the shell that runs the push."
-        )
-    if token is None and get_token() is None:
-        raise ValueError(
-            "no Hugging Face token: pass token=..., set the HF_TOKEN environment variable, or run `hf auth login`"
-        )
+    hub = _check_can_push(endpoint, token, create_pr=create_pr, revision=revision)
     from .. import __version__
 
     api = HfApi(endpoint=hub, token=token, library_name="hf_depthgrow", library_version=__version__)
@@ -382,6 +389,9 @@ def push_model_to_hub(
     unknown = sorted(set(push_kwargs) - _PUSH_KWARGS)
     if unknown:
         raise TypeError(f"push_model_to_hub got unexpected arguments {unknown}; push options are {sorted(_PUSH_KWARGS)}")
+    # Offline, no token or a bad revision: said before the model is written (a save can take minutes and gigabytes).
+    _check_can_push(push_kwargs.get("endpoint"), push_kwargs.get("token"), create_pr=push_kwargs.get("create_pr", False),
+                    revision=push_kwargs.get("revision"))  # fmt: skip
     extra = _extra_files(extra_files)
     readme = _model_card(model, card, repo_id=repo_id, adapters_only=adapters_only, base_model=base_model)
     with tempfile.TemporaryDirectory(prefix="hf_depthgrow-push-") as tmp:

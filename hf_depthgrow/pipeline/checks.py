@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..data.sources import EMBEDDED_SOURCES
 from ..data.text_files import check_data_path
 from ..hub.loading import check_model_source, check_quantizable
-from .output import check_output_dir
+from .output import MARKER, check_output_dir
 
 # File endings of local data (`data.sources._read_local`): a name ending so is a missing file, not a Hub id.
 _DATA_SUFFIXES = (".txt", ".csv", ".json", ".jsonl", ".parquet", ".tsv", ".md")
@@ -98,7 +99,36 @@ def check_run(cfg) -> None:
     if cfg.retention_data is not None:
         check_data_source(cfg.retention_data, "retention data")
         inputs["retention data"] = cfg.retention_data
-    check_output_dir(cfg.output_dir, overwrite=cfg.overwrite, inputs=inputs)
+    again = not cfg.overwrite and same_run_again(cfg)
+    if again:
+        print(f"[hf-depthgrow run] {cfg.output_dir} holds this run's own earlier output (same settings): replacing it, "
+              "reusing the evidence cache", file=sys.stderr)
+    check_output_dir(cfg.output_dir, overwrite=cfg.overwrite or again, inputs=inputs)
     check_evidence_cache(cfg.evidence_cache, cfg.output_dir)
     if cfg.push_to_hub is not None:
         check_push(cfg.push_to_hub, cfg.hub_endpoint)
+
+
+def same_run_again(cfg) -> bool:
+    """Whether `cfg.output_dir` holds only the complete output of an earlier run with the same settings.
+
+    The same command run again (`make run` twice) then replaces it without `--overwrite`, as the evidence cache
+    makes that second run cheap; it recomputes what is there, so nothing is lost. Anything else in the folder
+    keeps the refusal: another run's settings, an incomplete run (no marker), or a file newer than the marker,
+    which the run writes last (so such a file was added afterwards, by someone else).
+    """
+    import yaml
+
+    out = Path(cfg.output_dir)
+    marker, saved = out / MARKER, out / "config.yaml"
+    if not (out.is_dir() and marker.is_file() and saved.is_file()):
+        return False
+    try:
+        previous = yaml.safe_load(saved.read_text())
+        written = marker.stat().st_mtime_ns
+        files = [p for p in out.rglob("*") if p.is_symlink() or not p.is_dir()]
+        newer = any(p.lstat().st_mtime_ns > written for p in files)
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    settings = {k: v for k, v in cfg.to_dict().items() if k != "overwrite"}
+    return isinstance(previous, dict) and not newer and {k: v for k, v in previous.items() if k != "overwrite"} == settings

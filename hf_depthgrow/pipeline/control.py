@@ -94,6 +94,11 @@ def train_control(run) -> None:
     result = train(run.control_model, run.splits["train"], config=config, eval_data=run.splits["held_out"],
                    original_losses=run.train_result.original_losses)  # fmt: skip
     run.control_model, run.control_result = result.model, result
+    # loss.png was drawn after the growth trained: again, with the control's curves beside the growth's.
+    from ..plots import plot_training
+
+    plot_training(run.train_result, run.out / "train" / "loss.png", control=result, control_label=f"control ({_describe(plan)})",
+                  title=f"grown at k = {', '.join(map(str, run.positions))} against the equal-budget control")  # fmt: skip
     grown = run.train_result
     expected = grown.num_trainable_parameters if plan["kind"] == "layers" else plan["parameters"]
     if result.num_trainable_parameters != expected:

@@ -90,9 +90,13 @@ def _why_not_replace(out: Path, inputs: dict) -> str | None:
 def _check_contents(out: Path, path, overwrite: bool, inputs: dict) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
-    if not overwrite:
-        raise FileExistsError(f"{path} exists and is not empty; pass --overwrite to replace it")
     why = _why_not_replace(out, inputs)
+    if not overwrite:
+        # --overwrite is offered only where it would be accepted.
+        if why:
+            raise FileExistsError(f"{path} exists and is not empty, and --overwrite would not replace it: {why}; "
+                                  "choose another output folder")
+        raise FileExistsError(f"{path} exists and is not empty; pass --overwrite to replace it")
     if why:
         raise FileExistsError(f"will not replace {path} with --overwrite: {why}")
 

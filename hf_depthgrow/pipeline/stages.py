@@ -11,6 +11,8 @@ import shlex
 import shutil
 import sys
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,7 +136,6 @@ def _load(run: _Run) -> None:
 
 def _probe(run: _Run) -> None:
     """Where can a block help, and can it at all at this data size?"""
-    from ..plots import plot_probe
     from ..probe.signal import probe
 
     cfg, train_ds = run.cfg, run.splits["train"]
@@ -152,8 +153,15 @@ def _probe(run: _Run) -> None:
     probe_dir.mkdir()
     run.probe_result.to_json(probe_dir / "probe.json")
     tracking.log_probe_run(run.probe_result, **run.trackers)
-    plot_probe(run.probe_result, probe_dir / "probe.png", title=f"{Path(run.base_name).name}: first-order signal by depth")
     run.lap("probe")
+
+
+def _plot_probe(run: _Run, grown: bool) -> None:
+    """probe.png, with the positions the run grows at marked (drawn once they are chosen)."""
+    from ..plots import plot_probe
+
+    plot_probe(run.probe_result, run.out / "probe" / "probe.png", title=f"{Path(run.base_name).name}: first-order signal by depth",
+               chosen=run.positions if grown else [])  # fmt: skip
 
 
 def _choose_positions(run: _Run) -> bool:
@@ -233,7 +241,8 @@ def _grow_and_train(run: _Run) -> None:
     run.model = run.train_result.model
     (run.out / "train").mkdir(exist_ok=True)
     (run.out / "train" / "train_result.json").write_text(json.dumps(run.train_result.to_dict(), indent=2, default=str))
-    plot_training(run.train_result, run.out / "train" / "loss.png")
+    plot_training(run.train_result, run.out / "train" / "loss.png", title=f"{Path(run.base_name).name} grown at k = "
+                  f"{', '.join(map(str, run.positions))}: training")  # fmt: skip
     run.lap("train")
 
 
@@ -363,7 +372,8 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         run = _Run(cfg, tmp, public_command(command))
         try:
-            summary = _stages(run)
+            with _one_loss_bound_note(cfg):
+                summary = _stages(run)
         finally:
             run.tracking.finish()  # the tracker files are closed before the folder moves into place
         write_summary(tmp, summary)
@@ -372,11 +382,28 @@ def run_pipeline(cfg: RunConfig, *, command: str | None = None) -> RunResult:
     return RunResult(out, summary, run.model, run.control_model if run.control_result is not None else None)
 
 
+@contextmanager
+def _one_loss_bound_note(cfg: RunConfig):
+    """Without `loss_bound` every paired evaluation of a run (grown, control, stones, retention) would warn the
+    same, with a source line each: one line up front instead. The reports carry the note too."""
+    if cfg.loss_bound is not None:
+        yield
+        return
+    print("[hf-depthgrow run] loss_bound not given: B is each evaluation's largest per-example loss, so the Hoeffding "
+          "and Bernstein intervals are indicative, not guarantees (the bootstrap ones are unaffected); --loss-bound B "
+          "sets an a-priori bound", file=sys.stderr)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="loss_bound not given")
+        yield
+
+
 def _stages(run: _Run) -> dict:
     """Every stage in order, writing into `run.out`; returns the summary."""
     _load(run)
     _probe(run)
-    if not _choose_positions(run):
+    grown = _choose_positions(run)
+    _plot_probe(run, grown)
+    if not grown:
         run.log("the probe found no observable first-order signal: not growing (pass --force to grow anyway)")
         return {
             "decision": "do not grow",

@@ -65,6 +65,15 @@ def line_search(loss_at: Callable[[float], float], *, eta0: float, expand: float
         bracket = points[i - 1 : i + 2]
 
 
+def most_evaluations(etas, search: dict) -> int:
+    """The most training-loss evaluations `choose_eta` makes: eta = 0, then the given `etas`, or the line search's
+    first step, `max_expand` expansions (or shrinks), the bracket's far end after the last expansion and
+    `refine_steps` refinements (the bound of a progress bar)."""
+    if etas is not None:
+        return 1 + len(etas)
+    return 3 + int(search["max_expand"]) + int(search["refine_steps"])
+
+
 def _vertex(bracket: list[float], losses: list[float]) -> float | None:
     """The parabola's vertex through `(a, b, c)` (in log space unless `a = 0`), kept 10% of a gap inside `(a, c)` and away from `b`."""
     a, b, c = bracket
@@ -152,7 +161,7 @@ def choose_eta(grown, batches, step, etas, search: dict, desc: str | None, share
     if desc is not None:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc=desc, unit="step size")
+        bar = tqdm(desc=desc, unit="step size", total=most_evaluations(etas, search) if step.direction is not None else 1)
     was_training = grown.training
     grown.eval()
     try:
@@ -170,5 +179,6 @@ def choose_eta(grown, batches, step, etas, search: dict, desc: str | None, share
     finally:
         grown.train(was_training)
         if bar is not None:
+            bar.total = bar.n  # the search often stops before its bound: the bar ends full
             bar.close()
     return loss_at, best

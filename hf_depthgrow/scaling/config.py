@@ -138,6 +138,10 @@ class StudyConfig:
 
         if self.engine not in ("serial", "ray"):
             raise ValueError(f"engine must be one of ['serial', 'ray'], got {self.engine!r}")
+        # Serial cells run with `threads` CPUs: another count would be ignored (a config's own to_dict() holds threads).
+        if self.resources_per_trial not in (None, self.threads) and self.engine != "ray":
+            raise ValueError(f"resources_per_trial is a Ray Tune setting, but engine is {self.engine!r} (one cell at a time, "
+                             "here): use engine='ray' or drop it")
         if self.resources_per_trial is None:
             self.resources_per_trial = self.threads  # a cell's CPUs: the torch threads it runs with
         check_engine(self)

@@ -217,7 +217,7 @@ class TrainConfig:
     )
     # distributed and debugging
     ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a collective call times out."})
-    stop_after_step: int | None = field(default=None, metadata={"help": "Debug: os._exit right after this step."})
+    stop_after_step: int | None = field(default=None, metadata={"help": "Debug: os._exit right after this step.", "hidden": True})
 
     def __post_init__(self):
         # Every check raises one ValueError naming its field; the first bad field (in this order) is reported.
