@@ -58,6 +58,7 @@ class CompareConfig:
         default=None, metadata={"help": "Budgets (optimizer steps, increasing): every arm is scored at each, as if trained alone (WSD schedule)."}
     )
     batch_size: int = field(default=8, metadata={"help": "Examples per optimizer step (and per evaluation batch)."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each layer above the frozen prefix in backward instead of keeping its activations (same gradients, less memory)."})
     lr_scheduler: str = field(
         default="auto", metadata={"help": "auto (cosine for one budget, wsd for several), cosine, linear, constant or wsd.", "choices": ["auto", *SCHEDULERS]}
     )
