@@ -218,6 +218,16 @@ def _plan_markdown(results: list[dict], command: str) -> str:
     ])  # fmt: skip
 
 
+def _replan(args, results: list[dict]) -> list[dict]:
+    """The stored measurements with the planner's predictions made again (the planner reads only the configs)."""
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        Path(tmp, "config.json").write_text(json.dumps(LLAMA_1B))
+        for res in results:
+            source = "smollm2" if res["name"].startswith("SmolLM2") else tmp
+            res["plans"] = {str(on): _predicted(source, res["positions"], on, res["batch"], res["seq"], args.trainable) for on in (False, True)}
+    return results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--positions", type=int, nargs="+", default=[15], help="SmolLM2 growth positions (30 layers)")
@@ -232,6 +242,8 @@ def main(argv=None) -> int:
     parser.add_argument("--large-positions", type=int, nargs="+", default=[8])
     parser.add_argument("--write-results", action="store_true", help="write both tables into benchmarks/RESULTS.md")
     parser.add_argument("--json", default=None, help="also write the raw measurements to this file")
+    parser.add_argument("--replan", default=None, help="a --json file of an earlier run: predict again with the planner as it is now")
+    parser.add_argument("--measured-with", default=None, help="with --replan: the command that measured that file (when it does not say)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="smollm2", help=argparse.SUPPRESS)
     parser.add_argument("--gradient-checkpointing", action="store_true", help=argparse.SUPPRESS)
@@ -240,12 +252,18 @@ def main(argv=None) -> int:
         print(json.dumps(worker(args)))
         return 0
     command = command_line("bench_memory.py", argv)
-    results = [_measure(args, "SmolLM2-135M", "smollm2", args.positions, args.batch, args.seq, args.repeats)]
-    if args.large:
-        with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
-            Path(tmp, "config.json").write_text(json.dumps(LLAMA_1B))
-            results.append(_measure(args, "Llama 1B shape, random", tmp, args.large_positions, 1, args.large_seq, 1))
-            results[-1]["model"] = "config.json (Llama-3.2-1B shape)"
+    if args.replan:
+        results = _replan(args, json.loads(Path(args.replan).read_text()))
+        command = f"{results[0].get('command') or args.measured_with}` (measured); `{command}"  # the planner's figures
+    else:
+        results = [_measure(args, "SmolLM2-135M", "smollm2", args.positions, args.batch, args.seq, args.repeats)]
+        if args.large:
+            with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+                Path(tmp, "config.json").write_text(json.dumps(LLAMA_1B))
+                results.append(_measure(args, "Llama 1B shape, random", tmp, args.large_positions, 1, args.large_seq, 1))
+                results[-1]["model"] = "config.json (Llama-3.2-1B shape)"
+        for res in results:
+            res["command"] = command
     text = _ckpt_markdown(results, args, command) + "\n\n" + _plan_markdown(results, command)
     print(text)
     if args.json:
