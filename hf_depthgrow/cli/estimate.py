@@ -71,8 +71,8 @@ def _table(args: EstimateArguments, plans: list) -> str:
             row.append("yes" if plan.fits else "no")
         rows.append(row)
     widths = [max(len(str(r[i])) for r in [cols, *rows]) for i in range(len(cols))]
-    lines = [head, "", "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)) for r in rows]
+    lines = [head, "", "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
+    lines += ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     lines += ["", "Not counted: the frozen-prefix cache, the CUDA context and allocator slack, the data."]
     return "\n".join(lines)
 

@@ -3,9 +3,9 @@
 Non-reentrant (`torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`) on purpose. The reentrant
 variant returns outputs that need a gradient only if one of its *tensor inputs* does; with frozen
 embeddings and a frozen (or cached) prefix the hidden states entering the first new block need none, so
-the new block's weights silently get no gradient at all (the trap of transformers#21381). The
-non-reentrant variant tracks the parameters used inside, so every trainable weight gets exactly the
-gradient it gets without checkpointing.
+the new block's weights silently get no gradient at all (what users of transformers' reentrant default meet
+with frozen embeddings). The non-reentrant variant tracks the parameters used inside, so every trainable
+weight gets exactly the gradient it gets without checkpointing.
 
 Why not `model.gradient_checkpointing_enable()`: transformers checkpoints a layer only while it is in
 train mode, and the trainer keeps frozen layers in eval mode (dropout off, see `trainable.py`); the

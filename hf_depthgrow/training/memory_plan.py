@@ -8,16 +8,18 @@ activation figure is what this family's own forward saves, at this batch and seq
 weights frozen, not a formula per family. Per device:
 
 - parameters: every weight at its dtype (a 4-/8-bit base: the original layers' linear weights at 0.5625 /
-  1.0625 bytes per weight, NF4 with a 4-byte scale per 64 / int8 with one per row of 16 at most; new blocks,
-  embeddings, norms and the head stay at the dtype); divided by the device count under ZeRO-3 / FSDP;
+  1.0625 bytes per weight, NF4 or int8 plus fp32 scales, at most one per 64 weights; new blocks, embeddings,
+  norms and the head stay at the dtype); divided by the device count under ZeRO-3 / FSDP (plus the one
+  layer gathered whole while it runs);
 - gradients: one per trainable weight at the dtype (divided under ZeRO-2/3 / FSDP); DDP adds its buckets (one
   more copy);
 - optimizer state: AdamW's two fp32 moments per trainable weight (divided under ZeRO-1/2/3 / FSDP), plus the
   fp32 temporaries of its multi-tensor step (one moment's size);
 - activations: what the forward saves (with gradient checkpointing: each checkpointed layer's input, plus
-  one layer's saved tensors during its recomputation), plus backward buffers of one layer's size, plus the
-  loss head: the chunked cross-entropy's `[tokens, hidden]` gradient and one `[chunk, vocab]` fp32 buffer
-  (or the plain head's `[tokens, vocab]` logits, log-softmax and gradient), as the trainer runs it.
+  one layer's saved tensors during its recomputation), plus the loss head as the trainer runs it (the chunked
+  cross-entropy keeps the supervised rows' hidden states and `dl/dh`; the plain head an fp32 `[tokens, vocab]`
+  log-softmax), plus the larger transient of the two: backward's gradient buffers at one node (twice the
+  largest saved tensor) or the head's (one `[chunk, vocab]` fp32 chunk; the plain head's logits and gradient).
 
 The total is their sum: an upper bound of the peak, since a step's gradients appear as its activations are
 freed. Not counted: the frozen-prefix cache (`examples x seq x hidden` at its dtype, in CPU memory unless it
@@ -138,7 +140,7 @@ class PlanSettings:
 
 def load_config(name_or_path: str):
     """The transformers config of an embedded name, a folder, a `config.json` file or a Hub id (no weights read)."""
-    from transformers import AutoConfig, PretrainedConfig
+    from transformers import AutoConfig
 
     from ..hub.loading import check_model_source
 
@@ -150,8 +152,7 @@ def load_config(name_or_path: str):
             raise ValueError(f"{path} is not a readable config.json: {err}") from None
         if "model_type" not in data:
             raise ValueError(f"{path} has no model_type: not a transformers config.json")
-        cls = AutoConfig.for_model(data["model_type"]).__class__
-        return cls.from_dict(data) if issubclass(cls, PretrainedConfig) else AutoConfig.for_model(**data)
+        return type(AutoConfig.for_model(data["model_type"])).from_dict(data)
     kind = check_model_source(str(name_or_path))
     if kind == "embedded":
         from ..data.models import minilm_path, smollm2_path
