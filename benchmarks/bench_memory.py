@@ -154,6 +154,12 @@ def _measure(args, name: str, model: str, positions, batch: int, seq: int, repea
             "plans": {str(k): v for k, v in plans.items()}}  # fmt: skip
 
 
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def _median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -175,7 +181,8 @@ def _ckpt_markdown(results: list[dict], args, command: str) -> str:
         f"Command: `{command}`", "",
         f"One native block (copy init) grown at the given position, only it trains (`trainable={args.trainable!r}`, AdamW, fp32, "
         f"no prefix cache: every layer runs each step), {args.steps} optimizer step(s) per process on random tokens; {machine()}, "
-        f"{args.threads} torch thread(s). Each figure is one fresh process: peak resident memory of the training steps "
+        f"torch {_torch_version()}, {args.threads} torch thread(s), {time.strftime('%Y-%m-%d')}; a shared machine, so the "
+        "s/step are loose. Each figure is one fresh process: peak resident memory of the training steps "
         "(`VmHWM` after resetting it once the trainer is set up) minus the process's resident memory after its imports "
         "(its interpreter and libraries); medians over the repeats, the two configurations alternating. Checkpointing "
         "recomputes the layers from the new block up in backward (`gradient_checkpointing=True`). Allocator "
