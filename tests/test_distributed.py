@@ -122,8 +122,8 @@ def base(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def fsdp_runs(base, tmp_path_factory) -> Path:
-    """One launch, six jobs: DDP with a ruinous learning rate; FSDP2 by hand; GrownTrainer on FSDP2 straight,
-    with a ruinous learning rate, abandoned after step 3 (checkpoint-2 on disk), and resumed from it."""
+    """One launch, seven jobs: DDP with a ruinous learning rate; FSDP2 by hand; GrownTrainer on FSDP2 straight,
+    with a ruinous learning rate, abandoned after step 3 (checkpoint-2 on disk), resumed from it, and with gradient checkpointing."""
     root = tmp_path_factory.mktemp("fsdp2")
     jobs = [
         {"kind": "ddp", "name": "ddp_fallback", "learning_rate": 0.1},  # DDP first: fsdp jobs switch accelerate to FSDP
@@ -132,6 +132,7 @@ def fsdp_runs(base, tmp_path_factory) -> Path:
         {"kind": "fsdp", "name": "fallback", "learning_rate": 0.1},
         {"kind": "fsdp", "name": "resumed", "save_steps": 2, "abandon_after_step": 3},
         {"kind": "fsdp", "name": "resumed", "save_steps": 2, "resume_from_checkpoint": "latest"},
+        {"kind": "fsdp", "name": "checkpointed", "save_steps": 2, "gradient_checkpointing": True},
     ]
     proc = launch("fsdp2_grown.py", ["--root", str(root), "--base", str(base), "--jobs", json.dumps(jobs)], timeout=300)
     assert proc.returncode == 0, tail(proc)
@@ -197,6 +198,19 @@ def test_grown_trainer_under_fsdp2_matches_one_process(fsdp_runs, base):
     assert worst <= 5e-5, worst
     assert [h["loss"] for h in result["history"]] == pytest.approx([h["loss"] for h in one.history], rel=1e-5)
     assert result["train_losses"]["new"] == pytest.approx(one.train_losses["new"], rel=1e-5)
+
+
+@pytest.mark.slow
+@needs_processes
+def test_gradient_checkpointing_under_fsdp2_gives_the_same_weights(fsdp_runs):
+    """The layers recomputed in backward inside FSDP2's sharded modules: the same training as without it."""
+    a, b = saved_weights(fsdp_runs / "checkpointed"), saved_weights(fsdp_runs / "straight")
+    assert a.keys() == b.keys()
+    worst = max((a[n] - b[n]).abs().max().item() for n in a)
+    assert worst <= 1e-6, worst
+    checkpointed = json.loads((fsdp_runs / "checkpointed" / "train_result.json").read_text())
+    straight = json.loads((fsdp_runs / "straight" / "train_result.json").read_text())
+    assert [h["loss"] for h in checkpointed["history"]] == pytest.approx([h["loss"] for h in straight["history"]], rel=1e-6)
 
 
 def assert_resumed_equals_straight(resumed_dir, straight_dir) -> None:

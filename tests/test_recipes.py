@@ -91,3 +91,18 @@ def test_accelerate_config_validates(path):
     assert f"accelerate launch --config_file recipes/accelerate_configs/{path.name}" in path.read_text()
     if config.distributed_type == DistributedType.FSDP:
         assert config.fsdp_config["fsdp_version"] == 2
+
+
+def test_causal_lm_recipe_checkpoints_models_from_a_size():
+    from hf_depthgrow.testing import tiny_model
+    from hf_depthgrow.training.config import TrainConfig
+
+    recipe = load_recipe("causal_lm")
+    _, _, extras = recipe.parse(["--config", str(RECIPES / "configs" / "causal_lm" / "smollm2_shakespeare.yaml")])
+    assert extras.gradient_checkpointing_above == 1_000_000_000  # SmolLM2-135M trains without it
+    model = tiny_model("llama")
+    count = sum(p.numel() for p in model.parameters())
+    assert recipe.with_checkpointing_above(TrainConfig(), model, count).gradient_checkpointing
+    assert not recipe.with_checkpointing_above(TrainConfig(), model, count + 1).gradient_checkpointing
+    assert not recipe.with_checkpointing_above(TrainConfig(), model, None).gradient_checkpointing
+    assert recipe.with_checkpointing_above(TrainConfig(gradient_checkpointing=True), model, None).gradient_checkpointing

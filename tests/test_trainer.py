@@ -371,6 +371,9 @@ def test_two_processes_match_one(tmp_path):
     Launch: in accelerate 1.16 `--cpu` selects the single-process launcher (several CPU processes
     need an MPI hostfile), so two CPU processes come from the torchrun-based `--multi_gpu` launcher
     with `ACCELERATE_USE_CPU=true`, which makes accelerate pick the gloo backend (MULTI_CPU).
+
+    The two-process run also checkpoints its activations (`--gradient-checkpointing`): the recomputation under
+    DDP must give the same gradients as the single plain process.
     """
     from hf_depthgrow.cli.train import main
 
@@ -380,7 +383,7 @@ def test_two_processes_match_one(tmp_path):
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29731",
         "-m", "hf_depthgrow.cli.train", *_common_args(base, ds, two),
-        "--per-device-train-batch-size", "2", "--ddp-timeout", "120", "--fallback", "true",
+        "--per-device-train-batch-size", "2", "--ddp-timeout", "120", "--fallback", "true", "--gradient-checkpointing",
     ]  # fmt: skip
     proc = subprocess.run(cmd, env={**_env(), "ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -17,6 +17,7 @@ COMMANDS = {
     "eval": "paired test-risk delta of a grown model against its original, with intervals",
     "compare": "growth plans against equal-budget controls (and the probe against realized gains)",
     "export-gguf": "write a natively grown decoder as a llama.cpp GGUF file (f32, f16, q8_0, q4_1, ... or the source's types)",
+    "estimate": "memory per device of training a grown model (parameters, gradients, AdamW, activations), from its config",
 }
 # A command whose module is named otherwise: a dash is not allowed in a Python module name.
 MODULES = {"export-gguf": "export"}

@@ -73,6 +73,7 @@ class CompareConfig:
         metadata={"help": "Let the largest budget need more training blocks than there are (steps x batch size): blocks then "
                           "repeat (epochs are reported per budget). Without it such a comparison is refused before anything trains."},
     )  # fmt: skip
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each layer above the frozen prefix in backward instead of keeping its activations (same gradients, less memory)."})
     lr_scheduler: str = field(
         default="auto", metadata={"help": "auto (cosine for one budget, wsd for several), cosine, linear, constant or wsd.", "choices": ["auto", *SCHEDULERS]}
     )

@@ -51,6 +51,7 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
         base=model, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=rows["retention"],
         batch_size=cfg.batch_size, selection_max_examples=cfg.selection_max_examples, lora_target_modules=cfg.lora_target_modules,
         grow_kwargs=None, original=original, tracking=_tracker_settings(cfg),
+        gradient_checkpointing=cfg.gradient_checkpointing,
     )  # fmt: skip
     store = TrialStore(trials_dir, inputs, trains=cfg.engine != "stored") if trials_dir is not None else None
     if cfg.engine == "ray":

@@ -291,6 +291,7 @@ def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows
         base=model, train_rows=train_rows, eval_rows=eval_rows, test_rows=test_rows, retention_rows=retention_rows,
         batch_size=cfg.batch_size, selection_max_examples=cfg.selection_max_examples, lora_target_modules=cfg.lora_target_modules,
         grow_kwargs=grow_kwargs, original=original, tracking=_tracker_settings(cfg),
+        gradient_checkpointing=cfg.gradient_checkpointing,
     )  # fmt: skip
     trained = [a for a in arms if a.kind != "original"]
     store = TrialStore(trials_dir, inputs, resume=resume, trains=cfg.engine != "stored") if trials_dir is not None else None

@@ -121,6 +121,7 @@ class TrialInputs:
     grow_kwargs: dict | None
     original: dict
     tracking: dict = field(default_factory=dict)
+    gradient_checkpointing: bool = False  # memory only: the same gradients, so not part of a stored trial's identity
 
 
 def train_config(spec: TrialSpec, inputs: TrialInputs):
@@ -137,7 +138,7 @@ def train_config(spec: TrialSpec, inputs: TrialInputs):
         trainable=mode, learning_rate=spec.learning_rate, max_steps=total, per_device_train_batch_size=inputs.batch_size,
         lr_scheduler=spec.scheduler, warmup_steps=spec.warmup_steps, decay_ratio=spec.decay_ratio, seed=spec.seed,
         fallback=True, selection_max_examples=inputs.selection_max_examples, save_final_model=False, progress_bar=False,
-        logging_steps=total, **inputs.tracking, run_name=f"{spec.arm.name}-lr{spec.learning_rate:g}-seed{spec.seed}", **extra,
+        logging_steps=total, gradient_checkpointing=inputs.gradient_checkpointing, **inputs.tracking, run_name=f"{spec.arm.name}-lr{spec.learning_rate:g}-seed{spec.seed}", **extra,
     )  # fmt: skip
 
 

@@ -67,6 +67,7 @@ class RunConfig:
     train_steps: int = field(default=80, metadata={"help": "Optimizer steps."})
     learning_rate: float = field(default=5e-4, metadata={"help": "Peak learning rate of the new blocks."})
     trainable: str = field(default="new", metadata={"help": "new, new+lora or full."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each layer above the frozen prefix in backward instead of keeping its activations (same gradients, less memory)."})
     eval_steps: int = field(default=40, metadata={"help": "Evaluate on the held-out split every N steps."})
     control: str | None = field(default="auto", metadata={"help": "Equal-budget control trained beside the growth: layers (the existing layers the new blocks copy, same parameter count), lora (matched rank), auto (layers where the counts match, i.e. native blocks; else lora), or none."})
     retention_data: str | None = field(default=None, metadata={"help": "General-domain set for forgetting, e.g. python_docs; none: skip."})

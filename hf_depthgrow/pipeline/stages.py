@@ -229,7 +229,8 @@ def _grow_and_train(run: _Run) -> None:
     run.train_config = TrainConfig(
         max_steps=cfg.train_steps, learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
         eval_steps=cfg.eval_steps, trainable=cfg.trainable, seed=cfg.seed, output_dir=str(run.out / "train"),
-        save_final_model=False, selection_max_examples=cfg.selection_max_examples, progress_bar=cfg.progress, **run.trackers,
+        save_final_model=False, selection_max_examples=cfg.selection_max_examples, progress_bar=cfg.progress,
+        gradient_checkpointing=cfg.gradient_checkpointing, **run.trackers,
     )  # fmt: skip
     # One tracker run holds the training and, after it, the test evaluation: the trainer writes into it.
     run.tracking = tracking.tracking_run(run_name="grown", config=cfg.to_dict(), **run.trackers)

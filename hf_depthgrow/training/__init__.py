@@ -5,13 +5,17 @@ Modules by job: `config` (TrainConfig), `trainer` (GrownTrainer, train), `result
 sets, LoRA targets, AdamW groups), `forward` (losses on rows), `checkpoints`, `selection` (the fallback rule),
 `guards` (run fingerprints, the output_dir lock, non-finite losses), `cache_plan` (whether
 `prefix_cache="auto"` pays), `tracking` (accelerate trackers), `hf_integration` (transformers'
-`Trainer` and trl's `SFTTrainer` on a grown model: `prepare_grown_model`, `FallbackCallback`).
+`Trainer` and trl's `SFTTrainer` on a grown model: `prepare_grown_model`, `FallbackCallback`),
+`activation_checkpointing` (gradient checkpointing above the frozen prefix), `memory_plan` (what an arm
+needs per device, from a config on the meta device: `plan_memory`).
 """
 
 from .checkpoints import list_checkpoints
 from .config import TrainConfig
 from .hf_integration import FallbackCallback, FallbackDecision, keep_growth_on_save, prepare_grown_model, write_growth_files
+from .activation_checkpointing import activation_checkpointing
 from .guards import CheckpointIntegrityError, CheckpointMismatchError, NonFiniteTrainingLossError, OutputDirLockedError
+from .memory_plan import MemoryPlan, PlanSettings, plan_memory
 from .original_losses import OriginalLosses
 from .prefix_cache import PrefixCache, shares_prefix
 from .result import TrainResult
@@ -20,6 +24,10 @@ from .trainer import GrownTrainer, train
 
 __all__ = [
     "CheckpointIntegrityError",
+    "MemoryPlan",
+    "PlanSettings",
+    "activation_checkpointing",
+    "plan_memory",
     "CheckpointMismatchError",
     "FallbackCallback",
     "FallbackDecision",

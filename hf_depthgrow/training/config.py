@@ -24,9 +24,9 @@ RESUME_MAY_CHANGE = (
     "per_device_train_batch_size", "per_device_eval_batch_size", "eval_steps", "logging_steps", "progress_bar",
     "prefix_cache", "prefix_cache_dir", "prefix_cache_batch_size", "merge_lora", "output_dir", "save_steps",
     "save_total_limit", "save_final_model", "resume_from_checkpoint", "ddp_timeout", "stop_after_step",
-    "report_to", "logging_dir", "project_name", "run_name",
+    "report_to", "logging_dir", "project_name", "run_name", "gradient_checkpointing",
 )  # fmt: skip
-BOOL_FIELDS = ("merge_lora", "progress_bar", "fallback", "save_final_model")
+BOOL_FIELDS = ("merge_lora", "progress_bar", "fallback", "save_final_model", "gradient_checkpointing")
 
 
 def _require(cond, msg: str) -> None:
@@ -81,6 +81,11 @@ class TrainConfig:
     max_grad_norm (`float` or `None`): gradient clipping; `None` or `0` switches it off.
     mixed_precision (`str` or `None`): `"no"`, `"fp16"`, `"bf16"`; `None` takes the
         `accelerate launch` configuration.
+    gradient_checkpointing (`bool`, defaults to `False`): keep only each layer's input from the lowest
+        layer a gradient flows through, and recompute the layer in backward (non-reentrant, so new blocks
+        above a frozen or cached prefix get their full gradient; `activation_checkpointing.py`). Same
+        gradients, about one more forward of those layers per step, activation memory of one layer
+        instead of all of them.
     seed (`int`): seeds LoRA init, dropout and the data order.
 
     > Evaluation and logging
@@ -176,6 +181,11 @@ class TrainConfig:
     mixed_precision: str | None = field(
         default=None, metadata={"help": "no, fp16 or bf16; default: the accelerate launch config."}
     )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Recompute each layer above the frozen prefix in backward instead of keeping its activations "
+                          "(non-reentrant: same gradients, less memory, about one more forward)."},
+    )  # fmt: skip
     seed: int = field(default=0, metadata={"help": "Seed of LoRA init, dropout and data order."})
     # evaluation and logging
     eval_steps: int = field(default=0, metadata={"help": "Evaluate every N steps; 0: before and after only."})

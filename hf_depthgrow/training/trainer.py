@@ -38,6 +38,7 @@ from ..growth.engine import growth_record
 from ..growth.prefix import lowest_new_index
 from ..growth.quantized import bnb_mode
 from ..losses import is_causal_lm
+from .activation_checkpointing import activation_checkpointing
 from .checkpoints import (
     CHECKPOINT_PREFIX,
     TRAINABLE_WEIGHTS,
@@ -215,6 +216,8 @@ class GrownTrainer:
         if cfg.trainable == "layers":
             # Nothing below the lowest trained layer changes: the same frozen prefix as a new block there.
             self.prefix_index = cfg.trainable_layers[0]
+        # Gradient checkpointing from the lowest layer a gradient flows through: below it nothing is kept for backward.
+        self.checkpoint_from = 0 if cfg.trainable in ("full", "lora") else (self.prefix_index or 0)
         self.model.to(acc.device)
         # Checkpoints through accelerate's save_state (sharded files / the engine's checkpoint), a gathered final model.
         self.sharded = acc.distributed_type == DistributedType.FSDP or self.deepspeed
@@ -341,7 +344,7 @@ class GrownTrainer:
         for i, (r, batch) in enumerate(zip(rows, batches)):
             # Gradients are all-reduced once per optimizer step, on the last micro-batch.
             sync = contextlib.nullcontext() if i == accum - 1 else acc.no_sync(self.wrapped)
-            with sync:
+            with sync, activation_checkpointing(self.model, self.checkpoint_from, enabled=cfg.gradient_checkpointing):
                 el = batch_losses(self.wrapped, self.model, batch, r, self.train_cache, self.prefix_index, accelerator=acc, causal=self.causal,
                                   chunk_size=self.config.loss_chunk)  # fmt: skip
                 total = el.total.sum()
