@@ -9,13 +9,17 @@ import types
 
 
 def _not_the_cpu_kernel_notice(record) -> bool:
-    # bitsandbytes (imported by peft and transformers whenever it is installed) logs, on CPUs with AVX512-BF16, that
-    # it could not fetch an optional 4-bit kernel from the Hub. This package keeps 4-bit layers off that kernel
-    # (it passes no gradient to its input), so the line is noise on every command's stderr: only it is dropped.
-    return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward")
+    # bitsandbytes (imported by peft and transformers whenever it is installed) asks the `kernels` package, on CPUs
+    # with AVX512-BF16, for an optional 4-bit kernel from the Hub, and both log when it cannot be had (offline, or
+    # unverified). This package keeps 4-bit layers off that kernel (it passes no gradient to its input), so the two
+    # lines are noise on every command's stderr: only they are dropped.
+    message = str(record.msg)
+    return not (message.startswith("Failed to load CPU gemm_4bit_forward")
+                or message.startswith("Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes'"))
 
 
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_the_cpu_kernel_notice)
+for _name in ("bitsandbytes.backends.cpu.ops", "kernels._internals.hf_hub"):
+    logging.getLogger(_name).addFilter(_not_the_cpu_kernel_notice)
 
 # Everything loads on first use, so that `import hf_depthgrow` (and `hf-depthgrow --help`) imports no torch.
 _LAZY = {

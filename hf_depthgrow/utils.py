@@ -284,8 +284,9 @@ def interrupt_stage(text: str | None) -> None:
     _INTERRUPT["stage"] = text
 
 
-def interrupt_hint(text: str | None) -> None:
-    """How the user goes on after an interrupt (`"the same command with --resume continues it"`)."""
+def interrupt_hint(text) -> None:
+    """How the user goes on after an interrupt (`"the same command with --resume continues it"`); a callable is
+    asked at the interrupt, for a hint that depends on what the run has written by then."""
     _INTERRUPT["hint"] = text
 
 
@@ -295,7 +296,9 @@ def report_interrupt(prog: str, err: KeyboardInterrupt) -> int:
 
     name = "SIGTERM" if isinstance(err, Terminated) else "SIGINT (Ctrl-C)"
     where = f" during {_INTERRUPT['stage']}" if _INTERRUPT["stage"] else ""
-    print(f"{prog}: interrupted by {name}{where}; {_INTERRUPT['hint'] or _DEFAULT_HINT}", file=sys.stderr, flush=True)
+    hint = _INTERRUPT["hint"]
+    hint = hint() if callable(hint) else hint
+    print(f"{prog}: interrupted by {name}{where}; {hint or _DEFAULT_HINT}", file=sys.stderr, flush=True)
     return 128 + int(getattr(err, "signum", signal.SIGINT))
 
 

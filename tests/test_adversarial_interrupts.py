@@ -129,18 +129,19 @@ def test_a_real_sigterm_stops_train_with_143_and_resume_continues(saved, tmp_pat
     out = tmp_path / "train"
     argv = [sys.executable, "-m", "hf_depthgrow.cli.train", "--model", str(saved / "model"), "--positions", "1",
             "--data", str(saved / "data.txt"), "--block-size", "16", "--max-examples", "24", "--eval-fraction", "0",
-            "--max-steps", "40", "--save-steps", "1", "--save-total-limit", "2", "--per-device-train-batch-size", "2",
+            "--max-steps", "40", "--save-steps", "1", "--per-device-train-batch-size", "2",
             "--output-dir", str(out), "--no-progress-bar", "--no-fallback"]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 240
     while not (out / "checkpoint-2").is_dir() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before the signal could be sent"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
     assert _last_line(err) == (f"hf-depthgrow train: interrupted by SIGTERM during training; the same command with "
-                               f"--resume-from-checkpoint latest continues from the last checkpoint in {out} (none yet: it starts over)")
+                               f"--resume-from-checkpoint latest continues from the last checkpoint in {out}")  # checkpoint-2 is there
     steps = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     assert steps and steps[-1] < 40
     resumed = subprocess.run([*argv, "--resume-from-checkpoint", "latest"], capture_output=True, text=True, env=env, timeout=600)
@@ -288,7 +289,7 @@ def test_a_bad_accelerate_config_is_one_line_exit_2_and_nothing_written(tmp_path
     code = main(["compare", "--engine", "ray", "--workers-per-trial", "2", "--accelerate-config", name, "--output-dir", "out"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert err.strip().startswith(f"hf-depthgrow compare: accelerate_config {name}: ") and words in err
+    assert err.strip().startswith(f"hf-depthgrow compare: --accelerate-config {name}: ") and words in err
     if "valid YAML" not in words:
         assert "expected a mapping of accelerate settings" in err
     assert sorted(os.listdir(tmp_path)) == [name]

@@ -103,12 +103,17 @@ def run(args: ScriptArguments, config: TrainConfig):
     return train(model, train_ds, config=config, eval_data=eval_ds, stepping_stone=stone, tokenizer=tokenizer)
 
 
-def _resume_hint(config: TrainConfig) -> str:
-    """How an interrupted `train` goes on: from its last checkpoint when it writes them."""
-    if config.save_steps and config.output_dir:
-        again = "the same command" + ("" if config.resume_from_checkpoint == "latest" else " with --resume-from-checkpoint latest")
-        return f"{again} continues from the last checkpoint in {config.output_dir} (none yet: it starts over)"
-    return "no checkpoint was written (--save-steps 0): the same command starts over"
+def _resume_hint(config: TrainConfig):
+    """How an interrupted `train` goes on (asked at the interrupt): from its last checkpoint when it wrote one."""
+    if not (config.save_steps and config.output_dir):
+        return "no checkpoint was written (--save-steps 0): the same command starts over"
+    again = "the same command" + ("" if config.resume_from_checkpoint == "latest" else " with --resume-from-checkpoint latest")
+
+    def hint() -> str:
+        written = any(p.is_dir() for p in Path(config.output_dir).glob("checkpoint-*"))
+        return f"{again} continues from the last checkpoint in {config.output_dir}" + ("" if written else " (none yet: it starts over)")
+
+    return hint
 
 
 def _train(argv: list[str]) -> int:

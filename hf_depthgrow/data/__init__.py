@@ -3,13 +3,15 @@
 Modules: `sources` (`load_data`, splits, loaders), `batches` (the one data contract every function that
 takes data reads through), `models` (SmolLM2, MiniLM shipped in packages), `corpora` (Shakespeare,
 the Python docs, tweets, Fashion-MNIST, digits), `lm_blocks` (causal-LM token blocks), `installed` (finding them),
-`text_files` (which local paths may be read, and text read lazily in bounded pieces).
+`text_files` (which local paths may be read, and text read lazily in bounded pieces), `streaming` (training
+blocks tokenized from a stream as training reaches them).
 """
 
 from .batches import DOCUMENT_COLUMN, DataFormError, as_batches, as_rows, collate, data_form, documents_of
 from .corpora import digits, fashion_mnist, python_docs_texts, shakespeare_texts, tweets_sentiment
 from .lm_blocks import causal_lm_blocks, sampled_document_blocks, train_test_split_blocks
 from .models import load_smollm2, minilm_path, smollm2_path
+from .streaming import StreamedBlocks, StreamTooShortError, stream_data
 from .sources import (
     EMBEDDED_SOURCES,
     group_parts,
@@ -21,6 +23,9 @@ from .sources import (
 )
 
 __all__ = [
+    "StreamTooShortError",
+    "StreamedBlocks",
+    "stream_data",
     "DOCUMENT_COLUMN",
     "EMBEDDED_SOURCES",
     "DataFormError",
