@@ -32,7 +32,7 @@ from hf_depthgrow.pipeline.evidence_cache import write_digest
 from hf_depthgrow.testing import tiny_model, tiny_rows
 
 DISK_FULL = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
-KW = dict(growth=["top:1"], controls=["layers"], budgets=[2, 4], learning_rates=[3e-3], lr_extensions=0, batch_size=4, allow_repeated_data=True,
+KW = dict(growth=["top:1"], controls=["layers"], budgets=[2, 4], learning_rates=[3e-3], lr_extensions=0, forgetting_rates=0, matched_controls=False, batch_size=4, allow_repeated_data=True,
           progress=False, n_bootstrap=50)  # fmt: skip
 
 
@@ -234,7 +234,8 @@ def test_every_field_of_an_arm_a_spec_and_the_inputs_changes_the_key(setting, tm
     not_in_key = {
         Arm: {"spec": "resolved into `placement`, which is in the key"},
         TrialInputs: {"original": "computed from the model, rows and batch size, all in the key",
-                      "tracking": "where the trackers log, not what trains"},
+                      "tracking": "where the trackers log, not what trains",
+                      "gradient_checkpointing": "recomputes the same activations: the same gradients, up to float rounding"},
     }  # fmt: skip
     before = key()
     for cls, (values, make) in changed.items():
@@ -246,6 +247,7 @@ def test_every_field_of_an_arm_a_spec_and_the_inputs_changes_the_key(setting, tm
     # What is left out is left out on purpose: changing it reuses the trial.
     assert key(s=replace(spec, arm=replace(arm, spec="at:2 (as typed)"))) == before
     assert key(i=replace(inputs, tracking={"report_to": ["tensorboard"], "logging_dir": "logs"})) == before
+    assert key(i=replace(inputs, gradient_checkpointing=True)) == before
 
 
 # --------------------------------------------------------------------------- checkpoints: foreign, keyless, tampered
