@@ -38,7 +38,7 @@ BLOCK, BATCH = 128, 8
 
 
 def _corpus(folder: Path, chars: int) -> Path:
-    from hf_depthgrow.data.corpora import python_docs_texts, shakespeare_texts
+    from hf_depthgrow.data import python_docs_texts, shakespeare_texts
 
     try:
         texts = python_docs_texts()
@@ -65,33 +65,31 @@ def _peak_mb() -> float:
     return float("nan")
 
 
-def worker(mode: str, corpus: str, tokenizer_dir: str) -> dict:
+def _texts(corpus: Path) -> list[str]:
+    return [json.loads(line)["text"] for shard in sorted(corpus.glob("*.jsonl")) for line in shard.read_text().splitlines()]
+
+
+def worker(mode: str, corpus: str, tokenizer_dir: str, blocks: str) -> dict:
     import torch
     import transformers
 
-    from hf_depthgrow import grow_depth
+    from hf_depthgrow import grow_depth, train
     from hf_depthgrow.testing import tiny_model
-    from hf_depthgrow.training.trainer import train
 
     torch.set_num_threads(1)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     model = tiny_model("llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128)
     grow_depth(model, [2])
+    n = int(blocks) // BATCH * BATCH  # every block of the corpus (counted by the driver), in whole batches
     start = time.perf_counter()
     if mode == "streamed":
-        from hf_depthgrow.data.sources import _read_local
-        from hf_depthgrow.data.streaming import _blocks, stream_data
+        from hf_depthgrow.data import stream_data
 
-        # Count the corpus's blocks without holding them, to train through every one as the loaded run does.
-        texts = _read_local(Path(corpus), None, None, lazy=True)[0]
-        n = sum(1 for _ in _blocks(texts, tokenizer, BLOCK, tokenizer.eos_token_id)) // BATCH * BATCH
-        start = time.perf_counter()
         _, rows = stream_data(corpus, tokenizer, block_size=BLOCK, train_blocks=n, model=model)
     else:
         from hf_depthgrow.data import load_data
 
         rows = load_data(corpus, model=model, tokenizer=tokenizer, block_size=BLOCK)
-        n = len(rows) // BATCH * BATCH
         start = time.perf_counter()
     train(model, rows, max_steps=n // BATCH, per_device_train_batch_size=BATCH, fallback=False, progress_bar=False,
           prefix_cache="off", output_dir=tempfile.mkdtemp())  # fmt: skip
@@ -104,24 +102,27 @@ def main(argv=None) -> int:
     parser.add_argument("--base-chars", type=int, default=200_000, help="characters of the 1x corpus")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write-results", action="store_true")
-    parser.add_argument("--worker", nargs=3, metavar=("MODE", "CORPUS", "TOKENIZER"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=4, metavar=("MODE", "CORPUS", "TOKENIZER", "BLOCKS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(*args.worker)))
         return 0
+    from hf_depthgrow.data import causal_lm_blocks
     from hf_depthgrow.testing import byte_level_tokenizer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_streaming_"))
     corpora = {scale: _corpus(tmp / f"x{scale}", args.base_chars * scale) for scale in (1, 10)}
-    sample = [json.loads(line)["text"] for line in (corpora[1] / "shard-0000.jsonl").read_text().splitlines()]
-    byte_level_tokenizer(sample).save_pretrained(tmp / "tokenizer")
+    tokenizer = byte_level_tokenizer(_texts(corpora[1]))
+    tokenizer.save_pretrained(tmp / "tokenizer")
+    # Counted here, outside the measured processes: both train through every block of the corpus once.
+    counts = {scale: len(causal_lm_blocks(tokenizer, _texts(c), BLOCK)) for scale, c in corpora.items()}
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     results = {}
     for scale, corpus in corpora.items():
         for mode in ("loaded", "streamed"):
             runs = []
             for _ in range(args.repeats):
-                out = subprocess.run([sys.executable, __file__, "--worker", mode, str(corpus), str(tmp / "tokenizer")],
+                out = subprocess.run([sys.executable, __file__, "--worker", mode, str(corpus), str(tmp / "tokenizer"), str(counts[scale])],
                                      env=env, capture_output=True, text=True, check=True)  # fmt: skip
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             results[(scale, mode)] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}

@@ -191,7 +191,7 @@ def test_quantize_without_the_backend_is_one_line(base, monkeypatch):
     "argv, message",
     [
         (["train", "--quantize", "4bit", "--positions", "2"], "hf-depthgrow train: quantize: the layers of gpt2 hold no torch.nn.Linear (Conv1D), which is all bitsandbytes quantises; load this model without quantize"),
-        (["train", "--quantize", "2bit", "--positions", "2"], "hf-depthgrow train: quantize must be 4bit or 8bit, got '2bit'"),
+        (["train", "--quantize", "2bit", "--positions", "2"], "hf-depthgrow train: --quantize must be 4bit or 8bit, got '2bit'"),
         (["run", "--quantize", "4bit", "--control", "layers"], "hf-depthgrow run: control 'layers' trains the base's own layers, which a quantised base keeps frozen: pass control: none with quantize"),
         (["run", "--quantize", "4bit"], "hf-depthgrow run: quantize: the layers of gpt2 hold no torch.nn.Linear (Conv1D), which is all bitsandbytes quantises; load this model without quantize"),
     ],

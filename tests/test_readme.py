@@ -240,12 +240,13 @@ def test_readme_compare_block(fake_load_model, tmp_path, monkeypatch):
     ns = run_block(code, fresh_namespace(), "README.md block 2")
 
     result = ns["result"]
-    assert [a.name for a in result.arms] == ["original", "probe:1", "interleave:2", "layers", "lora", "lora:48", "full"]
+    # layers[interleave:2]: the control matched to interleave:2's trainable parameters (probe:1's match is `layers`)
+    assert [a.name for a in result.arms] == ["original", "probe:1", "interleave:2", "layers", "lora", "lora:48", "full", "layers[interleave:2]"]
     assert result.num_examples["retention"] == 8 and result.statistics["best_control"] in ("layers", "lora", "lora:48", "full")
     assert result.verdict.startswith(("growth beat", "growth did NOT beat")) and "the best within forgetting 0.05 nats" in result.verdict
     assert [v.steps for v in result.views] == [2, 4]
     assert (tmp_path / "runs" / "compare" / "compare.json").is_file() and (tmp_path / "runs" / "compare" / "compare_frontier.png").is_file()
-    assert len(list((tmp_path / "runs" / "compare-trials" / "trials").iterdir())) == 6 * 3  # every trial stored: resumable
+    assert len(list((tmp_path / "runs" / "compare-trials" / "trials").iterdir())) == 7 * 5  # 7 arms (one matched control) x 3 rates + 2 below (forgetting): every trial stored
 
 
 @pytest.mark.real_model

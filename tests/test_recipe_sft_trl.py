@@ -36,7 +36,7 @@ def test_sft_config_carries_the_settings_and_bad_values_are_errors(tmp_path):
     config = sft.sft_config(args.block_size)
     assert (config.max_steps, config.learning_rate, config.max_length, config.save_steps) == (7, sft.learning_rate, args.block_size, 5)
     assert config.gradient_checkpointing is False and config.bf16 is False and config.packing is False
-    with pytest.raises(ValueError, match="max_steps must be an int >= 1"):
+    with pytest.raises(ValueError, match="max[-_]steps must be an int >= 1"):
         recipe.parse(["--config", str(path), "--max-steps", "0"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: smollm2\nlerning_rate: 0.1\n")

@@ -199,7 +199,7 @@ def test_the_same_run_again_replaces_its_own_output_and_reuses_the_evidence(tiny
     assert "exists and is not empty; pass --overwrite to replace it" in capsys.readouterr().err
     (out / "my_notes.txt").write_text("mine")
     assert main(_run_argv(tiny_lm, out, cache)) == 2
-    assert "exists and is not empty; pass --overwrite" in capsys.readouterr().err
+    assert "it holds files hf-depthgrow did not write (my_notes.txt)" in capsys.readouterr().err  # --overwrite would not help
     assert (out / "my_notes.txt").read_text() == "mine"
     assert json.loads((out / "summary.json").read_text()) == second
 
