@@ -118,17 +118,20 @@ def main(argv=None) -> int:
     counts = {scale: len(causal_lm_blocks(tokenizer, _texts(c), BLOCK)) for scale, c in corpora.items()}
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     results = {}
-    for scale, corpus in corpora.items():
-        for mode in ("loaded", "streamed"):
-            runs = []
-            for _ in range(args.repeats):
-                out = subprocess.run([sys.executable, __file__, "--worker", mode, str(corpus), str(tmp / "tokenizer"), str(counts[scale])],
-                                     env=env, capture_output=True, text=True, check=True)  # fmt: skip
-                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            results[(scale, mode)] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-            print(scale, mode, results[(scale, mode)], flush=True)
+    # (corpus scale, mode, blocks trained): the third row streams the 10x corpus for the 1x run's steps, which
+    # separates what grows with the corpus from what grows with the length of the run.
+    cases = [(s, m, counts[s]) for s in corpora for m in ("loaded", "streamed")] + [(10, "streamed, 1x steps", counts[1])]
+    for scale, mode, blocks in cases:
+        runs = []
+        for _ in range(args.repeats):
+            argv = [sys.executable, __file__, "--worker", mode.split(",")[0], str(corpora[scale]), str(tmp / "tokenizer"), str(blocks)]
+            out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        results[(scale, mode)] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(scale, mode, results[(scale, mode)], flush=True)
+    results[(1, "streamed, 1x steps")] = results[(1, "streamed")]
     rows = []
-    for mode in ("loaded", "streamed"):
+    for mode in ("loaded", "streamed", "streamed, 1x steps"):
         one, ten = results[(1, mode)], results[(10, mode)]
         rows.append(f"| {mode} | {one['blocks']:.0f} / {ten['blocks']:.0f} | {one['peak_mb']:.0f} | {ten['peak_mb']:.0f} | "
                     f"{ten['peak_mb'] / one['peak_mb']:.3f}x | {one['tokens_per_s']:.0f} | {ten['tokens_per_s']:.0f} | "
@@ -142,7 +145,8 @@ def main(argv=None) -> int:
         f"one new block of a random Llama (4 layers x 64, byte-level tokenizer) trained once through every block of "
         f"{BLOCK} tokens, batch {BATCH}, one thread; torch {torch.__version__}, {os.cpu_count()} cores (shared with "
         f"other jobs: tokens/s is a wall-clock figure). Medians of {args.repeats} fresh processes each. 'loaded' is "
-        "`load_data` on the folder then `train`; 'streamed' is `stream_data` (its check pass included) then `train`.", "",
+        "`load_data` on the folder then `train`; 'streamed' is `stream_data` (its check pass included) then `train`; "
+        "'streamed, 1x steps' streams the 10x corpus for the 1x run's blocks only.", "",
         "| data | blocks 1x / 10x | peak RSS 1x MB | peak RSS 10x MB | 10x / 1x | tokens/s 1x | tokens/s 10x | 10x / 1x |",
         "|---|---|---|---|---|---|---|---|",
         *rows, "",
