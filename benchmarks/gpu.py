@@ -3,6 +3,8 @@
     python benchmarks/gpu.py --write-results                       # SmolLM2-135M, bf16 on a GPU
     python benchmarks/gpu.py --model tiny --steps 3 --warmup 1     # CPU smoke run (what CI runs)
     python benchmarks/gpu.py --model smollm2-random --write-results  # SmolLM2-135M's architecture, random weights
+    python benchmarks/gpu.py --model llama-1b-random --seq 2048 --batch 4 --steps 5 --warmup 2 \
+        --variants new new+ckpt new+4bit full --probe-batches 1 --write-results   # growth at 1B, under 8 minutes
 
 `smollm2-random` is for a machine the SmolLM2 weights cannot reach (its 98 MB GGUF is over what travels to a
 lent GPU machine): SmolLM2-135M's exact config with random weights and random token ids. Step time, FLOPs and
@@ -13,7 +15,13 @@ Four ways to train SmolLM2 for the same steps, the first three leaving the base 
 - `new`:        one native block at k (copy init) trains alone, full forward + backward (LLaMA Pro);
 - `new+cache`:  the same with this trainer's frozen-prefix cache (layers below k run once, up front);
 - `lora`:       LoRA (r=8) on every linear layer of the ungrown model;
-- `full`:       every parameter of the ungrown model trains: the baseline a user would otherwise run.
+- `full`:       every parameter of the ungrown model trains: the baseline a user would otherwise run;
+- `new+ckpt`:   `new` with gradient checkpointing (`TrainConfig.gradient_checkpointing`);
+- `new+4bit`:   `new` on a base saved and reloaded in 4-bit NF4 (`load_model(..., quantize="4bit")`, bitsandbytes).
+
+`llama-1b-random` is Llama-3.2-1B's shape (16 layers x 2048, vocab 128,256) with random weights, the size at which
+the recipes switch checkpointing on. Each training row also gives the memory planner's prediction for the same arm
+(`hf_depthgrow.training.plan_memory`: parameters, gradients, AdamW state and activations), next to the measured peak.
 
 Each variant gets a fresh model and a `GrownTrainer`; after `--warmup` steps, `--steps` steps are
 timed one by one (CUDA synchronised) and the median step time gives tokens/s. FLOPs per step come
@@ -51,12 +59,13 @@ from flops import flop_counter  # noqa: E402
 from results_file import rerun_command, write_atomic  # noqa: E402
 SECTION = "## GPU benchmark: training, probe and evaluation throughput"
 HEADER = (
-    "| device | model | dtype | seq x batch | variant | trainable params | tokens/s | vs full | MFU | peak memory MB | FLOPs counted per token |\n"
-    "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"
+    "| device | model | dtype | seq x batch | variant | trainable params | tokens/s | vs full | MFU | peak memory MB | planner MB | FLOPs counted per token |\n"
+    "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
 )
 # Dense bf16 peaks in TFLOP/s (vendor datasheets, without sparsity).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0, "RTX 4090": 165.0}
-VARIANTS = ("new", "new+cache", "lora", "full")
+VARIANTS = ("new", "new+cache", "lora", "full", "new+ckpt", "new+4bit")
+DEFAULT_VARIANTS = VARIANTS[:4]
 
 
 def device_name(device: torch.device) -> str:
@@ -82,9 +91,18 @@ SMOLLM2_135M = dict(
 )  # fmt: skip
 
 
+# Llama-3.2-1B's shape (rope scaling left at the default: the shapes, not the positions, set time and memory).
+LLAMA_1B = dict(
+    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=64, hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-05,
+    tie_word_embeddings=True, rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}, attention_bias=False,
+    mlp_bias=False, bos_token_id=128000, eos_token_id=128001,
+)  # fmt: skip
+
+
 def load_base(args):
     """The model to benchmark (fp32 weights; bf16 comes from autocast) and its training rows."""
-    if args.model in ("tiny", "smollm2-random"):
+    if args.model in ("tiny", "smollm2-random", "llama-1b-random"):
         if args.model == "tiny":
             from hf_depthgrow.testing import tiny_model
 
@@ -93,7 +111,8 @@ def load_base(args):
             from transformers import LlamaConfig, LlamaForCausalLM
 
             torch.manual_seed(0)
-            model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).eval()
+            shape = SMOLLM2_135M if args.model == "smollm2-random" else LLAMA_1B
+            model = LlamaForCausalLM(LlamaConfig(**shape)).eval()
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(2, model.config.vocab_size, (args.examples, args.seq), generator=g)
         rows = [{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids]
@@ -136,17 +155,43 @@ def _peak_mb(device: torch.device) -> float | None:
     return _status_mb("VmHWM")
 
 
+def quantized_copy(base):
+    """`base` as a user loads a 4-bit base: saved, then reloaded through `BitsAndBytesConfig` (NF4)."""
+    import tempfile
+
+    from hf_depthgrow import load_model
+
+    with tempfile.TemporaryDirectory() as folder:
+        base.save_pretrained(folder)
+        model, _ = load_model(folder, quantize="4bit")
+    return model
+
+
+def planned_mb(base, variant: str, args, precision: str) -> float | None:
+    """The memory planner's prediction for `variant` (per device, MiB); `None` for an arm it has no model of (LoRA
+    without growth; the prefix cache, which it does not count)."""
+    from hf_depthgrow.training import PlanSettings, plan_memory
+
+    if variant in ("lora", "new+cache"):
+        return None
+    trainable = "full" if variant == "full" else "new"
+    settings = PlanSettings(positions=[args.k], trainable=trainable, seq=args.seq, batch=args.batch,
+                            gradient_checkpointing=variant == "new+ckpt", quantize="4bit" if variant == "new+4bit" else None,
+                            dtype="bfloat16" if precision == "bf16" else "float32")  # fmt: skip
+    return plan_memory(base.config, settings).total_bytes / 2**20
+
+
 def make_trainer(base, rows, variant: str, args, precision: str):
     """A set-up `GrownTrainer` for `variant` on a fresh copy of `base`."""
     from hf_depthgrow import grow_depth
     from hf_depthgrow.training import GrownTrainer, TrainConfig
 
-    model = copy.deepcopy(base)
+    model = quantized_copy(base) if variant == "new+4bit" else copy.deepcopy(base)
     if variant.startswith("new"):
         grow_depth(model, [args.k], block="native", init="copy")
     cfg = TrainConfig(
         trainable="new" if variant.startswith("new") else variant,
-        prefix_cache="memory" if variant == "new+cache" else "off",
+        prefix_cache="memory" if variant == "new+cache" else "off", gradient_checkpointing=variant == "new+ckpt",
         max_steps=10_000, per_device_train_batch_size=args.batch, learning_rate=1e-4, fallback=False,
         mixed_precision=precision, progress_bar=False, seed=0, lora_r=8,
     )  # fmt: skip
@@ -195,6 +240,7 @@ def measure_training(base, rows, variant: str, args, precision: str, device: tor
         "step_seconds": [round(t, 4) for t in times],
         "flops_per_step": counter.get_total_flops(),
         "peak_mb": peak,
+        "planned_mb": planned_mb(base, variant, args, precision),
     }
 
 
@@ -232,14 +278,16 @@ def rows_markdown(results: list[dict], args, device_tag: str, dtype: str, peak: 
     lines = []
     for r in results:
         if "trainable" not in r:  # probe / evaluation: throughput only
-            lines.append(f"{lead} {r['variant']} |  | {r['tokens_per_s']:,.0f} |  |  |  |  |")
+            lines.append(f"{lead} {r['variant']} |  | {r['tokens_per_s']:,.0f} |  |  |  |  |  |")
             continue
         per_token = r["flops_per_step"] / (args.batch * args.seq)
         ratio = f"{r['tokens_per_s'] / full:.2f}x" if full else ""
         mfu = f"{100 * per_token * r['tokens_per_s'] / (peak * 1e12):.1f}%" if peak else "n/a"
         memory = f"{r['peak_mb']:,.0f}" if r["peak_mb"] is not None else "n/a"
+        planned = f"{r['planned_mb']:,.0f}" if r.get("planned_mb") is not None else "n/a"
         lines.append(
-            f"{lead} {r['variant']} | {r['trainable']:,} | {r['tokens_per_s']:,.0f} | {ratio} | {mfu} | {memory} | {per_token / 1e6:,.2f} M |"
+            f"{lead} {r['variant']} | {r['trainable']:,} | {r['tokens_per_s']:,.0f} | {ratio} | {mfu} | {memory} | {planned} | "
+            f"{per_token / 1e6:,.2f} M |"
         )
     return lines
 
@@ -263,7 +311,7 @@ def write_results(path: Path, lines: list[str], device_tag: str, model: str, sha
 
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["smollm2", "smollm2-random", "tiny"], default="smollm2")
+    p.add_argument("--model", choices=["smollm2", "smollm2-random", "llama-1b-random", "tiny"], default="smollm2")
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--examples", type=int, default=64)
@@ -271,7 +319,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant (median)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--probe-batches", type=int, default=4)
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak (default: table)")
     p.add_argument("--write-results", action="store_true", help="write rows into benchmarks/RESULTS.md")
     p.add_argument("--results", type=Path, default=HERE / "RESULTS.md")

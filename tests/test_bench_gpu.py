@@ -70,3 +70,16 @@ def test_smollm2_random_has_the_real_models_config(gpu_bench):
         assert getattr(real, key) == value, key
     stand_in = gpu_bench.load_base(gpu_bench.argparse.Namespace(model="smollm2-random", examples=2, seq=8))[0]
     assert sum(p.numel() for p in stand_in.parameters()) == sum(p.numel() for p in load_model("smollm2")[0].parameters())
+
+
+def test_growth_at_scale_variants_train_checkpointed_and_on_a_4bit_base_beside_the_planner(gpu_bench):
+    pytest.importorskip("bitsandbytes")
+    results = gpu_bench.main([*ARGS, "--variants", "new", "new+ckpt", "new+4bit"])
+    by = {r["variant"]: r for r in results if "trainable" in r}
+    # The same new block trains in every variant; only how its activations and the frozen base are held differs.
+    assert by["new"]["trainable"] == by["new+ckpt"]["trainable"] == by["new+4bit"]["trainable"] > 0
+    assert all(r["planned_mb"] > 0 for r in by.values())
+    assert by["new+ckpt"]["planned_mb"] <= by["new"]["planned_mb"]  # checkpointing keeps fewer activations
+    assert by["new+4bit"]["planned_mb"] < by["new"]["planned_mb"]  # a 4-bit base holds fewer weight bytes
+    # Recomputation shows in the counted FLOPs: the checkpointed step runs the forward of the grown layers twice.
+    assert by["new+ckpt"]["flops_per_step"] > by["new"]["flops_per_step"]
