@@ -62,15 +62,23 @@ def _numbers(obj, out: list) -> None:
             _numbers(value, out)
 
 
+def _list_numbers(value) -> list[float]:
+    if isinstance(value, list) and all(isinstance(v, (int, float, str)) for v in value):
+        return [abs(float(v)) for v in value if not isinstance(v, (bool, str)) and math.isfinite(v)]
+    return []
+
+
 def _groups(obj, out: list) -> None:
-    """The numbers each dict holds directly or in its lists of numbers: where an interval's parts sit together."""
+    """The numbers each dict holds directly, in its lists of numbers, or in the lists of its child dicts (a point
+    beside `{"intervals": {"bootstrap": [low, high]}}`): where an interval's parts sit together."""
     if isinstance(obj, dict):
         own: list[float] = []
         for value in obj.values():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 own.append(abs(float(value)))
-            elif isinstance(value, list) and all(isinstance(v, (int, float, str)) for v in value):
-                own += [abs(float(v)) for v in value if not isinstance(v, (bool, str)) and math.isfinite(v)]
+            own += _list_numbers(value)
+            if isinstance(value, dict):
+                own += [x for v in value.values() for x in _list_numbers(v)]
             _groups(value, out)
         if len(own) >= 2:
             out.append(sorted(own))
