@@ -11,8 +11,9 @@ byte-level tokenizer) through every block of the corpus once, so the 10x run tra
   tokenized up front into a `datasets.Dataset` of blocks), then the same training.
 
 Every run is a fresh process; peak memory is the kernel's `VmHWM` at the end (the whole process: load,
-tokenize, train). tokens/s counts the training tokens over the wall time of `train()` alone for the loaded
-runs and of `stream_data` + `train()` for the streamed ones (the stream's check pass is part of its cost).
+tokenize, train). tokens/s counts the training tokens over the process's CPU time (one thread; on a shared machine the wall clock
+measures the other jobs too) of `train()` alone for the loaded runs and of `stream_data` + `train()` for the
+streamed ones (the stream's check pass is part of its cost).
 Medians over `--repeats` runs.
 """
 
@@ -81,7 +82,7 @@ def worker(mode: str, corpus: str, tokenizer_dir: str, blocks: str) -> dict:
     model = tiny_model("llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128)
     grow_depth(model, [2])
     n = int(blocks) // BATCH * BATCH  # every block of the corpus (counted by the driver), in whole batches
-    start = time.perf_counter()
+    start = time.process_time()
     if mode == "streamed":
         from hf_depthgrow.data import stream_data
 
@@ -90,10 +91,10 @@ def worker(mode: str, corpus: str, tokenizer_dir: str, blocks: str) -> dict:
         from hf_depthgrow.data import load_data
 
         rows = load_data(corpus, model=model, tokenizer=tokenizer, block_size=BLOCK)
-        start = time.perf_counter()
+        start = time.process_time()
     train(model, rows, max_steps=n // BATCH, per_device_train_batch_size=BATCH, fallback=False, progress_bar=False,
           prefix_cache="off", output_dir=tempfile.mkdtemp())  # fmt: skip
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     return {"blocks": n, "tokens_per_s": n * BLOCK / seconds, "seconds": seconds, "peak_mb": _peak_mb()}
 
 
@@ -124,8 +125,8 @@ def main(argv=None) -> int:
     for scale, mode, blocks in cases:
         runs = []
         for _ in range(args.repeats):
-            argv = [sys.executable, __file__, "--worker", mode.split(",")[0], str(corpora[scale]), str(tmp / "tokenizer"), str(blocks)]
-            out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+            command = [sys.executable, __file__, "--worker", mode.split(",")[0], str(corpora[scale]), str(tmp / "tokenizer"), str(blocks)]
+            out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         results[(scale, mode)] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(scale, mode, results[(scale, mode)], flush=True)
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
         f"Corpus: {args.base_chars:,} characters (1x) and {10 * args.base_chars:,} (10x) of text as JSON-lines shards; "
         f"one new block of a random Llama (4 layers x 64, byte-level tokenizer) trained once through every block of "
         f"{BLOCK} tokens, batch {BATCH}, one thread; torch {torch.__version__}, {os.cpu_count()} cores (shared with "
-        f"other jobs: tokens/s is a wall-clock figure). Medians of {args.repeats} fresh processes each. 'loaded' is "
+        f"other jobs: tokens/s is per CPU second of the process). Medians of {args.repeats} fresh processes each. 'loaded' is "
         "`load_data` on the folder then `train`; 'streamed' is `stream_data` (its check pass included) then `train`; "
         "'streamed, 1x steps' streams the 10x corpus for the 1x run's blocks only.", "",
         "| data | blocks 1x / 10x | peak RSS 1x MB | peak RSS 10x MB | 10x / 1x | tokens/s 1x | tokens/s 10x | 10x / 1x |",

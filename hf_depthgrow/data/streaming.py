@@ -109,7 +109,7 @@ class StreamedBlocks(torch.utils.data.Dataset):
         self.num_blocks, self.skip, self.where, self.window = num_blocks, skip, where, window
         self._iter, self._next, self._recent = None, 0, OrderedDict()
         self._fingerprint, self.checked_against_model = None, False
-        self.opened = 0  # how often the stream was opened (a test and the benchmark read it)
+        self.opened = 0  # how often the stream was opened (tests read it)
 
     def __len__(self) -> int:
         return self.num_blocks
