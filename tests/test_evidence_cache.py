@@ -158,8 +158,8 @@ def test_a_writer_that_loses_the_rename_keeps_the_winners_entry(tmp_path, monkey
 
     cache = EvidenceCache(tmp_path)
     key = cache.store("probe", PARTS, {"x": "winner"})
-    real, looks = module._whole, []
-    monkeypatch.setattr(module, "_whole", lambda folder: bool(looks.append(folder)) or (len(looks) > 1 and real(folder)))
+    real, looks = module.is_whole, []
+    monkeypatch.setattr(module, "is_whole", lambda folder: bool(looks.append(folder)) or (len(looks) > 1 and real(folder)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cache.store("probe", PARTS, {"x": "loser"}) == key

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..pipeline.evidence_cache import _ENTRY, EvidenceCache, _set_aside, _sha, _whole, rows_fingerprint, weights_fingerprint
+from ..pipeline.evidence_cache import ENTRY_FILE, EvidenceCache, set_aside, sha256_of, is_whole, rows_fingerprint, weights_fingerprint
 from ..utils import package_version
 from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec
 
@@ -113,7 +113,7 @@ class TrialStore(EvidenceCache):
         import transformers
 
         versions = {"package": package_version(), "torch": torch.__version__, "transformers": transformers.__version__}
-        return _sha({"kind": kind, "versions": versions, "parts": parts})
+        return sha256_of({"kind": kind, "versions": versions, "parts": parts})
 
     def _parts(self, spec: TrialSpec) -> dict:
         return {"spec": spec.to_dict(), **self.context}
@@ -151,7 +151,7 @@ class TrialStore(EvidenceCache):
         folder, key = self._checkpoints(spec), self.trial_key(spec)
         new = folder / f"{checkpoint.events_done:04d}"
         try:
-            if not _whole(new):
+            if not is_whole(new):
                 shutil.rmtree(new, ignore_errors=True)
                 replace(checkpoint, key=key).save(new)
             for old in folder.iterdir():  # the new one is in place first: a crash leaves one whole checkpoint
@@ -169,7 +169,7 @@ class TrialStore(EvidenceCache):
         key = self.trial_key(spec)
         for path in self._candidates(spec):
             try:
-                if json.loads((path / _ENTRY).read_text(encoding="utf-8")).get("key") == key:
+                if json.loads((path / ENTRY_FILE).read_text(encoding="utf-8")).get("key") == key:
                     return True
             except (OSError, ValueError, AttributeError):
                 continue
@@ -195,7 +195,7 @@ class TrialStore(EvidenceCache):
                                      if checkpoint.key else "it does not carry its trial's key (written by an older version)")  # fmt: skip
                 return checkpoint
             except (OSError, ValueError, KeyError, TypeError) as err:
-                aside = _set_aside(path, key, into=self.root / CHECKPOINTS)
+                aside = set_aside(path, key, into=self.root / CHECKPOINTS)
                 where = f"moved aside to {aside}" if aside else "left in place: the folder is read-only"
                 warnings.warn(f"trial store: not resuming {spec.name} from the checkpoint {path} ({err}); it starts over "
                               f"unless an older checkpoint of it is whole (the checkpoint is {where})", stacklevel=2)  # fmt: skip

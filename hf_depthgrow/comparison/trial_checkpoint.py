@@ -87,16 +87,16 @@ class TrialCheckpoint:
         """Write the checkpoint into `folder` (created; written in a temporary folder beside it, then renamed)."""
         from safetensors.torch import save_file
 
-        from ..pipeline.evidence_cache import _ENTRY, _TENSORS, write_digest
+        from ..pipeline.evidence_cache import ENTRY_FILE, TENSORS_FILE, write_digest
 
         folder = Path(folder)
         tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         tmp.mkdir(parents=True)
         try:
-            save_file({k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}, str(tmp / _TENSORS))
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}, str(tmp / TENSORS_FILE))
             header = {"format": FORMAT, "name": self.name, "key": self.key, "events_done": self.events_done, "step": self.step,
                       "state": self.state}  # fmt: skip
-            (tmp / _ENTRY).write_text(json.dumps(header, allow_nan=False, sort_keys=True), encoding="utf-8")
+            (tmp / ENTRY_FILE).write_text(json.dumps(header, allow_nan=False, sort_keys=True), encoding="utf-8")
             write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
             os.rename(tmp, folder)
         finally:
@@ -108,13 +108,13 @@ class TrialCheckpoint:
         """Read a checkpoint `save` wrote, its files checked against their digest (`ValueError` if not whole)."""
         from safetensors.torch import load as load_bytes
 
-        from ..pipeline.evidence_cache import _ENTRY, _TENSORS, read_verified
+        from ..pipeline.evidence_cache import ENTRY_FILE, TENSORS_FILE, read_verified
 
         files = read_verified(folder)  # UnverifiedEntryError is a ValueError
-        header = json.loads(files[_ENTRY].decode("utf-8"))
-        if header.get("format") != FORMAT or _TENSORS not in files:
+        header = json.loads(files[ENTRY_FILE].decode("utf-8"))
+        if header.get("format") != FORMAT or TENSORS_FILE not in files:
             raise ValueError(f"{folder} is not a trial checkpoint of this version (format {header.get('format')!r})")
-        return cls(header["name"], int(header["events_done"]), int(header["step"]), load_bytes(files[_TENSORS]), header["state"],
+        return cls(header["name"], int(header["events_done"]), int(header["step"]), load_bytes(files[TENSORS_FILE]), header["state"],
                    header.get("key"))  # fmt: skip
 
 

@@ -53,13 +53,13 @@ from ..losses import DOCUMENT_COLUMN
 from ..utils import package_version
 
 __all__ = [
-    "EVIDENCE_ENV", "EvidenceCache", "Entry", "UnverifiedEntryError", "default_root", "read_verified", "rows_fingerprint",
-    "weights_fingerprint", "write_digest",
+    "ENTRY_FILE", "EVIDENCE_ENV", "EvidenceCache", "Entry", "TENSORS_FILE", "UnverifiedEntryError", "default_root", "is_whole",
+    "read_verified", "rows_fingerprint", "set_aside", "sha256_of", "weights_fingerprint", "write_digest",
 ]  # fmt: skip
 
 EVIDENCE_ENV = "HF_DEPTHGROW_EVIDENCE_CACHE"
 FORMAT = 2  # 2: entries carry digest.json
-_ENTRY, _TENSORS, _DIGEST = "entry.json", "tensors.safetensors", "digest.json"
+ENTRY_FILE, TENSORS_FILE, _DIGEST = "entry.json", "tensors.safetensors", "digest.json"
 _OFF = ("none", "off", "null", "0", "false")
 
 
@@ -73,7 +73,8 @@ def default_root() -> Path | None:
     return default_cache_root() / "evidence"
 
 
-def _sha(data) -> str:
+def sha256_of(data) -> str:
+    """The sha256 of `data` as sorted JSON: the key of an evidence entry or a stored trial."""
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -183,7 +184,7 @@ def read_verified(folder: str | os.PathLike) -> dict[str, bytes]:
         raise UnverifiedEntryError(f"it has no {_DIGEST} (written by an older version, or copied in part)") from None
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise UnverifiedEntryError(f"its {_DIGEST} cannot be read ({err})") from None
-    if not isinstance(listed, dict) or _ENTRY not in listed or not set(listed) <= {_ENTRY, _TENSORS}:
+    if not isinstance(listed, dict) or ENTRY_FILE not in listed or not set(listed) <= {ENTRY_FILE, TENSORS_FILE}:
         raise UnverifiedEntryError(f"its {_DIGEST} does not list exactly its files")
     files = {}
     for name, expected in listed.items():
@@ -196,7 +197,7 @@ def read_verified(folder: str | os.PathLike) -> dict[str, bytes]:
     return files
 
 
-def _whole(folder: Path) -> bool:
+def is_whole(folder: Path) -> bool:
     """Whether `folder` holds an entry that passes its digest (no warning: `load` is where damage is reported)."""
     try:
         read_verified(folder)
@@ -208,16 +209,16 @@ def _whole(folder: Path) -> bool:
 def _in_place(folder: Path, kind: str, key: str) -> bool:
     """Whether `folder` holds a whole entry written for this `kind` and `key` (a whole entry renamed from another
     key's folder passes its digest, yet holds another key's evidence)."""
-    if not _whole(folder):
+    if not is_whole(folder):
         return False
     try:
-        header = json.loads((folder / _ENTRY).read_text(encoding="utf-8"))
+        header = json.loads((folder / ENTRY_FILE).read_text(encoding="utf-8"))
         return header.get("format") == FORMAT and header.get("kind") == kind and header.get("key") == key
     except (OSError, ValueError, AttributeError):
         return False
 
 
-def _set_aside(folder: Path, key: str, into: Path | None = None) -> Path | None:
+def set_aside(folder: Path, key: str, into: Path | None = None) -> Path | None:
     """Move an unverified entry to `.rejected-<key>-<time>-<pid>` beside it (or in `into`); `None` where it cannot.
 
     A rename, not a deletion: what is wrong with it stays there to be looked at. Of two runs doing this at
@@ -293,7 +294,7 @@ class EvidenceCache:
     @staticmethod
     def key(kind: str, parts: dict) -> str:
         """The entry's key: a hash of its kind, the format, the environment and `parts`."""
-        return _sha({"kind": kind, "format": FORMAT, "environment": environment(), "parts": parts})
+        return sha256_of({"kind": kind, "format": FORMAT, "environment": environment(), "parts": parts})
 
     def _folder(self, kind: str, key: str) -> Path:
         return self.root / kind / key
@@ -313,16 +314,16 @@ class EvidenceCache:
         what = name or f"{kind} entry {key[:12]}"
         try:
             files = read_verified(folder)
-            entry = json.loads(files[_ENTRY].decode("utf-8"))
+            entry = json.loads(files[ENTRY_FILE].decode("utf-8"))
             if entry.get("format") != FORMAT or entry.get("kind") != kind or entry.get("key") != key:
                 raise ValueError("its header does not match the key it is stored under (a folder renamed or copied from another key)")
             tensors = {}
             if entry.get("tensors"):
                 from safetensors.torch import load as load_bytes
 
-                if _TENSORS not in files:
-                    raise UnverifiedEntryError(f"its digest does not cover {_TENSORS}")
-                tensors = load_bytes(files[_TENSORS])  # the very bytes that were hashed
+                if TENSORS_FILE not in files:
+                    raise UnverifiedEntryError(f"its digest does not cover {TENSORS_FILE}")
+                tensors = load_bytes(files[TENSORS_FILE])  # the very bytes that were hashed
                 if sorted(tensors) != sorted(entry["tensors"]):
                     raise ValueError("its tensor file does not hold the tensors its header lists")
             return Entry(key, entry["meta"], tensors)
@@ -336,7 +337,7 @@ class EvidenceCache:
 
     def reject(self, kind: str, key: str, message: str, *, damaged: bool = False) -> None:
         """Move the entry of `key` aside (kept, never deleted) and warn with `message`: it is not reused."""
-        aside = _set_aside(self._folder(kind, key), key)
+        aside = set_aside(self._folder(kind, key), key)
         where = f"moved aside to {aside}" if aside else "not moved: a read-only store, or another run moved it first"
         warnings.warn(f"{self.label}: {message}; {self.redo()} (the {'damaged ' if damaged else ''}entry is {where})", stacklevel=3)
 
@@ -359,14 +360,14 @@ class EvidenceCache:
             if names:
                 from safetensors.torch import save_file
 
-                save_file({n: tensors[n].detach().to("cpu").contiguous() for n in names}, str(tmp / _TENSORS))
+                save_file({n: tensors[n].detach().to("cpu").contiguous() for n in names}, str(tmp / TENSORS_FILE))
             header = {"format": FORMAT, "kind": kind, "key": key, "written_by": f"hf_depthgrow {package_version()}",
                       "parts": parts, "tensors": names, "meta": meta}  # fmt: skip
-            (tmp / _ENTRY).write_text(json.dumps(header, indent=1, sort_keys=True, allow_nan=False), encoding="utf-8")
+            (tmp / ENTRY_FILE).write_text(json.dumps(header, indent=1, sort_keys=True, allow_nan=False), encoding="utf-8")
             write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
             if final.exists() and not _in_place(final, kind, key):  # an entry `load` did not move aside: out of the way
-                why = "fails its digest" if not _whole(final) else "was written for another key"
-                if aside := _set_aside(final, key):
+                why = "fails its digest" if not is_whole(final) else "was written for another key"
+                if aside := set_aside(final, key):
                     warnings.warn(f"{self.label}: the {kind} entry {key[:12]} in place {why}; replacing it "
                                   f"(the entry in place is moved aside to {aside})", stacklevel=2)  # fmt: skip
             try:
