@@ -120,7 +120,7 @@ class StreamedBlocks(torch.utils.data.Dataset):
         self._next, self._recent = 0, OrderedDict()
         for _ in range(self.skip):
             if next(self._iter, None) is None:
-                raise StreamTooShortError(f"{self.where} ends within its first {self.skip} blocks (the held-out part)")
+                raise StreamTooShortError(self._short_held_out())
 
     def __getitem__(self, index: int) -> dict:
         index = int(index)
@@ -142,6 +142,9 @@ class StreamedBlocks(torch.utils.data.Dataset):
             ids = self._recent[index]
         return {"input_ids": ids, "labels": ids}
 
+    def _short_held_out(self) -> str:
+        return f"{self.where} ends within its first {self.skip} blocks (the held-out part)"
+
     def _short(self, have: int) -> str:
         return (f"{self.where} gives {have} training blocks of {self.block_size} tokens after the {self.skip} held-out "
                 f"blocks, fewer than the {self.num_blocks} the run needs: lower --max-steps or add data")  # fmt: skip
@@ -154,7 +157,7 @@ class StreamedBlocks(torch.utils.data.Dataset):
             block = next(blocks, None)
             if block is None:
                 if seen < self.skip:
-                    raise StreamTooShortError(f"{self.where} ends within its first {self.skip} blocks (the held-out part)")
+                    raise StreamTooShortError(self._short_held_out())
                 raise StreamTooShortError(self._short(seen - self.skip))
             if seen < self.skip:
                 continue

@@ -141,10 +141,11 @@ class GrownTrainer:
         # Taken before LoRA is injected; identifies the run in its checkpoints (guards.py).
         self.fingerprint = run_fingerprint(model, self.train_dataset, self.config)
         cfg = self.config
-        streamed = getattr(self.train_dataset, "streamed", False)
-        if streamed and cfg.max_steps <= 0:
+        # Streamed rows are read in stream order, each once (`data.streaming`): no shuffle, no epochs.
+        self.streamed = getattr(self.train_dataset, "streamed", False)
+        if self.streamed and cfg.max_steps <= 0:
             raise ValueError("streamed training data needs max_steps > 0 (a stream has no epochs)")
-        self.selection_rows = selection_rows(len(self.train_dataset), cfg.selection_max_examples, cfg.seed, first=streamed)
+        self.selection_rows = selection_rows(len(self.train_dataset), cfg.selection_max_examples, cfg.seed, first=self.streamed)
         self.losses_key = losses_key(self.train_dataset, self.eval_dataset, self.selection_rows if cfg.fallback else None)
         self.reuse_original_losses(original_losses)
         self._lock, self.nonfinite, self.tracking = None, None, NO_TRACKING
@@ -236,11 +237,10 @@ class GrownTrainer:
         self._initial = initial_weights(self.trainable_named) if cfg.fallback else None
         optimizer = make_optimizer(self.trainable_named, cfg)
         self.num_trainable = sum(numel(p) for _, p in self.trainable_named)  # ZeRO-3 empties the local tensors in prepare
-        streamed = getattr(self.train_dataset, "streamed", False)
-        self.order = DataOrder(len(self.train_dataset), cfg.per_device_train_batch_size, acc.num_processes, cfg.seed, sequential=streamed)
+        self.order = DataOrder(len(self.train_dataset), cfg.per_device_train_batch_size, acc.num_processes, cfg.seed, sequential=self.streamed)
         accum = cfg.gradient_accumulation_steps
         self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.num_train_epochs * self.order.batches_per_epoch / accum))
-        if streamed and self.total_steps * accum > self.order.batches_per_epoch:
+        if self.streamed and self.total_steps * accum > self.order.batches_per_epoch:
             raise ValueError(f"the streamed training data holds {len(self.train_dataset)} rows, fewer than {self.total_steps} steps "
                              f"x {accum * self.order.global_batch} rows per step: stream more blocks or lower max_steps")  # fmt: skip
         self.warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * self.total_steps)
