@@ -476,3 +476,38 @@ def test_temporary_folders_of_an_interrupted_write_are_never_read_nor_resumable(
     assert_same_trial(result, whole)
     assert_same_trial(store.load(spec), whole)
     assert not store._checkpoints(spec).exists()  # its own temporary folder went with its checkpoints
+
+
+def test_a_trials_seed_varies_its_new_blocks_initialisation_and_the_key_says_so(setting, tmp_path):
+    """Seeds vary the new parameters as well as the data order: seed 1's new block starts from other weights than
+    seed 0's, seed 0's is the block `grow_depth` builds by default, and a seed-1 growth trial stored before seeds
+    varied the initialisation (a key without its block seed) is not reused."""
+    from hf_depthgrow.comparison.trial import fresh_model
+    from hf_depthgrow.growth.engine import new_block_parameters
+
+    base, rows = setting
+    inputs = _inputs(base, rows)
+    copied, arm = (build_arms(base, [[{"at": 2, "init": init}]], [])[1] for init in ("copy", "random"))
+
+    def new_weights(seed, grow_kwargs=None, a=arm):
+        return {n: p.detach().clone() for n, p in new_block_parameters(fresh_model(base, a, grow_kwargs, seed))}
+
+    zero, one, again = new_weights(0), new_weights(1), new_weights(1)
+    default = {n: p.detach().clone() for n, p in new_block_parameters(trial_module.grow_arm(base, arm))}
+    assert all(torch_equal(zero[n], default[n]) for n in zero)
+    assert all(torch_equal(one[n], again[n]) for n in one)
+    assert any(not torch_equal(zero[n], one[n]) for n in zero)
+    # A growth seed given by the user is the base the trial seeds count from.
+    assert all(torch_equal(new_weights(0, {"seed": 1})[n], one[n]) for n in one)
+    # A copied block (LLaMA Pro's init) has no random part: its seeds differ in the data order only.
+    c0, c1 = new_weights(0, a=copied), new_weights(1, a=copied)
+    assert all(torch_equal(c0[n], c1[n]) for n in c0)
+    store = TrialStore(tmp_path, inputs)
+    spec0, spec1 = TrialSpec(arm, 5e-3, 0, (2,), warmup_steps=1), TrialSpec(arm, 5e-3, 1, (2,), warmup_steps=1)
+    assert "block_seed" not in store._parts(spec0) and store._parts(spec1)["block_seed"] == 1
+    stale = {k: v for k, v in store._parts(spec1).items() if k != "block_seed"}
+    assert store.key("trial", stale) != store.trial_key(spec1)
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())

@@ -38,7 +38,7 @@ import torch
 
 from ..pipeline.evidence_cache import ENTRY_FILE, EvidenceCache, set_aside, sha256_of, is_whole, rows_fingerprint, weights_fingerprint
 from ..utils import package_version
-from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec
+from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, block_seed
 
 KIND = "trials"
 CHECKPOINTS = "checkpoints"  # <root>/checkpoints/<trial key>/<events done>/: the latest checkpoint of an unfinished trial
@@ -116,7 +116,12 @@ class TrialStore(EvidenceCache):
         return sha256_of({"kind": kind, "versions": versions, "parts": parts})
 
     def _parts(self, spec: TrialSpec) -> dict:
-        return {"spec": spec.to_dict(), **self.context}
+        parts = {"spec": spec.to_dict(), **self.context}
+        seed = block_seed(self.context["settings"]["grow_kwargs"], spec.seed)
+        if spec.arm.kind == "growth" and seed != 0:
+            # Keys of trials whose new blocks start from seed 0 (every seed-0 trial) stay those they always were.
+            parts["block_seed"] = seed
+        return parts
 
     def trial_key(self, spec: TrialSpec) -> str:
         """The key `spec`'s result and checkpoints are stored under."""

@@ -142,12 +142,19 @@ def train_config(spec: TrialSpec, inputs: TrialInputs):
     )  # fmt: skip
 
 
-def fresh_model(base: nn.Module, arm: Arm, grow_kwargs: dict | None) -> nn.Module:
-    """The model an arm trains: a grown copy for growth arms, a plain copy for the controls."""
+def block_seed(grow_kwargs: dict | None, seed: int) -> int:
+    """The seed of a growth trial's new blocks: the growth seed given (default 0) plus the trial's seed, so seeds
+    vary the new parameters' initialisation as well as the data order (seed 0 grows what `grow_depth` grows)."""
+    return int((grow_kwargs or {}).get("seed", 0)) + seed
+
+
+def fresh_model(base: nn.Module, arm: Arm, grow_kwargs: dict | None, seed: int = 0) -> nn.Module:
+    """The model an arm trains: a grown copy for growth arms (new blocks seeded by `block_seed`), a plain copy
+    for the controls (LoRA's random factor is drawn after the trainer seeds the run)."""
     import copy
 
     if arm.kind == "growth":
-        grown = grow_arm(base, arm, grow_kwargs)
+        grown = grow_arm(base, arm, {**(grow_kwargs or {}), "seed": block_seed(grow_kwargs, seed)})
         check_growth_count(arm, grown)
         return grown
     return copy.deepcopy(base)
@@ -180,7 +187,7 @@ def trial_steps(spec: TrialSpec, inputs: TrialInputs, *, checkpoint=None, resume
     started = time.perf_counter() - (resume.seconds if resume is not None else 0.0)
     if len(spec.budgets) > 1 and spec.scheduler != "wsd":
         raise ValueError(f"a trial scored at several budgets needs lr_scheduler='wsd', not {spec.scheduler!r}")
-    trainer = GrownTrainer(fresh_model(inputs.base, spec.arm, inputs.grow_kwargs), train_config(spec, inputs),
+    trainer = GrownTrainer(fresh_model(inputs.base, spec.arm, inputs.grow_kwargs, spec.seed), train_config(spec, inputs),
                            inputs.train_rows, inputs.eval_rows, original_losses=inputs.original.get("losses"))  # fmt: skip
     result = TrialResult(spec)
     try:
