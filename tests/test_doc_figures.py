@@ -43,3 +43,26 @@ def test_an_interval_must_match_one_stored_object(tmp_path, monkeypatch):
     assert found[(8, "0.844")] is not None and found[(8, "89.6%")] == "(its own arithmetic)"
     assert found[(8, "95%")] == "(not a result)"
     assert not any(text == "0.123" for _, text in found)
+
+
+_gen_spec = importlib.util.spec_from_file_location("doc_generate", ROOT / "docs" / "generate.py")
+generate = importlib.util.module_from_spec(_gen_spec)
+_gen_spec.loader.exec_module(generate)
+
+
+def test_every_generated_table_is_what_the_committed_results_give():
+    stale = []
+    for doc in generate.DOCS:
+        text = doc.read_text()
+        assert text.count("<!-- generated: ") == text.count("<!-- end generated -->"), f"{doc.name}: an unclosed generated block"
+        stale += [f"{doc.name}: {args}" for args in generate.regenerate(text)[1]]
+    assert not stale, "generated tables out of date (python docs/generate.py rewrites them):\n" + "\n".join(stale)
+
+
+def test_a_figure_edited_by_hand_inside_a_generated_table_is_caught():
+    doc = (ROOT / "docs" / "decisions.md").read_text()
+    start = doc.index("<!-- generated: largest_budget_table smollm2-budgets -->")
+    block = doc[start:doc.index("<!-- end generated -->", start) + len("<!-- end generated -->")]
+    assert generate.regenerate(block)[1] == []
+    edited = block.replace("0.751 [0.613, 0.883]", "0.761 [0.613, 0.883]")
+    assert edited != block and generate.regenerate(edited)[1] == ["largest_budget_table smollm2-budgets"]
