@@ -91,15 +91,29 @@ def page_split(num_pages: int, cfg) -> dict[str, list[int]]:
             "base_train": sorted(order[n_ret + n_held:])}  # fmt: skip
 
 
-def block_rows(tokenizer, texts: list[str], block_size: int, max_blocks: int | None) -> list[dict]:
-    """Causal-LM rows (`input_ids`, `attention_mask`, `labels`) of consecutive blocks of `texts`."""
+def block_rows(tokenizer, texts: list[str], block_size: int, max_blocks: int | None, documents=None) -> list[dict]:
+    """Causal-LM rows (`input_ids`, `attention_mask`, `labels`, `document`) of consecutive blocks of `texts`; a
+    block's document is the id (in `documents`, else the position) of the text it starts in."""
     import torch
 
-    from hf_depthgrow.data import causal_lm_blocks
+    from hf_depthgrow.data import DOCUMENT_COLUMN, causal_lm_blocks
 
-    blocks = causal_lm_blocks(tokenizer, texts, block_size, max_blocks=max_blocks)
+    blocks, owners = causal_lm_blocks(tokenizer, texts, block_size, max_blocks=max_blocks, with_documents=True)
+    names = list(range(len(texts))) if documents is None else list(documents)
     ones = torch.ones(block_size, dtype=torch.long)
-    return [{"input_ids": b, "attention_mask": ones, "labels": b} for b in blocks]
+    return [{"input_ids": b, "attention_mask": ones, "labels": b, DOCUMENT_COLUMN: int(names[d])} for b, d in zip(blocks, owners.tolist())]
+
+
+def sampled_rows(tokenizer, texts: list[str], block_size: int, max_blocks: int, per_document: int, seed: int, documents) -> list[dict]:
+    """Rows of `per_document` blocks from each of many documents (a seeded sample), each with its `document`."""
+    import torch
+
+    from hf_depthgrow.data import DOCUMENT_COLUMN, sampled_document_blocks
+
+    blocks, owners = sampled_document_blocks(tokenizer, texts, block_size, per_document=per_document, max_blocks=max_blocks,
+                                             seed=seed, documents=list(documents))  # fmt: skip
+    ones = torch.ones(block_size, dtype=torch.long)
+    return [{"input_ids": b, "attention_mask": ones, "labels": b, DOCUMENT_COLUMN: int(d)} for b, d in zip(blocks, owners)]
 
 
 def build_base(cfg, vocab_size: int):
@@ -125,7 +139,7 @@ def heldout_loss(model, rows: list[dict], batch_size: int = 64) -> float:
     with torch.no_grad():
         for i in range(0, len(rows), batch_size):
             chunk = rows[i:i + batch_size]
-            batch = {k: torch.stack([r[k] for r in chunk]) for k in chunk[0]}
+            batch = {k: torch.stack([r[k] for r in chunk]) for k in ("input_ids", "attention_mask", "labels")}
             losses = batch_example_losses(model, batch)
             total += float((losses.per_example.double() * losses.weight.double()).sum())
             weight += float(losses.weight.double().sum())
@@ -211,7 +225,10 @@ def prepare_base(cfg, log=print):
         info = {"settings": cfg.base_settings(), **train_base(model, train_rows, held_rows, cfg, log=log)}
         info.update(vocab_size=len(tokenizer), pages={k: len(v) for k, v in split.items()}, train_blocks=len(train_rows))
         _save_base(model, tokenizer, info, folder)
-    retention = block_rows(tokenizer, text("retention"), cfg.block_size, cfg.retention_blocks)
+    # Retention blocks sampled across the retention pages (documents), so its selection and test parts can be disjoint
+    # pages and its bootstrap resamples pages, not neighbouring blocks of a few.
+    retention = sampled_rows(tokenizer, text("retention"), cfg.block_size, cfg.retention_blocks, cfg.retention_per_page, cfg.seed,
+                             split["retention"])  # fmt: skip
     return model.eval(), tokenizer, retention, info
 
 

@@ -32,6 +32,7 @@ class RegimeStudyConfig:
     base_train_blocks: int = field(default=60_000, metadata={"help": "Base training blocks (from the base-training pages)."})
     base_heldout_blocks: int = field(default=128, metadata={"help": "Held-out blocks the plateau is checked on."})
     retention_blocks: int = field(default=256, metadata={"help": "Retention blocks (pages the base never saw)."})
+    retention_per_page: int = field(default=3, metadata={"help": "Retention blocks sampled from each retention page (documents are the bootstrap's unit)."})
     base_batch_size: int = field(default=32, metadata={"help": "Base examples per step."})
     base_learning_rate: float = field(default=1e-2, metadata={"help": "Base AdamW rate (constant after warm-up)."})
     base_warmup_steps: int = field(default=100, metadata={"help": "Base linear warm-up steps."})
@@ -73,7 +74,7 @@ class RegimeStudyConfig:
 
     def __post_init__(self):
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "block_size", "vocab_sample_chars",
-                     "base_train_blocks", "base_heldout_blocks", "retention_blocks", "base_batch_size", "base_min_steps",
+                     "base_train_blocks", "base_heldout_blocks", "retention_blocks", "retention_per_page", "base_batch_size", "base_min_steps",
                      "base_max_steps", "base_eval_every", "heldout_blocks", "test_blocks", "batch_size", "min_char_count"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
