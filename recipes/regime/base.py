@@ -147,12 +147,32 @@ def heldout_loss(model, rows: list[dict], batch_size: int = 64) -> float:
     return total / weight
 
 
+def base_rate_factor(cfg, step: int) -> float:
+    """The base's rate at `step` as a share of `base_learning_rate`: linear warm-up, constant, and with
+    `base_decay_steps` a linear decay from `base_min_steps` to `base_final_learning_rate`, constant after it."""
+    warm = min(1.0, (step + 1) / max(cfg.base_warmup_steps, 1))
+    if not cfg.base_decay_steps or step < cfg.base_min_steps:
+        return warm
+    final = cfg.base_final_learning_rate / cfg.base_learning_rate
+    done = min(1.0, (step - cfg.base_min_steps) / cfg.base_decay_steps)
+    return 1.0 + done * (final - 1.0)
+
+
+def check_window_ready(cfg, step: int) -> bool:
+    """Whether the plateau check may run at `step`: from `base_min_steps`, and with a decay only once the check's
+    window (the last `plateau_window` of the steps) lies wholly after the decay, at the final rate."""
+    if step < cfg.base_min_steps:
+        return False
+    return not cfg.base_decay_steps or (1 - cfg.plateau_window) * step >= cfg.base_min_steps + cfg.base_decay_steps
+
+
 def train_base(model, train_rows: list[dict], heldout_rows: list[dict], cfg, log=print) -> dict:
-    """AdamW with linear warm-up then a constant rate, until `plateau_check` says flat (from `base_min_steps`) or the cap."""
+    """AdamW with linear warm-up then a constant rate (or the decay of `base_rate_factor`), until `plateau_check`
+    says flat (`check_window_ready`) or the cap."""
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.base_learning_rate, betas=(0.9, 0.95), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.base_warmup_steps, 1)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: base_rate_factor(cfg, s))
     gen = torch.Generator().manual_seed(cfg.seed)
     order, cursor = torch.randperm(len(train_rows), generator=gen), 0
     curve, check, started, cpu = [(0, heldout_loss(model, heldout_rows))], None, time.perf_counter(), time.process_time()
@@ -174,7 +194,7 @@ def train_base(model, train_rows: list[dict], heldout_rows: list[dict], cfg, log
         curve.append((step, heldout_loss(model, heldout_rows)))
         log(f"base step {step}: train {loss.item():.4f}, held-out {curve[-1][1]:.4f} ({time.perf_counter() - started:.0f} s wall, "
             f"{time.process_time() - cpu:.0f} s CPU)")
-        if step >= cfg.base_min_steps:
+        if check_window_ready(cfg, step):
             check = plateau_check(curve, tolerance=cfg.plateau_tolerance, window=cfg.plateau_window)
             if check["flat"]:
                 break

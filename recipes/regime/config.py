@@ -36,7 +36,10 @@ class RegimeStudyConfig:
     base_batch_size: int = field(default=32, metadata={"help": "Base examples per step."})
     base_learning_rate: float = field(default=1e-2, metadata={"help": "Base AdamW rate (constant after warm-up)."})
     base_warmup_steps: int = field(default=100, metadata={"help": "Base linear warm-up steps."})
-    base_min_steps: int = field(default=1000, metadata={"help": "No plateau check before this step."})
+    base_min_steps: int = field(default=1000, metadata={"help": "No plateau check before this step (with base_decay_steps: where the decay starts)."})
+    base_decay_steps: int = field(default=0, metadata={"help": "Linear decay of the rate from base_min_steps over this many steps to base_final_learning_rate, "
+                                                               "then constant; the plateau window must lie wholly after it (0: constant throughout)."})
+    base_final_learning_rate: float | None = field(default=None, metadata={"help": "The rate after the decay (None: no decay)."})
     base_max_steps: int = field(default=3600, metadata={"help": "The cap: base training stops here, flat or not (and says so)."})
     base_eval_every: int = field(default=50, metadata={"help": "Held-out evaluation every N base steps."})
     plateau_tolerance: float = field(default=0.01, metadata={"help": "Flat: held-out losses of the window within this share of the last."})
@@ -93,6 +96,15 @@ class RegimeStudyConfig:
             raise ValueError("retention_page_fraction + base_heldout_page_fraction must leave most pages for base training")
         if not (isinstance(self.base_learning_rate, (int, float)) and math.isfinite(self.base_learning_rate) and self.base_learning_rate > 0):
             raise ValueError(f"base_learning_rate must be a finite number > 0, got {self.base_learning_rate!r}")
+        if not isinstance(self.base_decay_steps, int) or isinstance(self.base_decay_steps, bool) or self.base_decay_steps < 0:
+            raise ValueError(f"base_decay_steps must be an int >= 0, got {self.base_decay_steps!r}")
+        final = self.base_final_learning_rate
+        if (final is None) != (self.base_decay_steps == 0):
+            raise ValueError("base_decay_steps and base_final_learning_rate go together: give both (a decay) or neither")
+        if final is not None and not (isinstance(final, (int, float)) and math.isfinite(final) and 0 < final < self.base_learning_rate):
+            raise ValueError(f"base_final_learning_rate must be a number in (0, base_learning_rate), got {final!r}")
+        if self.base_min_steps + self.base_decay_steps > self.base_max_steps:
+            raise ValueError(f"the decay ends at step {self.base_min_steps + self.base_decay_steps}, after the cap base_max_steps ({self.base_max_steps})")
         if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds) or any(s < 0 for s in self.seeds):
             raise ValueError(f"seeds must be at least 2 distinct ints >= 0 (the seed spread), got {self.seeds!r}")
         if self.oracle_budgets is not None:
@@ -134,6 +146,6 @@ class RegimeStudyConfig:
         """What the base depends on: a saved base is reused only when these match."""
         keys = ("seed", "docs_chars", "vocab_sample_chars", "min_char_count", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                 "block_size", "retention_page_fraction", "base_heldout_page_fraction", "base_train_blocks", "base_heldout_blocks",
-                "base_batch_size", "base_learning_rate", "base_warmup_steps", "base_min_steps", "base_max_steps",
+                "base_batch_size", "base_learning_rate", "base_warmup_steps", "base_min_steps", "base_decay_steps", "base_final_learning_rate", "base_max_steps",
                 "base_eval_every", "plateau_tolerance", "plateau_window")  # fmt: skip
         return {k: getattr(self, k) for k in keys}
