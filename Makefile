@@ -1,6 +1,6 @@
 # The two set-up commands of the README:
 #   make run    install, then run the whole job on the embedded default (SmolLM2-135M + Shakespeare)
-#   make test   install, then run the test-suite (what CI runs)
+#   make test   install, then lint (ruff check) and run the test-suite (what CI runs)
 # Both work from nothing: they create a project-local virtual environment (.venv) with `python3 -m venv`
 # when it is missing, install into it and run its python and its hf-depthgrow, never whatever is on PATH.
 # VENV=path uses another environment (created there if missing).
@@ -47,6 +47,7 @@ demo: install
 	$(HF_DEPTHGROW) demo
 
 test: install
+	$(PYTHON) -m ruff check .
 	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q
 
 bench: install

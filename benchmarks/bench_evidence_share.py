@@ -3,7 +3,7 @@
     python benchmarks/bench_evidence_share.py --write-results            # SmolLM2-135M + Shakespeare, the default run
     python benchmarks/bench_evidence_share.py --model PATH --data PATH --set block_size=32 --repeats 1   # a smoke run
 
-Issue 14 asks that probe + stepping stones + evaluation cost at most 35% of the training they judge. Each repeat
+The bar: probe + stepping stones + evaluation cost at most 35% of the training they judge. Each repeat
 runs the default `hf-depthgrow run` (`run_pipeline(RunConfig())`, the evidence cache off, so every repeat is a
 first run; the equal-budget control and the retention set off: they follow the evidence and do not change it) and
 then, in the same process, times the cheapest evaluation that keeps the test set: `evaluate_delta` of the trained

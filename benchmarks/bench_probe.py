@@ -1,6 +1,6 @@
 """Benchmark: the probe over all L+1 positions vs the naive way, and vs one training step, on SmolLM2-135M.
 
-    python benchmarks/bench_probe.py --batch-size 4 --block-size 256 --repeats 3 --out /tmp/bench_probe.json
+    python benchmarks/bench_probe.py --batch-size 4 --block-size 256 --repeats 3 --out bench_probe.json
 
 Same batch (the first `batch-size` Shakespeare blocks) for every method. Each repeat runs every
 unit (the train step, the probe, the naive way at each k) once in a fresh random order, so that a

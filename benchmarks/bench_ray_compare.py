@@ -1,4 +1,4 @@
-"""A small comparison on the serial engine against Ray Tune with concurrent single-thread trials (issue 31).
+"""A small comparison on the serial engine against Ray Tune with concurrent single-thread trials.
 
     python benchmarks/bench_ray_compare.py --write-results          # a small random Llama, 3 repeats
     python benchmarks/bench_ray_compare.py --quick --repeats 1       # smoke run

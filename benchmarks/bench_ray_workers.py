@@ -1,4 +1,4 @@
-"""Peak memory per process and wall time of one trial as 1 process against a Ray Train trial of 2 workers (issue 31).
+"""Peak memory per process and wall time of one trial as 1 process against a Ray Train trial of 2 workers.
 
     python benchmarks/bench_ray_workers.py --write-results           # a small random Llama (~30M parameters)
     python benchmarks/bench_ray_workers.py --quick                    # smoke run

@@ -1,11 +1,11 @@
 """hf_depthgrow: grow pretrained transformers in depth, exactly, and measure whether it helped."""
 
-__version__ = "0.1.0"
-
 import importlib
 import logging
 import sys
 import types
+
+from .utils import __version__ as __version__  # written once, in utils; no torch imported
 
 
 def _not_the_cpu_kernel_notice(record) -> bool:
@@ -36,7 +36,7 @@ _LAZY = {
     "new_block_parameters": "growth.engine",
     "NormInfo": "growth.norms",
     "norm_inventory": "growth.norms",
-    "load_pretrained": "hub.serialization",
+    "load_pretrained": "hub.loading",
     "save_pretrained": "hub.serialization",
     "ProbeResult": "probe.signal",
     "stepping_stone": "probe.stepping_stone",

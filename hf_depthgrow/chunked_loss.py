@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .losses import IGNORE_INDEX, ExampleLosses, example_losses
+from .losses import IGNORE_INDEX, ExampleLosses, example_losses, is_causal_lm, labels_of, model_inputs
 
 # Tokens per chunk under "auto": `max(MIN_CHUNK_TOKENS, CHUNK_ELEMENTS // vocab)`. A chunk then holds about
 # 2^23 logits (32 MiB in fp32) up to a 128k vocabulary, 64 rows above; at least 64 rows keep the head matmul
@@ -380,3 +380,12 @@ def model_example_losses(model: nn.Module, inputs: dict, labels: torch.Tensor, *
     token_loss = torch.zeros(batch * seq, dtype=losses.dtype, device=losses.device).index_put((rows,), losses)
     token_loss = token_loss.view(batch, seq)
     return ExampleLosses(token_loss.sum(dim=1), mask.sum(dim=1).to(token_loss.dtype))
+
+
+def batch_example_losses(model, batch: dict, *, chunk_size="auto") -> ExampleLosses:
+    """Run `model` on `batch` and return its per-example losses.
+
+    A causal LM's loss runs over chunks of tokens where its vocabulary makes the logits large
+    (`model_example_losses`; `chunk_size=None` is the plain path).
+    """
+    return model_example_losses(model, model_inputs(batch), labels_of(batch), causal=is_causal_lm(model), chunk_size=chunk_size)

@@ -7,8 +7,9 @@
 - Classifiers (sequence or image): cross-entropy per example; a data-set loss is the mean
   over examples.
 
-`hf_depthgrow.chunked_loss.model_example_losses` computes the same `ExampleLosses` from a causal LM
-without its full `[batch, seq, vocab]` logits (what the trainer, probe and evaluator call).
+`hf_depthgrow.chunked_loss` builds on these: `batch_example_losses(model, batch)` computes the same
+`ExampleLosses` from a causal LM without its full `[batch, seq, vocab]` logits (what the trainer, probe and
+evaluator call).
 """
 
 from __future__ import annotations
@@ -79,14 +80,3 @@ def example_losses(logits: torch.Tensor, labels: torch.Tensor, *, causal: bool) 
 def model_inputs(batch: dict) -> dict:
     """The batch without labels (so the model does not compute its own reduced loss) and without the document column."""
     return {k: v for k, v in batch.items() if k not in ("labels", DOCUMENT_COLUMN)}
-
-
-def batch_example_losses(model, batch: dict, *, chunk_size="auto") -> ExampleLosses:
-    """Run `model` on `batch` and return its per-example losses.
-
-    A causal LM's loss runs over chunks of tokens where its vocabulary makes the logits large
-    (`hf_depthgrow.chunked_loss.model_example_losses`; `chunk_size=None` is the plain path).
-    """
-    from .chunked_loss import model_example_losses  # it builds on this module
-
-    return model_example_losses(model, model_inputs(batch), labels_of(batch), causal=is_causal_lm(model), chunk_size=chunk_size)

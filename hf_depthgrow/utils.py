@@ -13,13 +13,13 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+__version__ = "0.1.0"  # pyproject.toml states it too
+
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def package_version() -> str:
     """The installed hf_depthgrow version, stamped into every result record."""
-    from . import __version__
-
     return __version__
 
 

@@ -1,4 +1,4 @@
-"""Regime study (issue 33): a miniature of LLaMA Pro's regime. A plateaued base, continued on a new domain up to 100+
+"""Regime study: a miniature of LLaMA Pro's regime. A plateaued base, continued on a new domain up to 100+
 tokens per trainable parameter, growth against every control, and an oracle sweep over positions at two budgets.
 
     python recipes/regime_study.py --config recipes/configs/regime_study/default.yaml --engine ray

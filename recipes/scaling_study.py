@@ -1,4 +1,4 @@
-"""Scaling study: depth x width x data on small normalized residual transformers (THEORY.md §8).
+"""Scaling study: depth x width x data on small normalized residual transformers (docs/theory.md §8).
 
 Default grid (a ViT on Fashion-MNIST and a character Llama on Shakespeare, both from scratch), two
 CPU processes with one thread each:

@@ -28,7 +28,7 @@ from hf_depthgrow.comparison.store import TrialStore, check_trials_dir, stored, 
 from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec, run_trial
 from hf_depthgrow.comparison.trial_checkpoint import TrialCheckpoint
 from hf_depthgrow.growth.placement import PlacementEntry
-from hf_depthgrow.pipeline.evidence_cache import write_digest
+from hf_depthgrow.storage import write_digest
 from hf_depthgrow.testing import tiny_model, tiny_rows
 
 DISK_FULL = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
@@ -73,7 +73,7 @@ def trial(setting):
 
 
 def _other_sweep(setting) -> TrialInputs:
-    """The same trial's inputs in another sweep: fewer training rows (the issue's 64- against 96-example sweeps)."""
+    """The same trial's inputs in another sweep: fewer training rows (a 64- against a 96-example sweep)."""
     base, rows = setting
     return _inputs(base, {**rows, "train": rows["train"][:6]})
 
@@ -196,7 +196,7 @@ def test_a_tampered_stored_trial_is_never_reused(setting, trial, tmp_path):
 
 
 def test_an_edited_plan_init_is_not_the_stored_trial(setting, tmp_path):
-    """The issue's plan edited from `"init": "copy"` to `"random"` reused the copy's trial without training."""
+    """A plan edited from `"init": "copy"` to `"random"` reused the copy's trial without training."""
     base, rows = setting
     inputs = _inputs(base, rows)
     copy_arm, random_arm = (build_arms(base, [[{"at": 2, "init": init}]], [])[1] for init in ("copy", "random"))
@@ -258,7 +258,7 @@ def test_a_checkpoint_of_another_sweep_is_set_aside_and_the_trial_starts_over(se
     mine = TrialStore(tmp_path, _inputs(*setting))
     mine.save_checkpoint(spec, saved[1])
     theirs = TrialStore(tmp_path, _other_sweep(setting), resume=True)
-    shutil.copytree(mine._checkpoints(spec), theirs._checkpoints(spec))  # the issue's copy into the other sweep's key
+    shutil.copytree(mine._checkpoints(spec), theirs._checkpoints(spec))  # a copy into the other sweep's key
     with pytest.warns(UserWarning, match=r"not resuming at:2@lr0\.005@seed0 .*written for another trial: another model, data, "
                                          r"settings or spec\); it starts over"):  # fmt: skip
         assert theirs.resume_point(spec) is None

@@ -1,5 +1,5 @@
-"""Edges of bad input (issue 30): special files as data, bounded reads, non-UTF-8 text, block sizes beyond the
-model's positions, non-finite weights, and the settings and faults that used to end in a traceback."""
+"""Edges of bad input: special files as data, bounded reads, non-UTF-8 text, block sizes beyond the
+model's positions, non-finite weights, and settings and faults that must not end in a traceback."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from hf_depthgrow.testing import tiny_model
 
 OUT_OF_RANGE = "position {k} is out of range: the model has 4 layers, so 0 <= k <= 4."
 NOT_INT = "positions must be ints, got {v!r} ({t})"
-EPS_POSITIVE = "eps must be > 0, got {v}: a norm without epsilon is singular at z = 0 (THEORY §6)."
+EPS_POSITIVE = "eps must be > 0, got {v}: a norm without epsilon is singular at z = 0 (docs/theory.md §6)."
 EPS_FINITE = "eps must be a finite positive number or None, got {v!r}"
 DIM = "adapter_dim must be a positive int or None, got {v!r}"
 ZERO_IN = (

@@ -194,7 +194,7 @@ def test_resume_may_change_logging_and_saving(tmp_path, outside):
     assert result.resumed_from == str(out / "checkpoint-6")
 
 
-# ----------------------------------------------------------------------------- non-finite losses (#10)
+# ----------------------------------------------------------------------------- non-finite losses
 
 
 def test_diverging_run_stops_with_an_error_and_writes_no_model(tmp_path, outside):
@@ -235,7 +235,7 @@ def test_fallback_refuses_when_every_candidate_is_nonfinite():
     assert pick({"new": math.nan, "old": 2.0}) == ("old", "old", pytest.approx(math.nan, nan_ok=True))
 
 
-# ----------------------------------------------------------------------------- one run per output_dir (#16)
+# ----------------------------------------------------------------------------- one run per output_dir
 
 
 def test_second_concurrent_run_is_refused(tmp_path, outside):
@@ -302,7 +302,7 @@ def test_pruning_never_deletes_checkpoints_of_another_run(tmp_path, outside):
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused_before_training(tmp_path):
-    # Issue 13 #14: token ids beyond the embedding gave a raw IndexError inside the trainer.
+    # Before: token ids beyond the embedding gave a raw IndexError inside the trainer.
     from hf_depthgrow import grow_depth, train
     from hf_depthgrow.testing import tiny_model
 

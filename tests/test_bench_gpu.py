@@ -1,4 +1,4 @@
-"""benchmarks/gpu.py runs on CPU with a tiny model, so the GPU benchmark cannot rot between GPU sessions."""
+"""benchmarks/gpu.py runs on CPU with a tiny model, so the GPU benchmark cannot rot between runs on a GPU."""
 
 import math
 from pathlib import Path

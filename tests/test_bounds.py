@@ -6,16 +6,13 @@ import numpy as np
 import pytest
 
 from hf_depthgrow.evaluation.bounds import (
-    RouteInputs,
     bernstein_interval,
     bootstrap_interval,
     bootstrap_means,
-    eps_k,
-    eps_m,
     hoeffding_interval,
     paired_intervals,
-    route_bounds,
 )
+from hf_depthgrow.evaluation.routes import RouteInputs, eps_k, eps_m, route_bounds
 
 DELTA = 0.05
 

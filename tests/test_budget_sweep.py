@@ -1,4 +1,4 @@
-"""Issue 29: budgets as an axis (WSD branches = standalone runs), per-arm grids with extension, halving replayed, the frontier."""
+"""Budgets as an axis (WSD branches = standalone runs), per-arm grids with extension, halving replayed, the frontier."""
 
 from __future__ import annotations
 

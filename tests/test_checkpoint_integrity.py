@@ -17,7 +17,7 @@ from hf_depthgrow import grow_depth, new_block_parameters
 from hf_depthgrow.testing import tiny_model
 from hf_depthgrow.training.checkpoints import DIGEST, check_counts, write_digest
 from hf_depthgrow.training.config import TrainConfig
-from hf_depthgrow.training.guards import CheckpointIntegrityError, CheckpointMismatchError
+from hf_depthgrow.training.checkpoints import CheckpointIntegrityError, CheckpointMismatchError
 from hf_depthgrow.training.trainer import train
 
 STEPS = 6
@@ -92,8 +92,8 @@ def test_an_untouched_checkpoint_resumes_bit_identically(saved_run, out):
     assert (out / "checkpoint-6" / DIGEST).is_file()  # re-saved with its digest
 
 
-def test_the_issues_edited_global_step_is_refused_by_the_cli_with_one_line(out, capsys):
-    """Issue 30 #4: global_step 4 -> 100 resumed with exit 0 and reported step 100 after 4 real steps."""
+def test_an_edited_global_step_is_refused_by_the_cli_with_one_line(out, capsys):
+    """Before: `global_step` 4 -> 100 resumed with exit 0 and reported step 100 after 4 real steps."""
     import datasets
 
     from hf_depthgrow.cli.train import main

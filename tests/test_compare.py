@@ -1,4 +1,4 @@
-"""Issue 16: arms at an equal budget (exactly matched controls), corrected paired statistics, retention, the CLI."""
+"""Arms at an equal budget (exactly matched controls), corrected paired statistics, retention, the CLI."""
 
 from __future__ import annotations
 

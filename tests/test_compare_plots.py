@@ -1,4 +1,4 @@
-"""Issue 29 item 5: the budget sweep's two figures (gain x forgetting plane, learning curves with fits)."""
+"""The budget sweep's two figures (gain x forgetting plane, learning curves with fits)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 29 item 4: learning-curve fits `L(D) = E + A * D^-alpha`, the predicted crossover and its validation."""
+"""Learning-curve fits `L(D) = E + A * D^-alpha`, the predicted crossover and its validation."""
 
 from __future__ import annotations
 

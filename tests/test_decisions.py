@@ -176,7 +176,7 @@ def test_correlation_refusals():
 
 
 def test_hit_rate_and_regret_on_hand_made_arrays():
-    # The SmolLM2 oracle: the probe picked k=26 (realized 0.151), the best was k=10 (0.295).
+    # A SmolLM2 oracle sweep: the probe picked k=26 (realized 0.151), the best was k=10 (0.295).
     positions = np.array([4, 10, 18, 26])
     realized = np.array([0.120, 0.295, 0.201, 0.151])
     probe = np.array([0.1, 0.3, 0.2, 0.9])  # ranks k=26 first

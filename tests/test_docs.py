@@ -116,7 +116,7 @@ def test_report_explains_a_bernstein_interval_wider_than_hoeffdings():
 
     rng = np.random.default_rng(0)
     old = rng.uniform(1.0, 4.0, 16).tolist()
-    small = _eval_result(old, [x - 0.1 for x in rng.uniform(1.0, 4.0, 16)], bound=5.18)  # the eval: m = 16, B = 5.18
+    small = _eval_result(old, [x - 0.1 for x in rng.uniform(1.0, 4.0, 16)], bound=5.18)  # a small eval: m = 16, B = 5.18
     details = small.interval_details
     assert details["bernstein"]["half_width"] > details["hoeffding"]["half_width"] == pytest.approx(3.5175, abs=1e-4)
     text = render_markdown(small)
@@ -135,7 +135,7 @@ def test_report_explains_a_bernstein_interval_wider_than_hoeffdings():
 
 
 def test_probe_plot_and_report_say_what_the_threshold_is(tmp_path, monkeypatch):
-    import hf_depthgrow.plots as plots
+    from hf_depthgrow.probe import plots
     from hf_depthgrow.probe import probe
     from hf_depthgrow.testing import tiny_inputs, tiny_model
 

@@ -308,16 +308,6 @@ def test_module_name_does_not_shadow_hf_evaluate():
     assert ev_metrics.__name__ == "hf_depthgrow.evaluation.metrics"
 
 
-def test_old_import_paths_still_work():
-    """Route A/B names moved out of `bounds` and `paired`; the old imports resolve to the same objects."""
-    from hf_depthgrow.evaluation import bounds, paired, route_terms, routes
-
-    assert bounds.RouteInputs is routes.RouteInputs and bounds.route_bounds is routes.route_bounds
-    assert paired.route_inputs is route_terms.route_inputs and paired.block_norm_terms is route_terms.block_norm_terms
-    with pytest.raises(AttributeError):
-        bounds.no_such_name
-
-
 def test_report_says_which_view_of_one_model_each_side_is(grown_llama, lm_rows):
     # Shared-prefix mode: old and new are the same object (same path); the report must tell them apart.
     from hf_depthgrow.evaluation.report import render_markdown

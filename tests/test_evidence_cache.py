@@ -15,7 +15,8 @@ import torch
 
 from hf_depthgrow.pipeline import RunConfig, run_pipeline
 from hf_depthgrow.pipeline.checks import check_evidence_cache
-from hf_depthgrow.pipeline.evidence_cache import EvidenceCache, default_root, rows_fingerprint, weights_fingerprint, write_digest
+from hf_depthgrow.pipeline.evidence_cache import EvidenceCache, default_root
+from hf_depthgrow.storage import rows_fingerprint, weights_fingerprint, write_digest
 from hf_depthgrow.probe.stepping_stone import rebuild_stepping_stone, stepping_stone
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
@@ -83,7 +84,8 @@ def test_an_edited_or_damaged_entry_is_never_reused(tmp_path):
         assert len(caught) == 1  # one warning per damaged entry
         # Moved aside whole, never deleted: the damage stays there to be looked at.
         assert not folder.exists() and len(_rejected(folder.parent)) == n
-        first = first if n > 1 else _rejected(folder.parent)[0]
+        if n == 1:
+            first = _rejected(folder.parent)[0]
         # The evidence computed afresh takes its place and is reused again, bit for bit.
         assert cache.store("paired_losses", PARTS, {"task": "causal_lm", "delta_r": 0.25}, tensors) == key
         entry = cache.load("paired_losses", PARTS)
@@ -154,7 +156,7 @@ def test_writers_of_one_key_at_once_leave_one_whole_entry(tmp_path):
 
 def test_a_writer_that_loses_the_rename_keeps_the_winners_entry(tmp_path, monkeypatch):
     """The race made certain: the entry appears after the loser's first look, before its rename."""
-    import hf_depthgrow.pipeline.evidence_cache as module
+    import hf_depthgrow.storage as module
 
     cache = EvidenceCache(tmp_path)
     key = cache.store("probe", PARTS, {"x": "winner"})
@@ -170,7 +172,7 @@ def test_a_writer_that_loses_the_rename_keeps_the_winners_entry(tmp_path, monkey
 
 
 def test_a_reader_never_sees_a_half_written_entry(tmp_path, monkeypatch):
-    import hf_depthgrow.pipeline.evidence_cache as module
+    import hf_depthgrow.storage as module
 
     cache, seen = EvidenceCache(tmp_path), []
     real = module.write_digest
@@ -368,7 +370,7 @@ def test_an_entry_that_cannot_be_rebuilt_is_computed_afresh(workdir, tmp_path):
 
 
 def test_an_edited_cache_gives_the_result_of_a_fresh_run(workdir, tmp_path):
-    """The issue's attack: the original's test losses x1.5 and the meta edited made a run certify a false gain."""
+    """An attack: the original's test losses x1.5 and the meta edited made a run certify a false gain."""
     from safetensors.torch import load_file, save_file
 
     cache = tmp_path / "cache"

@@ -19,7 +19,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from hf_depthgrow import FAMILIES, grow_depth, growth_record, new_block_parameters, save_pretrained
 from hf_depthgrow.growth import inference, trial
-from hf_depthgrow.growth.families import resolve_family
+from hf_depthgrow.growth.towers import resolve_family
 
 TOL = 1e-6
 WINDOW = 6

@@ -15,7 +15,8 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 from hf_depthgrow import grow_depth, growth_record  # noqa: E402
-from hf_depthgrow.hub.gguf_export import export_gguf, read_gguf_header  # noqa: E402
+from hf_depthgrow.hub.gguf_export import export_gguf  # noqa: E402
+from hf_depthgrow.hub.gguf_names import read_gguf_header  # noqa: E402
 from hf_depthgrow.testing import byte_level_tokenizer, tiny_model  # noqa: E402
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer"]

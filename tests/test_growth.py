@@ -19,7 +19,8 @@ from hf_depthgrow import (
     new_block_parameters,
     norm_inventory,
 )
-from hf_depthgrow.growth.families import FAMILIES, resolve_family
+from hf_depthgrow.growth.families import FAMILIES
+from hf_depthgrow.growth.towers import resolve_family
 from hf_depthgrow.testing import DECODERS, SLIDING, SLIDING_WINDOW, TINY, model_output, tiny_inputs, tiny_model
 
 TOL = 1e-6
@@ -75,7 +76,7 @@ def test_native_blocks_are_copies_with_zeroed_outputs():
     assert torch.equal(new.self_attn.q_proj.weight, source.self_attn.q_proj.weight)
     assert torch.equal(new.mlp.up_proj.weight, source.mlp.up_proj.weight)
     assert new.self_attn.o_proj.weight.abs().max() == 0 and new.mlp.down_proj.weight.abs().max() == 0
-    # The first-order signal needs the rest non-zero (THEORY §1: zero only the last projections).
+    # The first-order signal needs the rest non-zero (docs/theory.md §1: zero only the last projections).
     assert new.self_attn.v_proj.weight.abs().max() > 0
 
 
@@ -407,7 +408,7 @@ def test_adapter_detach_is_the_inverse_of_attach():
     assert torch.equal(layer(z), nn.functional.linear(z, layer.weight, layer.bias))
 
 
-# ----------------------------------------------------------------------------- reliability (issue 13)
+# ----------------------------------------------------------------------------- reliability
 
 
 @pytest.mark.parametrize("training", [False, True])
@@ -456,7 +457,7 @@ def test_exactness_check_can_be_skipped_and_is_not_recorded(monkeypatch):
 
 def test_exactness_check_fails_a_nan_model_and_a_growth_that_adds_nan():
     # NaN > tol is false, so a NaN output once passed the check and a broken model was grown and saved
-    # without a word (issue 30): a non-finite output before growing is refused, naming the parameter.
+    # without a word: a non-finite output before growing is refused, naming the parameter.
     import math
 
     from hf_depthgrow.growth.verify import GrowthNotExactError

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from hf_depthgrow import grow_depth, growth_record, load_pretrained, save_pretrained
-from hf_depthgrow.growth.record import AdapterEntry, GrowthRecord, InvalidGrowthRecordError, check_record_matches
+from hf_depthgrow.growth.engine import check_record_matches
+from hf_depthgrow.growth.record import AdapterEntry, GrowthRecord, InvalidGrowthRecordError
 from hf_depthgrow.hub.serialization import _adapter_state
 from hf_depthgrow.testing import tiny_model
 

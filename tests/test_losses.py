@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from hf_depthgrow.losses import IGNORE_INDEX, batch_example_losses, example_losses
+from hf_depthgrow.chunked_loss import batch_example_losses
+from hf_depthgrow.losses import IGNORE_INDEX, example_losses
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
 

@@ -13,7 +13,7 @@ import torch
 
 from hf_depthgrow import grow_depth
 from hf_depthgrow.cli import main
-from hf_depthgrow.growth.families import resolve_family
+from hf_depthgrow.growth.towers import resolve_family
 from hf_depthgrow.testing import tiny_model
 from hf_depthgrow.training.config import TrainConfig
 from hf_depthgrow.training.memory_plan import PlanSettings, grown_meta_model, parse_memory_size, plan_memory, saved_activations

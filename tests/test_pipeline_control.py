@@ -1,4 +1,4 @@
-"""`hf-depthgrow run` trains an equal-parameter control beside the growth and measures retention (issue 16)."""
+"""`hf-depthgrow run` trains an equal-parameter control beside the growth and measures retention."""
 
 import json
 from pathlib import Path

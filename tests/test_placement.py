@@ -10,7 +10,7 @@ import yaml
 
 from hf_depthgrow import grow_depth, growth_record
 from hf_depthgrow.cli import main
-from hf_depthgrow.growth.families import resolve_family
+from hf_depthgrow.growth.towers import resolve_family
 from hf_depthgrow.growth.placement import PlacementEntry, resolve_positions
 from hf_depthgrow.growth.record import GrowthRecord
 from hf_depthgrow.pipeline.config import RunConfig

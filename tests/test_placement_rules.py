@@ -1,4 +1,4 @@
-"""The literature's placement rules as predictors (issue 33): ADEPT's layer-removal score against a model
+"""The literature's placement rules as predictors: ADEPT's layer-removal score against a model
 rebuilt without the layer, MIDAS's middle of the stack; side-effect free; known to `predictor_scores`."""
 
 import copy
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from hf_depthgrow import grow_depth
-from hf_depthgrow.growth.families import residual_output_modules, resolve_family
-from hf_depthgrow.losses import batch_example_losses
+from hf_depthgrow.growth.families import residual_output_modules
+from hf_depthgrow.growth.towers import resolve_family
+from hf_depthgrow.chunked_loss import batch_example_losses
 from hf_depthgrow.probe.baselines import predictor_scores
 from hf_depthgrow.probe.placement_rules import adept_scores, midas_scores, skipped_layer_losses
 from hf_depthgrow.testing import tiny_inputs, tiny_model

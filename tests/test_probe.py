@@ -1,4 +1,4 @@
-"""The probe (THEORY §2, §5, §6): exact against autograd on grown models, side-effect free, honest verdicts."""
+"""The probe (docs/theory.md §2, §5, §6): exact against autograd on grown models, side-effect free, honest verdicts."""
 
 import copy
 import json
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hf_depthgrow.growth.engine import grow_depth, new_block_parameters
-from hf_depthgrow.losses import batch_example_losses
-from hf_depthgrow.plots import plot_probe
+from hf_depthgrow.chunked_loss import batch_example_losses
+from hf_depthgrow.probe.plots import plot_probe
 from hf_depthgrow.probe.signal import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult, probe
 from hf_depthgrow.probe.statistics import PositionStats
 from hf_depthgrow.testing import tiny_inputs, tiny_model

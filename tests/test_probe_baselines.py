@@ -1,4 +1,4 @@
-"""Baseline predictors of where a new block helps (issue 16): exact against autograd and hidden states,
+"""Baseline predictors of where a new block helps: exact against autograd and hidden states,
 side-effect free, aligned with the positions asked for."""
 
 import copy
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from hf_depthgrow.data.batches import as_batches
-from hf_depthgrow.growth.families import residual_output_modules, resolve_family
-from hf_depthgrow.losses import batch_example_losses
+from hf_depthgrow.growth.families import residual_output_modules
+from hf_depthgrow.growth.towers import resolve_family
+from hf_depthgrow.chunked_loss import batch_example_losses
 from hf_depthgrow.probe import (
     PREDICTORS,
     block_influence,

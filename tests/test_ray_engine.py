@@ -1,4 +1,4 @@
-"""Issue 31: trials on Ray Tune give the serial result exactly; --gather rebuilds it from stored trials; bad Ray settings are one line."""
+"""Trials on Ray Tune give the serial result exactly; --gather rebuilds it from stored trials; bad Ray settings are one line."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def test_a_killed_trial_resumes_from_its_checkpoint_and_ends_identical(local_ray
 
     base, rows = setting
     original = {"test": example_losses(base, rows["test"], 4), "heldout": 4.0}
-    inputs = lambda: TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=None,
+    inputs = lambda: TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=None,  # noqa: E731
                                  batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None,
                                  original=dict(original))  # fmt: skip
     arm = build_arms(base, ["at:2"], [])[1]

@@ -1,4 +1,4 @@
-"""Issue 31, item 2: a trial spans processes (--workers-per-trial N, a Ray Train TorchTrainer of N gloo workers)."""
+"""A trial spans processes (--workers-per-trial N, a Ray Train TorchTrainer of N gloo workers)."""
 
 from __future__ import annotations
 

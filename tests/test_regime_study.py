@@ -1,4 +1,4 @@
-"""Regime study recipe (issue 33): its YAML configs load and validate, the plateau check's arithmetic, the base's
+"""Regime study recipe: its YAML configs load and validate, the plateau check's arithmetic, the base's
 vocabulary and data split, bad input (one line, exit 2, nothing written), and `--smoke` end to end."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_config_loads_and_validates(name):
 
 def test_default_config_reaches_the_regime():
     """default.yaml: budgets span >= 32x and the largest is >= 100 tokens per parameter of the one-block arm (the oracle's
-    larger budget too); every arm and predictor the issue names."""
+    larger budget too); every arm and predictor the study names."""
     cfg = parse(["--config", str(CONFIGS / "default.yaml")])
     model = recipe.build_base(cfg, vocab_size=100)
     fig = recipe.regime_figures(cfg, model)

@@ -163,6 +163,7 @@ def test_the_same_run_again_replaces_its_own_output_and_reuses_the_evidence(tiny
     import warnings
 
     import hf_depthgrow.plots as plots
+    from hf_depthgrow.probe import plots as probe_plots
 
     figures, save = {}, plots.save_figure
 
@@ -170,7 +171,8 @@ def test_the_same_run_again_replaces_its_own_output_and_reuses_the_evidence(tiny
         figures[Path(path).name] = fig
         return save(fig, path, **kwargs)
 
-    monkeypatch.setattr(plots, "save_figure", recorded)
+    for module in (plots, probe_plots):  # loss.png is drawn by the one, probe.png by the other
+        monkeypatch.setattr(module, "save_figure", recorded)
     out, cache = tmp_path / "out", tmp_path / "cache"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -270,7 +272,8 @@ def test_the_probe_figure_marks_the_probe_pick_and_the_training_figure_has_a_tit
     """Before: probe.png marked no k, loss.png had no title."""
     from types import SimpleNamespace
 
-    from hf_depthgrow.plots import probe_figure, training_figure
+    from hf_depthgrow.plots import training_figure
+    from hf_depthgrow.probe.plots import probe_figure
     from hf_depthgrow.probe.signal import probe
     from hf_depthgrow.testing import tiny_model, tiny_rows
 

@@ -16,7 +16,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from hf_depthgrow import FAMILIES, grow_depth, new_block_parameters
 from hf_depthgrow.evaluation import block_norm_terms, evaluate_delta, route_inputs
-from hf_depthgrow.growth.families import FamilySpec, residual_output_targets, resolve_family
+from hf_depthgrow.growth.families import FamilySpec, residual_output_targets
+from hf_depthgrow.growth.towers import resolve_family
 from hf_depthgrow.testing import tiny_inputs, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:loss_bound not given")

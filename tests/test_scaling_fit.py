@@ -1,4 +1,4 @@
-"""Scaling-law fit `L(N, D) = E + A N^-alpha + B D^-beta` (issue 7): recovery, errors, bootstrap, plot."""
+"""Scaling-law fit `L(N, D) = E + A N^-alpha + B D^-beta`: recovery, errors, bootstrap, plot."""
 
 import json
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_depthgrow.plots import plot_power_law
+from hf_depthgrow.scaling.plots import plot_power_law
 from hf_depthgrow.scaling.fit import PARAMS, PowerLawFit, fit_power_law
 
 TRUE = {"E": 1.7, "A": 8.0, "alpha": 0.34, "B": 5.0, "beta": 0.28}

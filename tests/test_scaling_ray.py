@@ -1,4 +1,4 @@
-"""Issue 31: the scaling study's cells on compare's engines: Ray cells equal the serial ones, stored cells are verified."""
+"""The scaling study's cells on compare's engines: Ray cells equal the serial ones, stored cells are verified."""
 
 from __future__ import annotations
 

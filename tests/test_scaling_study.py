@@ -1,6 +1,6 @@
-"""Scaling study (issue 7): a 2 x 2 grid at tiny sizes, its outputs, resume, and two processes.
+"""Scaling study: a 2 x 2 grid at tiny sizes, its outputs, resume, and two processes.
 
-Cells train through `hf_depthgrow.training.train` (issue 12: one training loop).
+Cells train through `hf_depthgrow.training.train` (the one training loop).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hf_depthgrow.growth.families import resolve_family
+from hf_depthgrow.growth.towers import resolve_family
 from hf_depthgrow.scaling import StudyConfig, TaskGrid, run_study
 from hf_depthgrow.scaling.cells import local_accelerator, train_config
 from hf_depthgrow.scaling.report import _spearman, findings

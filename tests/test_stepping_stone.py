@@ -1,4 +1,4 @@
-"""Stepping-stone models (THEORY §3): a first-order step of the new block that lowers the training loss."""
+"""Stepping-stone models (docs/theory.md §3): a first-order step of the new block that lowers the training loss."""
 
 import copy
 import importlib
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_depthgrow.growth.engine import grow_depth, growth_record
-from hf_depthgrow.losses import batch_example_losses
+from hf_depthgrow.chunked_loss import batch_example_losses
 from hf_depthgrow.probe.signal import probe
 from hf_depthgrow.probe.stepping_stone import stepping_stone, stepping_stones
 from hf_depthgrow.testing import model_output, tiny_inputs, tiny_model

@@ -21,7 +21,7 @@ from hf_depthgrow import (
     new_block_parameters,
     save_pretrained,
 )
-from hf_depthgrow.growth.families import resolve_family
+from hf_depthgrow.growth.towers import resolve_family
 from hf_depthgrow.growth.record import GrowthRecord, InvalidGrowthRecordError
 from hf_depthgrow.growth.verify import GrowthNotExactError, probe_inputs
 from hf_depthgrow.testing import tiny_model

@@ -293,8 +293,8 @@ def test_start_tracking_refuses_tensorboard_without_a_folder():
 
 
 def test_a_trainer_after_a_bf16_trainer_trains_in_its_own_precision(tmp_path):
-    """Accelerate's state is a process singleton: a run with `mixed_precision=None` after a bf16 run used to
-    train under the bf16 autocast the first one left (and an explicit "no" raised). Each run now gets its own."""
+    """Accelerate's state is a process singleton: before, a run with `mixed_precision=None` after a bf16 run
+    trained under the bf16 autocast the first one left (and an explicit "no" raised). Each run gets its own."""
 
     def trained(precision, seed=0):
         model = grow_depth(tiny_llama(seed), positions=[1])

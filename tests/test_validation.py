@@ -1,6 +1,6 @@
 """The oracle sweep (`validate_probe`): every position x seed trial in one engine call with the per-seed
 `compare_plans` numbers unchanged; two budgets in one run; per-position forgetting and the predictors scored on
-the gain within the forgetting budget (issue 33)."""
+the gain within the forgetting budget."""
 
 from __future__ import annotations
 

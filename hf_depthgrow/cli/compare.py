@@ -202,7 +202,7 @@ def _run(argv: list[str]) -> int:
     from ..comparison import compare_plans
     from ..comparison.gather import gathering
     from ..comparison.validation import validate_probe
-    from ..growth.families import resolve_family
+    from ..growth.towers import resolve_family
     from ..pipeline.output import check_output_dir, staged_output
     from ..plots import plot_comparison, plot_validation
     from ..probe import baselines, lookahead
@@ -230,7 +230,7 @@ def _compare(script: CompareScript, cfg: CompareConfig, argv: list[str]) -> int:
     from ..comparison import compare_plans
     from ..comparison.fresh_data import data_plan
     from ..comparison.validation import validate_probe
-    from ..growth.families import resolve_family
+    from ..growth.towers import resolve_family
     from ..pipeline.output import record_outputs, staged_output
 
     model, splits, retention = _load(script, cfg)

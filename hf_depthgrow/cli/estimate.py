@@ -17,7 +17,6 @@ Exit codes: 0 done; 2 bad input (one line on stderr; nothing is written).
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 
 from .common import parse, run_command

@@ -189,8 +189,8 @@ def load_splits(args: EvalArguments, model, tokenizer) -> tuple[dict, object]:
 
 def route_terms(args: EvalArguments, model, splits: dict):
     """The Route A/B inputs from `--routes`, `--n-train`, `--delta-erm` and `--block-terms` (`None` if none given)."""
-    from ..evaluation.bounds import RouteInputs
-    from ..evaluation.paired import route_inputs
+    from ..evaluation.route_terms import route_inputs
+    from ..evaluation.routes import RouteInputs
 
     if not (args.routes or args.n_train is not None or args.delta_erm is not None or args.block_terms):
         return None

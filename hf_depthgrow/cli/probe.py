@@ -51,7 +51,7 @@ class ProbeArguments:
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
     def __post_init__(self):
-        # Checked before anything loads: `--threads 0` used to be accepted (and ignored).
+        # Checked before anything loads: `--threads 0` would otherwise be taken (and ignored).
         for name in ("threads", "max_batches", "max_examples"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -123,7 +123,7 @@ def _probe(argv: list[str]) -> int:
     import torch
 
     from ..pipeline.output import staged_output
-    from ..plots import plot_probe
+    from ..probe.plots import plot_probe
     from ..probe.signal import probe
 
     args, growth = parse("probe", argv, ProbeArguments, GrowthConfig, description=__doc__)

@@ -1,13 +1,4 @@
-"""Evidence that decides: growth plans against equal-budget controls, paired, corrected across arms.
-
-Modules by job: `arms` (growth placements and the controls matched to them), `config` (CompareConfig),
-`grids` (each arm kind's learning-rate grid and its extension), `trial` (the trial unit: one arm at one
-rate, scored at every budget), `engine` (where trials run), `store` (stored, verified trials: resume),
-`aggregate` (trials to a CompareResult), `frontier` (gain x forgetting), `crossover` (learning-curve fits),
-`fresh_data` (the training blocks the budgets need: refused or warned where they would repeat, epochs per budget),
-`runner` (`compare_plans`), `result` and `sweep_report` (CompareResult: tables, verdicts, JSON/Markdown/plots),
-`plots` (the sweep's figures), `validation` (the probe against an oracle sweep).
-"""
+"""Evidence that decides: growth plans against equal-budget controls, paired, corrected across arms."""
 
 from .aggregate import aggregate
 from .arms import CONTROL_KINDS, Arm, build_arms, lora_rank_for, matched_layers, resolve_growth

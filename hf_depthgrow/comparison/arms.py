@@ -26,7 +26,7 @@ import numpy as np
 from torch import nn
 
 from ..growth.engine import new_block_parameters
-from ..growth.families import resolve_family
+from ..growth.towers import resolve_family
 from ..growth.placement import PlacementEntry, check_placement, resolve_positions
 
 CONTROL_KINDS = ("layers", "lora", "full", "original")

@@ -1,6 +1,6 @@
 """`hf-depthgrow compare --gather DIR`: the comparison rebuilt from stored trials, training nothing.
 
-A sweep whose trials ran elsewhere (other sessions, a Ray cluster writing to a shared `--trials-dir`) is
+A sweep whose trials ran elsewhere (earlier runs, other machines, a Ray cluster writing to a shared `--trials-dir`) is
 aggregated by running the same command with `--gather DIR`: `compare_plans` runs as usual, with the engine
 `stored`, which reads every trial from the `TrialStore` under DIR (each verified against its digest and keyed
 by spec, model, data and settings) and refuses to train: a trial not stored, or stored for another model,

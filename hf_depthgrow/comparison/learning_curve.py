@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..scaling.least_squares import EXPONENT_BOUNDS, fit_once
+from ..least_squares import EXPONENT_BOUNDS, fit_once
 from ..utils import json_safe
 
 __all__ = ["FLAT_NATS", "LearningCurveFit", "fit_learning_curve"]

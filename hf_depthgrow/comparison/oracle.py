@@ -1,6 +1,6 @@
 """The oracle sweep's trials: every position x seed in one engine call, then one `CompareResult` per seed.
 
-Split from `validation` (which scores the predictors against what these trials realize). The trials are those a
+`validation` scores the predictors against what these trials realize. The trials are those a
 `compare_plans` per seed would run, with the same numbers, but submitted together so the Ray engine runs them at
 once; they are stored in `trials_dir` when given, and `engine="stored"` rebuilds them without training.
 """

@@ -1,4 +1,4 @@
-"""The two figures of a budget sweep (issue 29): the gain x forgetting plane, and learning curves with their fits.
+"""The two figures of a budget sweep: the gain x forgetting plane, and learning curves with their fits.
 
 Both take the JSON-ready dict of a sweep (`{"budgets": [...], "fits": {...}, "crossover": {...}}`; see
 `plot_gain_forgetting`) and write a PNG atomically through `hf_depthgrow.plots.save_figure`. Optional parts

@@ -36,7 +36,7 @@ import torch
 
 from .trial import TrialInputs, TrialResult, TrialSpec, run_trial
 
-__all__ = ["ENGINES", "RAY_EXTRA", "check_engine", "ray_cluster", "ray_engine", "run_ray"]
+__all__ = ["ENGINES", "RAY_EXTRA", "check_engine", "quiet_fit", "ray_cluster", "ray_engine", "run_ray"]
 
 ENGINES = ("serial", "ray", "stored")
 RAY_EXTRA = 'pip install "hf_depthgrow[ray]"'
@@ -335,7 +335,7 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # a retry needs only the latest
             ),
         )  # fmt: skip
-        grid = _quiet(tuner.fit)
+        grid = quiet_fit(tuner.fit)
     results = collect.results
     for r in grid:
         spec = specs[r.config["index"]]
@@ -350,7 +350,7 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
     return results
 
 
-def _quiet(fit):
+def quiet_fit(fit):
     """`fit()` with Tune's tables on stderr and its info logs off: the command's stdout is its report."""
     import contextlib
     import sys

@@ -2,7 +2,7 @@
 driver's Tune callback (`collector`) that decodes, stores and counts each result as it arrives and keeps each
 trial's latest checkpoint beside the stored trials for `compare --resume`.
 
-Split from `ray_engine` (which schedules the trials); `ray_workers` packs a multi-process trial's result the same way.
+`ray_engine` schedules the trials; `ray_workers` packs a multi-process trial's result the same way.
 """
 
 from __future__ import annotations

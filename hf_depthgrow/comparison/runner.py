@@ -24,7 +24,7 @@ from torch import nn
 from ..data.batches import as_batches, as_rows, documents_of, to_device
 from ..evaluation.checks import prepare_batches, resolve_cluster_key, split_batch
 from ..evaluation.paired import eval_mode
-from ..losses import batch_example_losses
+from ..chunked_loss import batch_example_losses
 from ..probe.signal import ProbeResult
 from ..training import tracking
 from ..training.data_order import training_rows

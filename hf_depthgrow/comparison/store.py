@@ -1,6 +1,6 @@
 """Trial results that survive: each finished trial is stored, verified on every read, and reused instead of rerun.
 
-A sweep that outgrows a session resumes by running the same command again: every trial already stored under
+A sweep that is interrupted, or run in parts, resumes by running the same command again: every trial already stored under
 `trials_dir` is read back (its sha256 digest checked, as the evidence cache does; an edited, damaged or
 unreadable entry, or one under another trial's key, is moved aside with a warning and rerun, never reused,
 and the fresh result takes its place) and only the others train. A trial's key covers its spec (arm with
@@ -8,7 +8,7 @@ every placement entry, rate, seed, budgets, schedule), the base model's weights,
 the settings that change what it computes, and the package, torch and transformers versions, so a trial of
 another plan, model or data is never taken for this one (what it leaves out: the original's losses, computed
 from what it covers, and the trackers' settings). Unlike the evidence cache the key leaves out the package's source
-hash: a sweep that spans sessions must survive an unrelated commit (the package version still guards it).
+hash: a sweep run in parts must survive an unrelated commit (the package version still guards it).
 
 An unfinished trial keeps its latest `TrialCheckpoint` under `checkpoints/<its key>/` (after every budget and
 rung it scores; removed once its result is stored). Each carries its trial's key: on resume a checkpoint whose
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..pipeline.evidence_cache import ENTRY_FILE, EvidenceCache, set_aside, sha256_of, is_whole, rows_fingerprint, weights_fingerprint
+from ..storage import ENTRY_FILE, EntryStore, is_whole, rows_fingerprint, set_aside, sha256_of, weights_fingerprint
 from ..utils import package_version
 from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, block_seed
 
@@ -72,7 +72,7 @@ def check_trials_dir(trials_dir, *, inputs: dict | None = None) -> None:
             raise ValueError(f"trials_dir {trials_dir} lies inside the input {what} folder {given}, which the run reads: put it beside it")
 
 
-class TrialStore(EvidenceCache):
+class TrialStore(EntryStore):
     """Verified trial results under `root` (see the module docstring).
 
     Args:

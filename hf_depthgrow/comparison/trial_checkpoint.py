@@ -87,7 +87,7 @@ class TrialCheckpoint:
         """Write the checkpoint into `folder` (created; written in a temporary folder beside it, then renamed)."""
         from safetensors.torch import save_file
 
-        from ..pipeline.evidence_cache import ENTRY_FILE, TENSORS_FILE, write_digest
+        from ..storage import ENTRY_FILE, TENSORS_FILE, write_digest
 
         folder = Path(folder)
         tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -108,7 +108,7 @@ class TrialCheckpoint:
         """Read a checkpoint `save` wrote, its files checked against their digest (`ValueError` if not whole)."""
         from safetensors.torch import load as load_bytes
 
-        from ..pipeline.evidence_cache import ENTRY_FILE, TENSORS_FILE, read_verified
+        from ..storage import ENTRY_FILE, TENSORS_FILE, read_verified
 
         files = read_verified(folder)  # UnverifiedEntryError is a ValueError
         header = json.loads(files[ENTRY_FILE].decode("utf-8"))

@@ -4,7 +4,8 @@ Modules: `sources` (`load_data`, splits, loaders), `batches` (the one data contr
 takes data reads through), `models` (SmolLM2, MiniLM shipped in packages), `corpora` (Shakespeare,
 the Python docs, tweets, Fashion-MNIST, digits), `lm_blocks` (causal-LM token blocks), `installed` (finding them),
 `text_files` (which local paths may be read, and text read lazily in bounded pieces), `streaming` (training
-blocks tokenized from a stream as training reaches them).
+blocks tokenized from a stream as training reaches them), `checks` (a batch checked against a model before a
+forward pass), `pseudo_labels` (retention for classifiers: text labelled with the original's own decisions).
 """
 
 from .batches import DOCUMENT_COLUMN, DataFormError, as_batches, as_rows, collate, data_form, documents_of

@@ -6,7 +6,9 @@ perplexity), `bounds` (the three intervals), `routes` (Route A/B arithmetic), `r
 (the Route A/B inputs measured on models and data), `retention` (forgetting on a general-domain set:
 `forgetting`, `evaluate_retention`), `report` (report.json / report.md / plots),
 `formatting` (the one number formatter), `decisions` (certifying several arms at once with Holm or
-Bonferroni, and how well a predictor's ranking matches realized gains: Spearman, partial Spearman, hit rate, regret).
+Bonferroni, and how well a predictor's ranking matches realized gains: Spearman, partial Spearman, hit rate, regret),
+`collector` (the per-example losses of each side of one pass), `plots` (the differences and intervals figures),
+`lm_eval_task` (perplexity on local text through lm-evaluation-harness, offline).
 """
 
 from ..data.batches import DataFormError

@@ -1,4 +1,4 @@
-"""Confidence intervals for a paired test-risk delta (THEORY §7).
+"""Confidence intervals for a paired test-risk delta (docs/theory.md §7).
 
 Everything here is plain arithmetic on numbers and numpy arrays; the evaluator
 (`hf_depthgrow.evaluation.paired`) feeds it per-example losses. The Route A/B arithmetic is in
@@ -284,15 +284,3 @@ def paired_intervals(
     for entry in out.values():
         entry["certified"] = bool(entry["low"] > 0)
     return out
-
-
-# The Route A/B arithmetic moved to `routes.py`; resolved on first use (routes imports this module).
-_MOVED_TO_ROUTES = ("RouteInputs", "eps_k", "eps_m", "route_bounds")
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_ROUTES:
-        from . import routes
-
-        return getattr(routes, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Statistics that let the evidence decide between plans (issue 16).
+"""Statistics that let the evidence decide between plans.
 
 Two questions, both on numbers already measured:
 

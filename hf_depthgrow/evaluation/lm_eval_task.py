@@ -245,7 +245,7 @@ def lm_eval_perplexity(model, tokenizer, documents, *, batch_size: int = 4, max_
         0.9530180392491944
         ```
     """
-    lm_eval = _require_lm_eval()
+    _require_lm_eval()
     import lm_eval.evaluator
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager

@@ -1,4 +1,4 @@
-"""Paired evaluation of a grown model against the original: per-example losses and intervals (THEORY §7).
+"""Paired evaluation of a grown model against the original: per-example losses and intervals (docs/theory.md §7).
 
 `evaluate_delta` runs the original (new blocks bypassed) and the grown model on the same examples.
 The layers below the lowest new block are identical in both, so their output `z` is computed once
@@ -23,7 +23,7 @@ from torch import nn
 
 from ..data.batches import as_batches, to_device
 from ..growth.engine import bypass_new_blocks
-from ..growth.families import resolve_family
+from ..growth.towers import resolve_family
 from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
 from ..growth.record import growth_record
 from ..losses import is_causal_lm, model_inputs
@@ -392,16 +392,3 @@ def compare_models(
         models={"old": describe_model(model_a), "new": describe_model(model_b)}, documents=documents, cluster_key=key,
         clusters=cluster_labels(documents, cluster_key),
     )
-
-
-# Route A/B measurement moved to `route_terms.py` (it calls `evaluate_delta`, so it cannot be
-# imported here eagerly); older `from hf_depthgrow.evaluation.paired import route_inputs` still works.
-_MOVED_TO_ROUTE_TERMS = ("route_inputs", "block_norm_terms")
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_ROUTE_TERMS:
-        from . import route_terms
-
-        return getattr(route_terms, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -155,7 +155,7 @@ def _route_lines(r: EvalResult) -> list[str]:
         ("eps_M = 2 rho B_W B_a / sqrt(n) + B sqrt(ln(2/delta)/(2n))", t["eps_M"], "computed"),
         ("eps_K = B sqrt(ln(2/delta)/(2m))", t["eps_K"], "computed (test-side Hoeffding term)"),
     ]
-    lines = ["", "## Route A and Route B (THEORY §7)", "", "| term | value | how it was obtained |", "|---|---:|---|"]
+    lines = ["", "## Route A and Route B (docs/theory.md §7)", "", "| term | value | how it was obtained |", "|---|---:|---|"]
     lines += [f"| {a} | {format_value(b)} | {table_cell(c)} |" for a, b, c in rows]
     for key, name in (("route_a", "A"), ("route_b", "B")):
         route = r.routes[key]
@@ -222,7 +222,7 @@ def write_report(
         'report.md'
         ```
     """
-    from ..plots import plot_differences, plot_intervals  # matplotlib loads only when a report is written
+    from .plots import plot_differences, plot_intervals  # matplotlib loads only when a report is written
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,8 @@ from torch.func import functional_call
 
 from ..data.batches import to_device
 from ..growth.adapter import hosted_blocks
-from ..growth.families import residual_output_targets, resolve_family
+from ..growth.families import residual_output_targets
+from ..growth.towers import resolve_family
 from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
 from ..growth.record import growth_record
 from ..growth.verify import TOLERANCES
@@ -309,7 +310,7 @@ def _trainer_terms(train_result, delta_erm, n_train, sources: dict) -> tuple[flo
             selected = getattr(train_result, "selected", None)
             sources["delta_erm"] = "from the trainer's result" + (f" (selected model: {selected})" if selected else "")
             if getattr(train_result, "reference", None) == "old":
-                # THEORY §4 measures Delta_ERM against f~_S; against f_old it already holds the stone's margin.
+                # docs/theory.md §4 measures Delta_ERM against f~_S; against f_old it already holds the stone's margin.
                 sources["delta_erm"] += (
                     "; measured against f_old, not the stepping stone f~_S (the trainer had none), so the routes "
                     "count the stone's margin twice: train with stepping_stone= for a valid Delta_ERM"

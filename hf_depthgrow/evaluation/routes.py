@@ -1,4 +1,4 @@
-"""Route A and Route B (THEORY §7): their inputs, the eps terms, and each route's bound and verdict.
+"""Route A and Route B (docs/theory.md §7): their inputs, the eps terms, and each route's bound and verdict.
 
 Plain arithmetic on numbers. The inputs measured on models and data (`Delta_R`, `rho`, `B_W`,
 `B_a`, ...) are gathered by `hf_depthgrow.evaluation.route_terms.route_inputs`.

@@ -1,7 +1,7 @@
 """The generic normalized residual block and how it is attached to a host layer.
 
 An adapter block `z -> z + W_out act(W_in N_eps(z))` with `W_out = 0` is the identity at init
-for every family, post-norm ones included (THEORY §1 (b)). It does not take a slot in the
+for every family, post-norm ones included (docs/theory.md §1 (b)). It does not take a slot in the
 layer list: it hangs on an original layer through a forward (pre-)hook, so the layer count,
 the per-layer config lists (sliding/full attention) and the KV-cache slots stay exactly as
 they were. Position k < L attaches to the input of layer k ("pre"); k == L to the output of

@@ -16,11 +16,10 @@ import torch
 from torch import nn
 
 from . import adapter
-from .checks import check_positions, check_zeroable, resolve_block_kind
+from .checks import check_zeroable
 from .config import GrowthConfig
 from .families import FamilySpec, model_eps, residual_output_targets
 from .quantized import float_linears
-from .towers import resolve_target
 
 
 def _block_seed(seed: int, position: int, repeat: int) -> int:
@@ -180,25 +179,3 @@ def build_blocks(
         else:
             built.append((k, builder(model, stack, spec, k, cfg, r, stack_config=stack_config)))
     return built
-
-
-def build_block(
-    model: nn.Module, position: int, config: GrowthConfig | None = None, *, repeat: int = 0, **kwargs
-) -> tuple[str, nn.Module]:
-    """Build, without inserting, the block `grow_depth(model, [position], ...)` would insert.
-
-    Returns `(kind, module)`; the probe uses it to reason about exactly that block.
-
-    Example:
-        ```python
-        >>> kind, block = build_block(model, 2, GrowthConfig(block="auto"))
-        >>> kind
-        'native'
-        ```
-    """
-    cfg = config or GrowthConfig(**kwargs)
-    target = resolve_target(model, cfg.tower)
-    check_positions([position], len(target.stack))
-    kind = resolve_block_kind(cfg, target.spec, target.config)
-    builder = build_native_block if kind == "native" else build_adapter_block
-    return kind, builder(model, target.stack, target.spec, position, cfg, repeat, stack_config=target.config)

@@ -11,7 +11,7 @@ import contextlib
 from torch import nn
 
 from . import adapter
-from .layout import _Snapshot
+from .layout import Snapshot
 from .record import growth_record
 from .towers import resolve_target
 
@@ -36,7 +36,7 @@ def bypass_new_blocks(model: nn.Module):
         return
     target = resolve_target(model)  # the record names the tower of a nested model
     stack = target.stack
-    snapshot = _Snapshot.take(model, stack, target)
+    snapshot = Snapshot.take(model, stack, target)
     adapters = [b for layer in stack for hosted in adapter.hosted_blocks(layer).values() for b in hosted]
     keep = list(record.old_indices)
     try:

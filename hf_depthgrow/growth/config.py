@@ -83,7 +83,7 @@ class GrowthConfig:
                 raise ValueError(f"eps must be a finite positive number or None, got {self.eps!r}")
             if not self.eps > 0:
                 raise ValueError(
-                    f"eps must be > 0, got {self.eps}: a norm without epsilon is singular at z = 0 (THEORY §6)."
+                    f"eps must be > 0, got {self.eps}: a norm without epsilon is singular at z = 0 (docs/theory.md §6)."
                 )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")

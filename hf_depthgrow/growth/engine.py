@@ -1,5 +1,5 @@
 """The growth engine: insert zero-initialised residual blocks so the grown model computes exactly
-what the original did (THEORY §1).
+what the original did (docs/theory.md §1).
 
 Two kinds of block:
 - native: the family's own layer, copied from its neighbour (LLaMA Pro) or freshly initialised,
@@ -27,7 +27,7 @@ from torch import nn
 
 from . import adapter, verify
 from ..utils import package_version
-from .blocks import _hidden_size, _param_like, build_adapter_block, build_block, build_blocks, build_native_block
+from .blocks import _hidden_size, _param_like, build_adapter_block, build_blocks, build_native_block
 from .bypass import bypass_new_blocks
 from .checks import (
     check_eps_representable,
@@ -40,13 +40,13 @@ from .checks import (
     resolve_block_kind,
 )
 from .config import BLOCK_KINDS, INITS, GrowthConfig
-from .families import FamilySpec, model_eps, residual_output_modules, resolve_family
-from .layout import _insert_native, _Snapshot
+from .families import FamilySpec, model_eps, residual_output_modules
+from .layout import _insert_native, Snapshot
 from .norms import check_norm_eps
 from .placement import PlacementEntry, describe, resolve_positions
 from .quantized import bnb_mode, prepare_quantized_base
-from .record import AdapterEntry, GrowthRecord, GrowthStep, growth_record, store_record, stored_record
-from .towers import resolve_target
+from .record import AdapterEntry, GrowthRecord, GrowthStep, InvalidGrowthRecordError, growth_record, store_record, stored_record
+from .towers import resolve_family, resolve_target
 
 __all__ = [
     # defined here
@@ -72,6 +72,7 @@ __all__ = [
     "build_adapter_block",
     "build_blocks",
     "build_block",
+    "check_record_matches",
     "bypass_new_blocks",
     "AdapterEntry",
     "GrowthRecord",
@@ -167,7 +168,7 @@ def grow_depth(
     # Build every block before touching the model: a failure here leaves it as it was.
     new_blocks = build_blocks(model, stack, spec, kind, entries, cfg, stack_config=target.config)
     probe = _reference(model, target) if cfg.verify else None
-    snapshot = _Snapshot.take(model, stack, target)
+    snapshot = Snapshot.take(model, stack, target)
     try:
         if kind == "native":
             _insert_native(model, stack, new_blocks, snapshot)
@@ -207,7 +208,7 @@ def _adapter_entries(stack: nn.ModuleList) -> tuple[AdapterEntry, ...]:
     )
 
 
-def _per_layer_from_sources(model, stack, entries, new_blocks, snapshot: _Snapshot) -> None:
+def _per_layer_from_sources(model, stack, entries, new_blocks, snapshot: Snapshot) -> None:
     # `_insert_native` gives a new layer the per-layer config entries (e.g. `layer_types`) of layer
     # k-1; a block copied from another layer j must carry j's, or save/load would rebuild it differently.
     moved = {id(block): e.copy_from for e, (_, block) in zip(entries, new_blocks) if e.copy_from is not None}
@@ -263,7 +264,7 @@ def _reference(model: nn.Module, target) -> tuple | None:
 
 
 def _update_record(
-    model, stack, snapshot: _Snapshot, kind, cfg: GrowthConfig, positions, new_blocks, own_eps, placement=None, tower=None
+    model, stack, snapshot: Snapshot, kind, cfg: GrowthConfig, positions, new_blocks, own_eps, placement=None, tower=None
 ) -> None:
     # Cumulative: a second growth keeps the base layer count, the earlier native layers (at their
     # new indices) and the history, and appends this call as one more step.
@@ -355,3 +356,71 @@ def reattach_adapters(model: nn.Module, record: GrowthRecord) -> list[adapter.No
         adapter.attach(stack[entry.host], block, entry.where)
         built.append(block)
     return built
+
+
+def build_block(
+    model: nn.Module, position: int, config: GrowthConfig | None = None, *, repeat: int = 0, **kwargs
+) -> tuple[str, nn.Module]:
+    """Build, without inserting, the block `grow_depth(model, [position], ...)` would insert.
+
+    Returns `(kind, module)`; the probe uses it to reason about exactly that block.
+
+    Example:
+        ```python
+        >>> kind, block = build_block(model, 2, GrowthConfig(block="auto"))
+        >>> kind
+        'native'
+        ```
+    """
+    cfg = config or GrowthConfig(**kwargs)
+    target = resolve_target(model, cfg.tower)
+    check_positions([position], len(target.stack))
+    kind = resolve_block_kind(cfg, target.spec, target.config)
+    builder = build_native_block if kind == "native" else build_adapter_block
+    return kind, builder(model, target.stack, target.spec, position, cfg, repeat, stack_config=target.config)
+
+
+def check_record_matches(model, record: GrowthRecord, adapter_state: dict | None = None) -> None:
+    """Refuse a record that does not describe these weights, as far as the weights can tell.
+
+    Checked: the stack holds `base_num_layers + len(native_indices)` layers; every adapter's host
+    exists (a `post` adapter only on the last layer); adapters already hosted on the model, and
+    those in `adapter_state` (the saved adapter tensors, by parameter name), have the record's
+    count per host and the shapes its `dim` and the hidden size give. Native blocks cannot be told
+    from original layers by their weights once trained, so their indices are checked by count only.
+
+    Raises:
+        InvalidGrowthRecordError: naming the first mismatch.
+    """
+    target = resolve_target(model, record.tower)  # the base of an adapters-only save has no record to name it
+    stack, path = target.stack, target.path
+    record.validate(num_layers=len(stack))
+    hidden = _hidden_size(model, stack[0], target.config)
+    expected: dict[tuple[int, str], list[AdapterEntry]] = {}
+    for entry in record.adapters:
+        if entry.where == "post" and entry.host != len(stack) - 1:
+            raise InvalidGrowthRecordError(f"growth record: a post adapter hangs on layer {entry.host}, not on the last layer {len(stack) - 1}")
+        expected.setdefault((entry.host, entry.where), []).append(entry)
+    for i, layer in enumerate(stack):
+        for where, hosted in adapter.hosted_blocks(layer).items():
+            if hosted and len(hosted) != len(expected.get((i, where), [])):
+                raise InvalidGrowthRecordError(
+                    f"growth record lists {len(expected.get((i, where), []))} {where} adapters on layer {i}, the model hosts {len(hosted)}"
+                )
+    if adapter_state is not None:
+        _check_adapter_shapes(adapter_state, expected, hidden, f"{path}." if path else "")
+
+
+def _check_adapter_shapes(state: dict, expected: dict, hidden: int, prefix: str) -> None:
+    from .adapter import POST, PRE  # see check_record_matches
+
+    for (host, where), entries in expected.items():
+        for j, entry in enumerate(entries):
+            base = f"{prefix}{host}.{PRE if where == 'pre' else POST}.{j}."
+            for name, shape in (("w_in.weight", (entry.dim, hidden)), ("w_out.weight", (hidden, entry.dim)), ("norm.weight", (hidden,))):
+                tensor = state.get(base + name)
+                if tensor is not None and tuple(tensor.shape) != shape:
+                    raise InvalidGrowthRecordError(
+                        f"growth record: adapter {base}{name} has shape {tuple(tensor.shape)}, but the record's dim {entry.dim} "
+                        f"and hidden size {hidden} give {shape}"
+                    )

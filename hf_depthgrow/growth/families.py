@@ -150,29 +150,6 @@ def _guess_layer_stack(base: nn.Module, num_layers: int | None) -> tuple[str, nn
     return best[1], best[2]
 
 
-def resolve_family(model: nn.Module, tower: str | None = None) -> tuple[FamilySpec, nn.ModuleList, str]:
-    """Find the family row, the layer stack and its full path for a model.
-
-    A family the table does not name gets a row inferred from its layers
-    (`hf_depthgrow.growth.inference`): native blocks where they are exact, else adapter blocks
-    only, with a warning that says why. A model whose config nests sub-configs (CLIP, LLaVA)
-    grows one tower: `tower=` names it, else the growth record does, else the only tower with a
-    layer stack (`hf_depthgrow.growth.towers`). A model without a findable stack raises a
-    `ValueError` naming the supported families.
-
-    Example:
-        ```python
-        >>> spec, stack, path = resolve_family(tiny_model("llama"))
-        >>> spec.model_type, len(stack), path
-        ('llama', 4, 'model.layers')
-        ```
-    """
-    from .towers import resolve_target  # imported here: towers reads this table
-
-    target = resolve_target(model, tower)
-    return target.spec, target.stack, target.path
-
-
 def _module_path(root: nn.Module, target: nn.Module) -> str:
     if root is target:
         return ""
@@ -240,3 +217,21 @@ def model_eps(spec: FamilySpec, config) -> float | None:
         ```
     """
     return getattr(config, spec.eps_key, None) if spec.eps_key else None
+
+
+# Rows inferred in this process for model types the table does not name (`inference.infer_spec` fills it).
+INFERRED: dict[tuple, FamilySpec] = {}
+
+
+def known_spec(model_type: str | None) -> FamilySpec | None:
+    """The table row for `model_type`, else a row inferred for it in this process, else `None` (nothing is run).
+
+    Example:
+        ```python
+        >>> known_spec("llama").residual_outputs
+        ('self_attn.o_proj', 'mlp.down_proj')
+        ```
+    """
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    return next((spec for key, spec in INFERRED.items() if key[0] == model_type), None)

@@ -33,12 +33,11 @@ import torch
 from torch import nn
 
 from . import verify
-from .families import FamilySpec
+from .families import INFERRED, FamilySpec
 from .layer_probe import capture_call, deviation, first_tensor, is_adapter_name, run_layer, stream, zeroed
 from .norms import infer_norm, is_norm
 from .record import growth_record
 
-_CACHE: dict[tuple, FamilySpec] = {}
 # Config keys that say nothing about the maths, left out of the cache key.
 _NOT_SWITCHES = {"_name_or_path", "name_or_path", "transformers_version", "model_type", "problem_type", "tokenizer_class"}
 POST_NORM = "post-norm: zeroed branch still normalises (LN(z + 0) != z)"
@@ -56,37 +55,21 @@ def infer_spec(model: nn.Module, target) -> FamilySpec:
         ```
     """
     key = _cache_key(target)
-    if key not in _CACHE:
+    if key not in INFERRED:
         try:
-            _CACHE[key] = _infer(model, target)
+            INFERRED[key] = _infer(model, target)
         except Exception as err:  # noqa: BLE001 -- a layer we cannot analyse still grows, with adapter blocks
-            _CACHE[key] = FamilySpec(
+            INFERRED[key] = FamilySpec(
                 model_type=str(getattr(target.config, "model_type", None)), layers=target.layers, kind="unknown",
                 residual_outputs=(), norm="layer", norm_style="unknown", eps_key="", inferred=True,
                 fallback_reason=f"could not infer the layer's layout ({type(err).__name__}: {err})",
             )
-    return _CACHE[key]
+    return INFERRED[key]
 
 
 def clear_cache() -> None:
     """Forget every inferred row (they are re-inferred on next use)."""
-    _CACHE.clear()
-
-
-def known_spec(model_type: str | None) -> FamilySpec | None:
-    """The table row for `model_type`, else a row inferred for it in this process, else `None` (nothing is run).
-
-    Example:
-        ```python
-        >>> known_spec("llama").residual_outputs
-        ('self_attn.o_proj', 'mlp.down_proj')
-        ```
-    """
-    from .families import FAMILIES
-
-    if model_type in FAMILIES:
-        return FAMILIES[model_type]
-    return next((spec for key, spec in _CACHE.items() if key[0] == model_type), None)
+    INFERRED.clear()
 
 
 def _cache_key(target) -> tuple:

@@ -2,7 +2,7 @@
 
 A native block takes a real slot in the layer list, so three things follow the list: the
 modules' `layer_idx` (KV-cache slots), `config.num_hidden_layers`, and every config list with
-one entry per layer (`layer_types` for sliding/full attention). `_Snapshot` records all of them
+one entry per layer (`layer_types` for sliding/full attention). `Snapshot` records all of them
 (and the growth record) so that a failed growth or the end of a bypass restores them exactly.
 """
 
@@ -69,7 +69,7 @@ def _use_layers(
 
 
 @dataclass
-class _Snapshot:
+class Snapshot:
     """What a growth or a bypass changes, to restore it exactly."""
 
     layers: list[nn.Module]
@@ -82,7 +82,7 @@ class _Snapshot:
     index_attrs: tuple[str, ...] = ("layer_idx",)
 
     @classmethod
-    def take(cls, model, stack, target=None) -> "_Snapshot":
+    def take(cls, model, stack, target=None) -> "Snapshot":
         """Snapshot `stack`; `target` (a `towers.StackTarget`) names the config(s) that describe it (default: `model.config`)."""
         configs = target.configs if target is not None else [model.config]
         count_key = target.count_key if target is not None else "num_hidden_layers"
@@ -112,7 +112,7 @@ class _Snapshot:
         store_record(model.config, self.record)
 
 
-def _insert_native(model, stack, new_blocks, snapshot: _Snapshot) -> None:
+def _insert_native(model, stack, new_blocks, snapshot: Snapshot) -> None:
     """Insert `(k, block)` pairs (sorted by k) into the stack the snapshot was taken of."""
     old = snapshot.layers
     source_of = lambda k: max(k - 1, 0)  # noqa: E731 -- the copy source, and so the config entries

@@ -1,4 +1,4 @@
-"""Normalisation regularity (THEORY §6): every norm of a model, its eps, and the global bound.
+"""Normalisation regularity (docs/theory.md §6): every norm of a model, its eps, and the global bound.
 
 `N(z) = gamma * (z - mean) / sqrt(var(z) + eps)` has Jacobian norm at most
 `max|gamma| / sqrt(var(z) + eps)`, so `Lip(N) <= max|gamma| / sqrt(eps)`: finite only because
@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+
+from .families import known_spec
 
 
 
@@ -37,7 +39,7 @@ def check_norm_eps(eps: float, dtype: torch.dtype = torch.float32) -> None:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps):
         raise ValueError(f"eps must be a finite positive number, got {eps!r}")
     if eps <= 0:
-        raise ValueError(f"eps must be > 0, got {eps}: without it the norm is singular at z = 0 (THEORY §6).")
+        raise ValueError(f"eps must be > 0, got {eps}: without it the norm is singular at z = 0 (docs/theory.md §6).")
     if dtype.is_floating_point and eps < torch.finfo(dtype).tiny:
         warnings.warn(
             f"eps={eps:g} is below the smallest normal {dtype} ({torch.finfo(dtype).tiny:g}): the dtype cannot resolve it, "
@@ -74,8 +76,6 @@ def norm_inventory(model: nn.Module) -> list[NormInfo]:
         >>> max(r.lipschitz_bound for r in rows)
         ```
     """
-    from .inference import known_spec  # the table's row, or one inferred in this process (no probe is run here)
-
     spec = known_spec(getattr(getattr(model, "config", None), "model_type", None))
     offset = spec.gamma_offset if spec else 0.0
     rows = []

@@ -17,7 +17,7 @@ import contextlib
 import torch
 from torch import nn
 
-from .families import resolve_family
+from .towers import resolve_family
 from .record import growth_record
 from ..losses import model_inputs
 

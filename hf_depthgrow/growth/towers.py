@@ -216,6 +216,27 @@ def resolve_target(model: nn.Module, tower: str | None = None) -> StackTarget:
     return _target(model, chosen.module, chosen.config, chosen.path, chosen.name, mirrors)
 
 
+def resolve_family(model: nn.Module, tower: str | None = None) -> tuple[FamilySpec, nn.ModuleList, str]:
+    """Find the family row, the layer stack and its full path for a model.
+
+    A family the table does not name gets a row inferred from its layers
+    (`hf_depthgrow.growth.inference`): native blocks where they are exact, else adapter blocks
+    only, with a warning that says why. A model whose config nests sub-configs (CLIP, LLaVA)
+    grows one tower: `tower=` names it, else the growth record does, else the only tower with a
+    layer stack (`hf_depthgrow.growth.towers`). A model without a findable stack raises a
+    `ValueError` naming the supported families.
+
+    Example:
+        ```python
+        >>> spec, stack, path = resolve_family(tiny_model("llama"))
+        >>> spec.model_type, len(stack), path
+        ('llama', 4, 'model.layers')
+        ```
+    """
+    target = resolve_target(model, tower)
+    return target.spec, target.stack, target.path
+
+
 def _target(model, root, config, root_path, tower, mirrors=()) -> StackTarget:
     found = _stack_in(root, config)
     model_type = getattr(config, "model_type", None)

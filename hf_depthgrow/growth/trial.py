@@ -9,7 +9,7 @@ decoding with the KV cache, past the sliding window where the window is short. I
 every layer of the grown config on the meta device, as plain transformers does when it loads a
 checkpoint, and compares parameter shapes and per-layer attributes with the grown layers: a
 family whose layer structure follows its index (MoE every n-th layer, dense first layers) would
-not reload. Whatever happens, the model is restored exactly (`layout._Snapshot`).
+not reload. Whatever happens, the model is restored exactly (`layout.Snapshot`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 from . import adapter, verify
 from .blocks import _construct_layer, _param_like, build_blocks
 from .config import GrowthConfig
-from .layout import _insert_native, _Snapshot
+from .layout import _insert_native, Snapshot
 from .placement import resolve_positions
 
 DECODE_STEPS = 4
@@ -50,7 +50,7 @@ def native_trial(model: nn.Module, target) -> str:
                               stack_config=target.config)
     except Exception as err:  # noqa: BLE001 -- a model we cannot probe is not grown natively
         return f"could not run a native growth trial ({type(err).__name__}: {err})"
-    snapshot = _Snapshot.take(model, stack, target)
+    snapshot = Snapshot.take(model, stack, target)
     try:
         _insert_native(model, stack, blocks, snapshot)
         moved = _relative_diff(verify.run_probe(runner, inputs), before)

@@ -6,7 +6,7 @@ Metadata rules:
 - `library_name` is `"transformers"` when plain transformers loads the checkpoint (native growth),
   `"hf_depthgrow"` when adapter blocks need hf_depthgrow to be rebuilt.
 - `datasets` holds Hub ids only; local files and embedded corpora are named in the text.
-- `license` is the one given, else the base model's where it can be read offline (`card_license`);
+- `license` is the one given, else the base model's where it can be read offline (`card_info.inherited_license`);
   never guessed: without either the card says the license is inherited but unknown.
 - `model-index` holds the evaluation's measured numbers (`EvalResult`s through `ModelCardData`): the
   test losses of the base and the grown model, the test-risk delta and its interval bounds, on the
@@ -57,7 +57,7 @@ def framework_versions() -> dict[str, str]:
         '5.24.0'
         ```
     """
-    from .. import __version__
+    from ..utils import __version__
 
     versions = {"python": platform.python_version()}
     for name in FRAMEWORKS:

@@ -36,10 +36,9 @@ import gguf
 import numpy as np
 import torch
 
-# GGUFHeader and read_gguf_header are re-exported: callers import them from here, where they used to live.
 from .gguf_names import ARCHITECTURES, ARRAY, FAMILIES, STRING, GGUFHeader, read_gguf_header, source_types, tensor_names
 
-__all__ = ["DTYPES", "GGUFHeader", "check_exportable", "export_gguf", "read_gguf_header"]
+__all__ = ["DTYPES", "check_exportable", "export_gguf"]
 
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "source")
 # Descriptive keys worth keeping from the source (the licence above all); `general.name` is set anew.

@@ -1,9 +1,33 @@
-"""One model loader for every command, recipe and the pipeline: embedded names, local folders and Hub ids."""
+"""One model loader for every command, recipe and the pipeline: embedded names, local folders and Hub ids.
+
+`load_model` finds and builds any model; `load_pretrained` reads a folder `save_pretrained` wrote (native,
+adapter, or blocks only, whose base it loads through `load_model` again).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from pathlib import Path
+
+import transformers
+from safetensors.torch import load_file
+from torch import nn
+
+from ..growth.adapter import POST, PRE
+from ..growth.engine import check_record_matches, grow_depth, reattach_adapters
+from ..growth.record import RECORD_KEY, GrowthRecord, InvalidGrowthRecordError, growth_record, store_record
+from .serialization import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    BLOCKS_CONFIG,
+    BLOCKS_WEIGHTS,
+    _adapter_state,
+    _extra_keys_expected,
+    _recover,
+    new_block_state,
+)
 
 TASKS = ("causal_lm", "text_classification", "image_classification")
 EMBEDDED_MODELS = ("smollm2", "minilm")
@@ -117,8 +141,6 @@ def _load_weights(source: str, config, task: str | None, kwargs: dict):
     """`load_pretrained` where the saved architecture decides (it rebuilds adapter blocks), else the task's Auto class."""
     import transformers
 
-    from .serialization import load_pretrained
-
     is_adapter_folder = Path(source, "adapter_config.json").is_file() or getattr(config, "depth_growth", None)
     if config is None or _architecture_fits(config, task) or (task is None and is_adapter_folder):
         return load_pretrained(source, **kwargs)
@@ -205,7 +227,7 @@ def _check_quantizable(source: str, config, task: str | None) -> None:
     import torch
     from torch import nn
 
-    from ..growth.families import resolve_family
+    from ..growth.towers import resolve_family
 
     cls = _quantized_class(config, task)
     with torch.device("meta"):  # the architecture only: no weights, no memory
@@ -370,3 +392,117 @@ def base_model_path(name: str) -> str:
 
         return str(minilm_path())
     return name
+
+
+def _check_record_matches(model: nn.Module, record: GrowthRecord, path: Path, adapter_state: dict | None = None) -> None:
+    """The record must describe these weights (layer count, adapter hosts, adapter shapes)."""
+    try:
+        check_record_matches(model, record, adapter_state)
+    except InvalidGrowthRecordError as err:
+        raise InvalidGrowthRecordError(f"{path.name}: {err}") from None
+
+
+def _model_class(architectures):
+    name = (architectures or [None])[0]
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None:
+        raise ValueError(f"config.architectures={architectures!r} names no transformers class; cannot rebuild the model")
+    return cls
+
+
+def _check_local_folder(folder: Path, trust_remote_code: bool) -> None:
+    """Refuse, before transformers reads it, a folder whose loading would run code: custom code
+    (`auto_map`) unless trusted, or weights only in a pickle format (never unpickled here)."""
+    config = folder / "config.json"
+    if not trust_remote_code and config.is_file():
+        try:
+            auto_map = json.loads(config.read_text(encoding="utf-8")).get("auto_map")
+        except (ValueError, AttributeError):
+            auto_map = None  # transformers reports a broken config.json itself
+        if auto_map:
+            raise ValueError(
+                f"{folder.name}: config.json has auto_map {sorted(auto_map)!r} (custom code shipped with the model); "
+                "hf_depthgrow does not run it. Pass trust_remote_code=True only if you trust that code."
+            )
+    if (folder / "config.json").is_file() and not any(folder.glob("*.safetensors")):
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in (".bin", ".pt", ".pth", ".pkl", ".ckpt"))
+        raise ValueError(
+            f"{folder.name} has no .safetensors weights" + (f" (only pickle files {pickles}, which are never unpickled)" if pickles else "")
+            + ": load_pretrained reads safetensors only; convert the checkpoint to safetensors first"
+        )
+
+
+def load_pretrained(path: str | os.PathLike, *, base_model: str | os.PathLike | None = None, **kwargs) -> nn.Module:
+    """Load a model saved by `save_pretrained`: native, adapter, or adapters-only with its base.
+
+    `kwargs` go to transformers' `from_pretrained` (e.g. `dtype=`); `trust_remote_code` stays off
+    (passed as `False`) unless given, and weights are read from safetensors only.
+    """
+    path = Path(path)
+    with contextlib.suppress(OSError):  # a read-only location still loads; a missing target then fails below
+        _recover(path)  # a save of this folder that died half-way is finished or rolled back first
+    kwargs.setdefault("trust_remote_code", False)
+    kwargs["use_safetensors"] = True  # never fall back to a pickle checkpoint
+    trusted = bool(kwargs["trust_remote_code"])
+    if (path / BLOCKS_CONFIG).exists():
+        return _load_blocks_only(path, base_model, kwargs)
+    if (path / ADAPTER_CONFIG).exists():
+        meta = json.loads((path / ADAPTER_CONFIG).read_text())
+        base = base_model or meta["base_model"]
+        if Path(base).is_dir():
+            _check_local_folder(Path(base), trusted)
+        model = _model_class(meta.get("architectures")).from_pretrained(str(base), **kwargs)
+        record = GrowthRecord.from_dict(meta[RECORD_KEY])
+        state = load_file(str(path / ADAPTER_WEIGHTS))
+    else:
+        _check_local_folder(path, trusted)
+        config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=trusted)
+        raw = getattr(config, RECORD_KEY, None)
+        record = GrowthRecord.from_dict(raw) if raw else None  # a forged record is refused before any weights load
+        cls = _model_class(config.architectures)
+        with _extra_keys_expected(cls):
+            model = cls.from_pretrained(str(path), **kwargs)
+        if record is not None:
+            _check_record_matches(model, record, path)
+        if not (record and record.adapters):
+            return model
+        if not (path / ADAPTER_WEIGHTS).exists():
+            raise ValueError(f"{path}: the growth record lists adapter blocks but {ADAPTER_WEIGHTS} is missing")
+        state = load_file(str(path / ADAPTER_WEIGHTS))
+    _check_record_matches(model, record, path, state)
+    store_record(model.config, record)
+    reattach_adapters(model, record)
+    return _load_block_weights(model, state, set(_adapter_state(model)), "adapter weights")
+
+
+def _load_block_weights(model: nn.Module, state: dict, expected: set, what: str) -> nn.Module:
+    """Load the saved block tensors after checking they are exactly the ones the growth record gives the model."""
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise ValueError(f"{what} do not match the growth record: missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
+    model.load_state_dict(state, strict=False)
+    return model
+
+
+def _load_blocks_only(path: Path, base_model, kwargs: dict) -> nn.Module:
+    """The base loaded as the blocks were trained on it (quantised or not), the growth replayed, the blocks loaded."""
+    meta = json.loads((path / BLOCKS_CONFIG).read_text())
+    record = GrowthRecord.from_dict(meta[RECORD_KEY])
+    base = str(base_model or meta["base_model"])
+    if Path(base).is_dir():
+        _check_local_folder(Path(base), bool(kwargs["trust_remote_code"]))
+    if meta.get("quantize"):
+        model, _ = load_model(base, quantize=meta["quantize"], dtype=kwargs.get("dtype"))
+    else:
+        model = _model_class(meta.get("architectures")).from_pretrained(base, **kwargs)
+    if growth_record(model) is not None:
+        raise ValueError(f"{path.name}: base_model {base} is already grown; the blocks load onto the ungrown base")
+    state = load_file(str(path / BLOCKS_WEIGHTS))
+    if record.native_indices:
+        # Zero-initialised native layers at the recorded places (exact, checked), then the saved weights over them.
+        positions = [record.num_original_below(i) for i in record.native_indices]
+        grow_depth(model, positions, block="native", init="random", tower=record.tower)
+    store_record(model.config, record)
+    _check_record_matches(model, record, path, {k: v for k, v in state.items() if f".{PRE}." in k or f".{POST}." in k})
+    reattach_adapters(model, record)
+    return _load_block_weights(model, state, set(new_block_state(model)), f"{path.name}: the saved blocks")

@@ -280,7 +280,7 @@ def push_to_hub(
             stacklevel=2,
         )
     hub = _check_can_push(endpoint, token, create_pr=create_pr, revision=revision)
-    from .. import __version__
+    from ..utils import __version__
 
     api = HfApi(endpoint=hub, token=token, library_name="hf_depthgrow", library_version=__version__)
     try:

@@ -52,7 +52,7 @@ def plan_control(run) -> None:
             (adapter blocks, or a block copying a layer of another shape).
     """
     from ..comparison.arms import lora_rank_for, matched_layers
-    from ..growth.families import resolve_family
+    from ..growth.towers import resolve_family
     from ..growth.placement import resolve_positions
 
     kind, original = run.cfg.control, run.control_model

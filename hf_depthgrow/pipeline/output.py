@@ -155,7 +155,7 @@ def _read_marker(folder: Path) -> dict | None:
 
 
 def _write_marker(folder: Path, files: list[str]) -> None:
-    from .. import __version__
+    from ..utils import __version__
 
     record = {"hf_depthgrow": __version__, "files": sorted(set(files) - {MARKER})}
     atomic_write_text(folder / MARKER, json.dumps(record, indent=0) + "\n")

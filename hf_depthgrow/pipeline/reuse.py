@@ -22,10 +22,10 @@ probe runs again, so the stones are always those a fresh run makes. `run.reused`
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict
 
-from .evidence_cache import EvidenceCache, rows_fingerprint, weights_fingerprint
+from ..storage import rows_fingerprint, weights_fingerprint
+from .evidence_cache import EvidenceCache
 
 
 def open_cache(run) -> None:

@@ -158,7 +158,7 @@ def _probe(run: _Run) -> None:
 
 def _plot_probe(run: _Run, grown: bool) -> None:
     """probe.png, with the positions the run grows at marked (drawn once they are chosen)."""
-    from ..plots import plot_probe
+    from ..probe.plots import plot_probe
 
     plot_probe(run.probe_result, run.out / "probe" / "probe.png", title=f"{Path(run.base_name).name}: first-order signal by depth",
                chosen=run.positions if grown else [])  # fmt: skip
@@ -249,7 +249,8 @@ def _grow_and_train(run: _Run) -> None:
 
 def _evaluate(run: _Run) -> None:
     """Paired evaluation on the test split, with the Route A/B terms; writes `eval/`."""
-    from ..evaluation.paired import evaluate_delta, route_inputs
+    from ..evaluation.paired import evaluate_delta
+    from ..evaluation.route_terms import route_inputs
     from ..evaluation.report import write_report
 
     cfg, train_ds, test_ds = run.cfg, run.splits["train"], run.splits["test"]

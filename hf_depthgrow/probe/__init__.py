@@ -4,15 +4,17 @@ Modules: `signal` (`probe`), `result` (`ProbeResult`, verdicts), `capture` (taps
 and the candidate blocks), `statistics` (streamed U-statistic, jackknife, covariance, norm regime),
 `stepping_stone` (one first-order step of a new block; `stepping_stones`: `f~_S` and `f~_pop` from one set-up), `baselines` (cheap predictors to hold the probe
 against: layer gradient norms, block influence, depth; `predictor_scores` runs any set of them with its
-cost), `lookahead` (a few training steps of the new block at each position; the one-step first-order check).
+cost), `lookahead` (a few training steps of the new block at each position; the one-step first-order check), `plots`
+(the probe's figure), `line_search` (the stepping stones' step-size search), `placement_rules` (two placement
+rules from the literature, ADEPT and MIDAS, as predictors).
 
 Note: the top-level package binds `hf_depthgrow.probe` to the *function*; import these modules as
 `from hf_depthgrow.probe.signal import probe`.
 """
 
-from ..plots import plot_probe
 from .baselines import PREDICTORS, block_influence, layer_gradient_norms, predictor_scores
 from .lookahead import lookahead_scores, one_step_check
+from .plots import plot_probe, probe_figure
 from .result import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult
 from .signal import probe
 from .stepping_stone import SteppingStoneResult, stepping_stone, stepping_stones
@@ -30,6 +32,7 @@ __all__ = [
     "plot_probe",
     "predictor_scores",
     "probe",
+    "probe_figure",
     "stepping_stone",
     "stepping_stones",
 ]

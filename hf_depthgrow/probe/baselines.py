@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from contextlib import contextmanager
@@ -40,9 +39,8 @@ from torch import nn
 from ..data.batches import as_batches, to_device
 from ..data.checks import check_batch
 from ..growth import adapter
-from ..growth.engine import check_positions
-from ..growth.families import resolve_family
 from ..losses import example_losses, is_causal_lm, labels_of, model_inputs
+from .capture import checked_positions, forward_kwargs
 from .placement_rules import PLACEMENT_RULES, adept_scores, midas_scores
 from .result import ProbeResult
 from .signal import NO_SUPERVISION
@@ -71,15 +69,6 @@ def source_layer(position: int) -> int:
     return max(position - 1, 0)
 
 
-def _checked_positions(model: nn.Module, positions) -> tuple[nn.ModuleList, list[int]]:
-    """The layer stack and the positions in the caller's order (`None`: all of 0..L), each checked."""
-    _, stack, _ = resolve_family(model)
-    if positions is None:
-        return stack, list(range(len(stack) + 1))
-    check_positions(positions, len(stack))
-    return stack, list(positions)
-
-
 @contextmanager
 def _untouched(model: nn.Module):
     """Eval mode inside; every `requires_grad` flag and training mode restored on exit, also on error.
@@ -96,11 +85,6 @@ def _untouched(model: nn.Module):
             p.requires_grad_(flag)
         for m, mode in modes:
             m.training = mode
-
-
-def _forward_kwargs(model: nn.Module) -> dict:
-    # No KV cache: nothing is generated, and a cache only costs memory.
-    return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
 
 
 def _layer_parameters(layer: nn.Module) -> list[nn.Parameter]:
@@ -135,12 +119,12 @@ def layer_gradient_norms(model: nn.Module, data, positions: Iterable[int] | None
         True
         ```
     """
-    stack, positions = _checked_positions(model, positions)
+    stack, positions = checked_positions(model, positions)
     layers = sorted({source_layer(k) for k in positions})
     params = {j: _layer_parameters(stack[j]) for j in layers}
     flat = [p for j in layers for p in params[j]]
     batches = as_batches(data, batch_size=batch_size, max_batches=max_batches)
-    causal, kwargs = is_causal_lm(model), _forward_kwargs(model)
+    causal, kwargs = is_causal_lm(model), forward_kwargs(model)
     weight, count = 0.0, 0
     with _untouched(model):
         for p in model.parameters():
@@ -254,10 +238,10 @@ def block_influence(model: nn.Module, data, positions: Iterable[int] | None, *, 
         True
         ```
     """
-    stack, positions = _checked_positions(model, positions)
+    stack, positions = checked_positions(model, positions)
     layers = sorted({source_layer(k) for k in positions})
     batches = as_batches(data, batch_size=batch_size, max_batches=max_batches)
-    device, kwargs = next(model.parameters()).device, _forward_kwargs(model)
+    device, kwargs = next(model.parameters()).device, forward_kwargs(model)
     totals = {j: 0.0 for j in layers}
     tokens, count = 0, 0
     with _untouched(model), torch.no_grad():
@@ -348,7 +332,7 @@ def predictor_scores(model: nn.Module, data, positions: Iterable[int] | None, *,
         ```
     """
     which, options = _route(which, kwargs)
-    _, positions = _checked_positions(model, positions)
+    _, positions = checked_positions(model, positions)
     if "lookahead" in which and eval_data is None:
         raise ValueError("the 'lookahead' predictor scores the held-out loss drop: pass eval_data")
     scores, seconds = {}, {}

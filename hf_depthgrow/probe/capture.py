@@ -1,5 +1,5 @@
 """Capture on the original model: the residual stream `z` and `dl/dz` at every candidate position, and the
-candidate blocks whose vector-Jacobian product at `z` is the gradient of a zero-initialised block (THEORY §2).
+candidate blocks whose vector-Jacobian product at `z` is the gradient of a zero-initialised block (docs/theory.md §2).
 
 At `theta = 0` the grown model equals the original, so the gradient of the loss with respect to a new
 block's parameters is the VJP of the block output at `z` with the original model's activation gradient
@@ -18,17 +18,34 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 from torch import nn
 
 from ..growth import adapter
-from ..growth.engine import GrowthConfig, build_block
+from ..growth.engine import GrowthConfig, build_block, check_positions
 from ..growth.families import FamilySpec, model_eps, residual_output_targets
+from ..growth.towers import resolve_family
 from ..growth.norms import is_norm, norm_eps
 
-__all__ = ["CandidateBlock", "ResidualTap", "next_norm_eps"]
+__all__ = ["CandidateBlock", "ResidualTap", "checked_positions", "forward_kwargs", "next_norm_eps"]
+
+
+def checked_positions(model: nn.Module, positions) -> tuple[nn.ModuleList, list[int]]:
+    """The layer stack and the positions in the caller's order (`None`: all of 0..L), each checked."""
+    _, stack, _ = resolve_family(model)
+    if positions is None:
+        return stack, list(range(len(stack) + 1))
+    check_positions(positions, len(stack))
+    return stack, list(positions)
+
+
+def forward_kwargs(model: nn.Module) -> dict:
+    """The keyword arguments of a forward that generates nothing: no KV cache (it only costs memory)."""
+    return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+
 
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
 

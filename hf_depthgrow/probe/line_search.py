@@ -16,7 +16,7 @@ from torch import nn
 
 from ..data.batches import to_device
 from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
-from ..losses import batch_example_losses
+from ..chunked_loss import batch_example_losses
 
 _GOLDEN_STEP = (3 - math.sqrt(5)) / 2  # the golden-section fraction of an interval
 

@@ -29,7 +29,7 @@ from ..data.batches import as_rows, to_device
 from ..data.checks import checked_batches
 from ..growth.engine import grow_depth, new_block_parameters
 from ..losses import example_losses, is_causal_lm, labels_of, model_inputs
-from .baselines import _checked_positions, _forward_kwargs
+from .capture import checked_positions, forward_kwargs
 from .signal import NO_SUPERVISION, supervised_units
 
 __all__ = ["lookahead_scores", "one_step_check"]
@@ -94,11 +94,11 @@ def lookahead_scores(model: nn.Module, data, positions, *, eval_data, steps: int
     """
     from tqdm.auto import tqdm
 
-    from ..training import train  # training imports the probe package: imported here, on use
+    from ..training import train  # pulls in accelerate: imported on use
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-    _, positions = _checked_positions(model, positions)
+    _, positions = checked_positions(model, positions)
     # Read once: a one-shot iterator would be spent after the first position.
     rows, eval_rows = as_rows(data), as_rows(eval_data)
     drops: dict[int, float] = {}
@@ -153,7 +153,7 @@ def one_step_check(model: nn.Module, data, position: int, *, learning_rate: floa
     """
     if isinstance(position, bool) or not isinstance(position, int):
         raise ValueError(f"position must be an int, got {position!r}")
-    _checked_positions(model, [position])
+    checked_positions(model, [position])
     if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not (
             math.isfinite(learning_rate) and learning_rate > 0):
         raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
@@ -168,7 +168,7 @@ def one_step_check(model: nn.Module, data, position: int, *, learning_rate: floa
         p.requires_grad_(False)
     for p in params:
         p.requires_grad_(True)
-    device, kwargs = params[0].device, _forward_kwargs(grown)
+    device, kwargs = params[0].device, forward_kwargs(grown)
     batches = [to_device(b, device) for b in batches]
     with torch.enable_grad():
         loss_sum = _loss_sum(grown, batches, kwargs, causal)

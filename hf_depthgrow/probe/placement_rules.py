@@ -30,10 +30,10 @@ from torch import nn
 from ..data.batches import to_device
 from ..data.checks import checked_batches
 from ..growth.checks import check_positions
-from ..growth.layout import _Snapshot
+from ..growth import Snapshot
 from ..growth.record import growth_record
 from ..growth.towers import resolve_target
-from ..losses import batch_example_losses
+from ..chunked_loss import batch_example_losses
 
 __all__ = ["PLACEMENT_RULES", "adept_scores", "midas_scores", "skipped_layer_losses"]
 
@@ -81,7 +81,7 @@ def _without_layer(model: nn.Module, index: int):
     """Run the model with layer `index` taken out of its stack (configs and layer indices follow); restored on exit."""
     target = resolve_target(model)
     stack = target.stack
-    snapshot = _Snapshot.take(model, stack, target)
+    snapshot = Snapshot.take(model, stack, target)
     keep = [i for i in range(len(stack)) if i != index]
     try:
         snapshot.use(model, stack, [stack[i] for i in keep], keep)

@@ -1,4 +1,4 @@
-"""Where to grow: the first-order signal of a zero-initialised block at every depth (THEORY §2, §5, §6).
+"""Where to grow: the first-order signal of a zero-initialised block at every depth (docs/theory.md §2, §5, §6).
 
 For a candidate position k the grown model is `f_top(z + h_theta(z))` with `h_0 = 0`. At
 `theta = 0` the model is unchanged, so the gradient of the training loss with respect to the
@@ -39,21 +39,14 @@ from ..chunked_loss import model_example_losses
 from ..data.batches import as_batches, to_device
 from ..data.checks import check_batch
 from ..growth.engine import GrowthConfig, check_positions, resolve_block_kind
-from ..growth.families import FamilySpec, model_eps, resolve_family
+from ..growth.families import FamilySpec, model_eps
+from ..growth.towers import resolve_family
 from ..losses import IGNORE_INDEX, is_causal_lm, labels_of, model_inputs
 from .capture import CandidateBlock, ResidualTap, next_norm_eps
-from .result import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, ProbeResult, recommend
+from .result import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, Z_THRESHOLD, ProbeResult, recommend
 from .statistics import PositionStats, token_mask, token_var
 
-# "Improvable" where z > Z_THRESHOLD. Calibrated on the scaling study's 54 cells against a certified test
-# gain after training the block (`python -m hf_depthgrow.scaling.calibration docs/scaling/cells`): at
-# z > 2 the verdict agreed with the outcome in 52% (LM) and 30% (ViT) of cells, at z > -1 in 81% and
-# 78%; chosen leave-one-task-out, each task's threshold from the other task's cells (-1 and -2), the
-# larger of the two taken. A verdict about what training will realize, not a test of the first-order
-# signal: that is z itself, still reported.
-Z_THRESHOLD = -1.0
-
-__all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "ProbeResult", "probe"]
+__all__ = ["VERDICT_IMPROVABLE", "VERDICT_NOT_OBSERVABLE", "Z_THRESHOLD", "ProbeResult", "probe"]
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Streamed per-position statistics of the probe: the U-statistic for `||G_D(k)||^2` with its delete-a-group
-jackknife standard error, the activation-gradient covariance and the norm regime (THEORY §2, §5, §6).
+jackknife standard error, the activation-gradient covariance and the norm regime (docs/theory.md §2, §5, §6).
 
 Example:
     ```python

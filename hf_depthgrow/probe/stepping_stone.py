@@ -1,4 +1,4 @@
-"""Stepping-stone ("jumpboard") models (THEORY §3): one first-order step of a new block from zero.
+"""Stepping-stone ("jumpboard") models (docs/theory.md §3): one first-order step of a new block from zero.
 
 `f~ = f_{theta = eta v}` with `v = -G / ||G||`, where `G` is the probe's gradient of the new
 block's parameters at zero init. With `G` from the training data this is the training stepping
@@ -37,7 +37,7 @@ from torch import nn
 from ..data.batches import as_batches
 from ..data.checks import check_batch
 from ..growth.engine import GrowthConfig, grow_depth, resolve_block_kind
-from ..growth.families import resolve_family
+from ..growth.towers import resolve_family
 from ..losses import is_causal_lm, labels_of
 from ..utils import json_safe, package_version
 from .line_search import choose_eta
@@ -256,7 +256,7 @@ def stepping_stone(
 
 
 def stepping_stones(model: nn.Module, position: int, train_data, held_out, **kwargs) -> dict[str, tuple[nn.Module, SteppingStoneResult]]:
-    """Both stepping stones of THEORY §3 at one position: `f~_S` (train direction) and `f~_pop` (held-out direction).
+    """Both stepping stones of docs/theory.md §3 at one position: `f~_S` (train direction) and `f~_pop` (held-out direction).
 
     The same as `stepping_stone(model, position, train_data, **kwargs)` and `stepping_stone(...,
     direction_data=held_out, **kwargs)`, bit for bit, for less: the two line searches run on the same

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .least_squares import PARAMS, Problem, fit_once, to_reported
+from ..least_squares import PARAMS, Problem, fit_once, to_reported
 
 
 def bootstrap_intervals(N, D, loss, w, floor, x_best, log_gn, log_gd, n_boot, seed, confidence):

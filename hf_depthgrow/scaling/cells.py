@@ -149,7 +149,7 @@ def run_cell(grid: TaskGrid, data: TaskData, depth: int, width: int, n: int, *, 
     grow_depth(grown, [best_k], seed=seed)
     grow_config = train_config(grid, n, grown=True, seed=seed)
     grow = _train(grown, grow_config, train_rows, data.heldout, device)
-    # The fallback rule (THEORY §4) decided on training losses; f_old is the base model itself, so the
+    # The fallback rule (docs/theory.md §4) decided on training losses; f_old is the base model itself, so the
     # paired delta of a fallback is exactly 0.
     chosen = grow.model if grow.selected == "new" else model
     with warnings.catch_warnings():

@@ -1,7 +1,7 @@
 """Fit the scaling law `L(N, D) = E + A * N**(-alpha) + B * D**(-beta)` to measured test losses.
 
 `N` is the model size (parameter count), `D` the data size (training examples or tokens), `loss`
-the test loss measured for each `(N, D)` pair of a grid of runs (issue 7). The fit is nonlinear
+the test loss measured for each `(N, D)` pair of a grid of runs. The fit is nonlinear
 least squares (`scipy.optimize.least_squares`) made dependable in three ways:
 
 - **Conditioning.** `N` and `D` are divided by their geometric means, and the optimizer works on
@@ -31,7 +31,7 @@ import numpy as np
 
 from ..utils import json_safe
 from .bootstrap import bootstrap_intervals
-from .least_squares import EXPONENT_BOUNDS, PARAMS, Problem, covariance, fit_once, start_grid, to_reported, validate
+from ..least_squares import EXPONENT_BOUNDS, PARAMS, Problem, covariance, fit_once, start_grid, to_reported, validate
 
 __all__ = ["EXPONENT_BOUNDS", "PARAMS", "PowerLawFit", "fit_power_law"]
 

@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from .tasks import load_task_data
+from .tasks import cell_device, load_task_data
 from .units import CellSpec, compute_cell, save_cell
 
 __all__ = ["run_cells_ray"]
@@ -36,7 +36,7 @@ def run_cells_ray(config, specs: list[CellSpec], path_of, *, prepare=None, stora
         >>> run_cells_ray(StudyConfig(..., engine="ray", max_concurrent_trials=2), study_cells(cfg), path_of)
         ```
     """
-    from ..comparison.ray_engine import _quiet, ray_cluster
+    from ..comparison.ray_engine import quiet_fit, ray_cluster
 
     with ray_cluster(config.ray_address, config.resources_per_trial) as resources:
         from ray import tune
@@ -55,7 +55,7 @@ def run_cells_ray(config, specs: list[CellSpec], path_of, *, prepare=None, stora
                 run_config=tune.RunConfig(name=f"hf_depthgrow-scaling-{uuid.uuid4().hex[:8]}", storage_path=_storage(storage) or tmp,
                                           failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0, callbacks=[collect]),
             )  # fmt: skip
-            grid = _quiet(tuner.fit)
+            grid = quiet_fit(tuner.fit)
     for r in grid:
         spec = specs[r.config["index"]]
         if spec.stem not in collect.done and r.error is not None:
@@ -75,14 +75,12 @@ def _trainable(config: dict, specs: list[CellSpec], data: dict, threads: int, gp
     """One Tune trial: the cell at `config["index"]`, its result reported as JSON (floats read back bit for bit)."""
     from ray import tune
 
-    from .study import _device
-
     torch.set_num_threads(threads)  # the serial engine's count: a reduction over other threads rounds differently
     if not gpus:
         # As in compare's engine: a trial that asked for no GPU would otherwise train on GPU 0 beside the others.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     spec = specs[config["index"]]
-    row = compute_cell(spec, data[spec.name], _device())
+    row = compute_cell(spec, data[spec.name], cell_device())
     tune.report({"cell": json.dumps(row)})
 
 

@@ -1,6 +1,6 @@
-"""Aggregate a scaling study's cells into findings, power-law fits, plots and a results table.
+"""A scaling study's cells read back and turned into findings, power-law fits and a results table.
 
-Each finding of THEORY.md §8 is decided by a criterion stated next to it (and in the report), so a
+Each finding of docs/theory.md §8 is decided by a criterion stated next to it (and in the report), so a
 reader can see why it counts as reproduced or not; nothing is tuned to make it reproduce.
 """
 
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import plots
 from ..evaluation.formatting import format_value
 
 # A covariance is called near-diagonal when less than half of its Frobenius mass is off the diagonal.
@@ -237,39 +236,3 @@ def results_markdown(config: dict, rows: list[dict], found: dict, fitted: dict, 
             f"| {format_value(best_value(r, 'z'), 3)} | {format_value(float(np.median(off)) if off else None, 3)} | {r['seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None) -> dict:
-    """Findings, fits, figures and `RESULTS.md` / `summary.json` from the cells on disk.
-
-    Example:
-        ```python
-        >>> summary = aggregate(StudyConfig.from_yaml("recipes/configs/scaling/default.yaml"), Path("docs/scaling/cells"), Path("docs/scaling"))
-        >>> summary["num_cells"]
-        54
-        ```
-    """
-    from ..utils import atomic_write_text, write_json
-
-    rows = load_cells(cells_dir)
-    if not rows:
-        raise RuntimeError(f"no finished cells in {cells_dir}")
-    found = findings(rows)
-    fitted = fits(rows, bootstrap=config.fit_bootstrap, seed=config.seed)
-    figures = plots.plot_findings(rows, found, out)
-    for name, item in fitted.items():
-        if "fit" in item:
-            figures[f"fit_{name}"] = str(plots.plot_power_law(item["fit"], item["N"], item["D"], item["loss"], out / f"fit_{name}.png"))
-    stored = out / "command.txt"
-    command = command or (stored.read_text().strip() if stored.exists() else None) or "python recipes/scaling_study.py"
-    text = results_markdown(config.to_dict(), rows, found, fitted, figures, command)
-    atomic_write_text(out / "RESULTS.md", text)
-    summary = {
-        "findings": found,
-        "fits": {k: (v["fit"].to_dict() if "fit" in v else v) for k, v in fitted.items()},
-        "figures": figures,
-        "num_cells": len(rows),
-        "seconds": sum(r["seconds"] for r in rows),
-    }
-    write_json(out / "summary.json", summary, indent=1)
-    return summary

@@ -1,4 +1,4 @@
-"""Scaling study: depth x width x data on small normalized residual transformers (THEORY.md §8).
+"""Scaling study: depth x width x data on small normalized residual transformers (docs/theory.md §8).
 
 For every cell `(depth L, width d, data n)` of a grid, a small model is trained from scratch
 (a ViT on Fashion-MNIST or digits; a Llama-style character LM on Shakespeare), probed at every
@@ -36,7 +36,7 @@ import torch
 from ..utils import atomic_write_text, write_json
 from .cells import run_cell
 from .config import StudyConfig, TaskGrid
-from .tasks import TaskData, build_model, load_task_data
+from .tasks import TaskData, build_model, cell_device, load_task_data
 from .units import CellSpec, cell_name, compute_cell, load_cell, save_cell, study_cells
 
 __all__ = ["StudyConfig", "TaskGrid", "build_model", "cell_name", "load_task_data", "run_cell", "run_study"]
@@ -50,17 +50,11 @@ def _process_layout() -> tuple[int, int]:
     return rank, world
 
 
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    return torch.device("cpu")
-
-
 def _run_cells(config: StudyConfig, specs: list[CellSpec], todo: list[CellSpec], path_of, rank: int, world: int) -> None:
     """The serial engine: this process's share of the missing cells, each stored as soon as it is done."""
     from tqdm.auto import tqdm
 
-    device = _device()
+    device = cell_device()
     # Shares are cut from every cell, not from the missing ones: a process that starts late (and finds some of
     # the others' cells done) still takes the same share, so no cell is left to nobody.
     missing = {spec.stem for spec in todo}
@@ -124,6 +118,41 @@ def run_study(config: StudyConfig, *, only_aggregate: bool = False) -> dict:
     # process takes the launcher's whole group down, so this cannot wait forever under a launcher).
     while not only_aggregate and not all(path_of(spec).exists() for spec in specs):
         time.sleep(2.0)
-    from .report import aggregate
-
     return aggregate(config, cells_dir, out)
+
+
+def aggregate(config, cells_dir: Path, out: Path, *, command: str | None = None) -> dict:
+    """Findings, fits, figures and `RESULTS.md` / `summary.json` from the cells on disk.
+
+    Example:
+        ```python
+        >>> summary = aggregate(StudyConfig.from_yaml("recipes/configs/scaling/default.yaml"), Path("docs/scaling/cells"), Path("docs/scaling"))
+        >>> summary["num_cells"]
+        54
+        ```
+    """
+    from .plots import plot_findings, plot_power_law  # matplotlib loads only when a study reports
+    from .report import findings, fits, load_cells, results_markdown
+
+    rows = load_cells(cells_dir)
+    if not rows:
+        raise RuntimeError(f"no finished cells in {cells_dir}")
+    found = findings(rows)
+    fitted = fits(rows, bootstrap=config.fit_bootstrap, seed=config.seed)
+    figures = plot_findings(rows, found, out)
+    for name, item in fitted.items():
+        if "fit" in item:
+            figures[f"fit_{name}"] = str(plot_power_law(item["fit"], item["N"], item["D"], item["loss"], out / f"fit_{name}.png"))
+    stored = out / "command.txt"
+    command = command or (stored.read_text().strip() if stored.exists() else None) or "python recipes/scaling_study.py"
+    text = results_markdown(config.to_dict(), rows, found, fitted, figures, command)
+    atomic_write_text(out / "RESULTS.md", text)
+    summary = {
+        "findings": found,
+        "fits": {k: (v["fit"].to_dict() if "fit" in v else v) for k, v in fitted.items()},
+        "figures": figures,
+        "num_cells": len(rows),
+        "seconds": sum(r["seconds"] for r in rows),
+    }
+    write_json(out / "summary.json", summary, indent=1)
+    return summary

@@ -7,6 +7,7 @@ and that `hf_depthgrow.training.train` indexes.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..growth.families import resolve_family
+from ..growth.towers import resolve_family
 from .config import TaskGrid
 
 
@@ -29,6 +30,13 @@ class TaskData:
     vocab: str = ""
     image_size: int = 0
     unit: str = "examples"  # what D counts
+
+
+def cell_device() -> torch.device:
+    """Where this process computes its cells: its own GPU (`LOCAL_RANK` under a launcher), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
 
 
 def load_task_data(grid: TaskGrid, seed: int) -> TaskData:

@@ -7,14 +7,17 @@ sets, LoRA targets, AdamW groups), `forward` (losses on rows), `checkpoints`, `s
 `prefix_cache="auto"` pays), `tracking` (accelerate trackers), `hf_integration` (transformers'
 `Trainer` and trl's `SFTTrainer` on a grown model: `prepare_grown_model`, `FallbackCallback`),
 `activation_checkpointing` (gradient checkpointing above the frozen prefix), `memory_plan` (what an arm
-needs per device, from a config on the meta device: `plan_memory`).
+needs per device, from a config on the meta device: `plan_memory`), `original_losses` (the original's losses,
+taken once and handed on), `schedules` (learning-rate schedules, warmup-stable-decay), `branching` (a decay branched
+off a running warmup-stable-decay run), `sharding` (FSDP2), `deepspeed_support` (DeepSpeed ZeRO-2 / ZeRO-3).
 """
 
 from .checkpoints import list_checkpoints
 from .config import TrainConfig
 from .hf_integration import FallbackCallback, FallbackDecision, keep_growth_on_save, prepare_grown_model, write_growth_files
 from .activation_checkpointing import activation_checkpointing
-from .guards import CheckpointIntegrityError, CheckpointMismatchError, NonFiniteTrainingLossError, OutputDirLockedError
+from .checkpoints import CheckpointIntegrityError, CheckpointMismatchError
+from .guards import NonFiniteTrainingLossError, OutputDirLockedError
 from .memory_plan import MemoryPlan, PlanSettings, plan_memory
 from .original_losses import OriginalLosses
 from .prefix_cache import PrefixCache, shares_prefix

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..growth import adapter
-from ..growth.families import resolve_family
+from ..growth.towers import resolve_family
 
 
 def checkpointed_modules(model: nn.Module, start: int = 0) -> list[nn.Module]:

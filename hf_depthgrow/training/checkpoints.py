@@ -31,12 +31,27 @@ import numpy as np
 import torch
 
 from .deepspeed_support import LOAD_KWARGS, SAVE_KWARGS
-from .guards import CheckpointIntegrityError, stored_fingerprint
 
 CHECKPOINT_PREFIX = "checkpoint-"
 TRAINABLE_WEIGHTS = "trainable.safetensors"
 TRAINER_STATE = "trainer_state.json"
 DIGEST = "digest.json"
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint in the way was written by a different run (model, data or training config)."""
+
+
+class CheckpointIntegrityError(CheckpointMismatchError):
+    """A checkpoint that contradicts its digest (edited or damaged files) or itself (step counts that disagree)."""
+
+
+def stored_fingerprint(checkpoint: Path) -> dict | None:
+    """The run fingerprint a checkpoint was written with (`None`: none, or unreadable)."""
+    try:
+        return json.loads((Path(checkpoint) / TRAINER_STATE).read_text()).get("fingerprint")
+    except (OSError, ValueError):
+        return None
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:

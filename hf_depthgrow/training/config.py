@@ -8,12 +8,12 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .schedules import SCHEDULERS
 from .tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_logging_dir, check_report_to
 
 TRAINABLE = ("new", "new+lora", "full", "layers", "lora")
 # Modes that train a model without new blocks (the control arms of `hf_depthgrow.comparison`).
 UNGROWN_MODES = ("full", "layers", "lora")
-from .schedules import SCHEDULERS
 MIXED_PRECISION = ("no", "fp16", "bf16")
 PREFIX_CACHE = ("auto", "memory", "disk", "off")
 CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -114,7 +114,7 @@ class TrainConfig:
     prefix_cache_dir (`str` or `None`): where `"disk"` spills (default: `<output_dir>/prefix_cache`, or a temp dir).
     prefix_cache_batch_size (`int` or `None`): batch size of the up-front prefix pass (default: the eval batch size).
 
-    > Fallback rule (THEORY §4, Condition 2)
+    > Fallback rule (docs/theory.md §4, Condition 2)
 
     fallback (`bool`, defaults to `True`): after training, compare the training loss `L_S` of the trained
         model with that of the stepping stone (or of the original model) and return the better one.

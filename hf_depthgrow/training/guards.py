@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..utils import pid_alive
+from .checkpoints import TRAINER_STATE, CheckpointMismatchError, check_state, list_checkpoints, stored_fingerprint, verify_digest
 from .config import RESUME_MAY_CHANGE
 
 LOCK_NAME = ".hf_depthgrow.lock"
@@ -35,14 +36,6 @@ class NonFiniteTrainingLossError(ValueError):
     def __init__(self, message: str, step: int | None = None, loss: float | None = None):
         super().__init__(message)
         self.step, self.loss = step, loss
-
-
-class CheckpointMismatchError(ValueError):
-    """A checkpoint in the way was written by a different run (model, data or training config)."""
-
-
-class CheckpointIntegrityError(CheckpointMismatchError):
-    """A checkpoint that contradicts its digest (edited or damaged files) or itself (step counts that disagree)."""
 
 
 class OutputDirLockedError(FileExistsError):
@@ -113,23 +106,12 @@ def fingerprint_differences(stored: dict | None, current: dict) -> list[str]:
     return diffs
 
 
-def stored_fingerprint(checkpoint: Path) -> dict | None:
-    from .checkpoints import TRAINER_STATE
-
-    try:
-        return json.loads((Path(checkpoint) / TRAINER_STATE).read_text()).get("fingerprint")
-    except (OSError, ValueError):
-        return None
-
-
 def check_checkpoints(resume_path: Path | None, output_dir, fingerprint: dict, will_save: bool, max_steps: int | None = None) -> None:
     """Refuse a resume from another run's checkpoint or a damaged one, and a run that would write checkpoints beside another run's.
 
     Raises `CheckpointMismatchError` naming what differs and how to proceed, or `CheckpointIntegrityError` where the
     checkpoint's files do not match their digest or its trainer state contradicts itself or `max_steps`.
     """
-    from .checkpoints import TRAINER_STATE, check_state, list_checkpoints, verify_digest
-
     if resume_path is not None:
         diffs = fingerprint_differences(stored_fingerprint(resume_path), fingerprint)
         if diffs:

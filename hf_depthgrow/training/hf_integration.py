@@ -50,7 +50,8 @@ from transformers import TrainerCallback
 
 from ..growth import adapter
 from ..growth.engine import growth_record, new_block_parameters
-from ..growth.families import residual_output_modules, resolve_family
+from ..growth.families import residual_output_modules
+from ..growth.towers import resolve_family
 from ..growth.record import RECORD_KEY
 from ..hub.serialization import ADAPTER_WEIGHTS
 from ..losses import is_causal_lm
@@ -267,7 +268,7 @@ class FallbackCallback(TrainerCallback):
     whose starting weights were already trained, their residual output projections are zeroed instead
     (the same function). The decision is `callback.result` and `model.config.depth_growth_fallback`.
 
-    The rule of `hf_depthgrow.train` compares training losses (THEORY §4, Condition 2); pass training rows
+    The rule of `hf_depthgrow.train` compares training losses (docs/theory.md §4, Condition 2); pass training rows
     as `eval_data` for that, or held-out rows to select on unseen data.
 
     Args:

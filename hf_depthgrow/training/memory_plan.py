@@ -42,7 +42,7 @@ from unittest import mock
 import torch
 from torch import nn
 
-from ..growth.families import resolve_family
+from ..growth.towers import resolve_family
 
 TRAINABLE = ("new", "new+lora", "full")
 QUANTIZE = ("4bit", "8bit")

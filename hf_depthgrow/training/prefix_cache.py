@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..data.batches import to_device
-from ..growth.families import resolve_family
+from ..growth.towers import resolve_family
 from ..growth.prefix import lowest_new_index, prefix_hidden
 from ..losses import is_causal_lm
 from .cache_plan import choose_auto

@@ -1,4 +1,4 @@
-"""The fallback rule (THEORY §4, Condition 2): keep `f_new` only if it is at least as good on the training rows.
+"""The fallback rule (docs/theory.md §4, Condition 2): keep `f_new` only if it is at least as good on the training rows.
 
 After training, the training loss `L_S` of the trained model `f_new` is compared with that of the
 stepping stone `f~_S` (when one was given) and of the original function `f_old`; the best one is

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..growth.engine import growth_record
-from ..growth.families import resolve_family
+from ..growth.towers import resolve_family
 from .trainable import assign
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..growth.engine import growth_record, new_block_modules, new_block_parameters
-from ..growth.families import resolve_family
+from ..growth.towers import resolve_family
 from .config import TrainConfig
 
 

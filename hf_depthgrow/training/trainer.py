@@ -1,4 +1,4 @@
-"""Train grown models on Accelerate: the new blocks only, + LoRA, or everything (THEORY §4).
+"""Train grown models on Accelerate: the new blocks only, + LoRA, or everything (docs/theory.md §4).
 
 The loop is written out (no `transformers.Trainer`) because three things need control over it:
 

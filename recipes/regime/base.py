@@ -3,7 +3,6 @@ held-out loss is flat (`plateau_check`), saved atomically and reused only with t
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -132,7 +131,7 @@ def heldout_loss(model, rows: list[dict], batch_size: int = 64) -> float:
     """Token-weighted mean loss of `model` on `rows`."""
     import torch
 
-    from hf_depthgrow.losses import batch_example_losses
+    from hf_depthgrow.chunked_loss import batch_example_losses
 
     total = weight = 0.0
     model.eval()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import math
-import shlex
 import sys
 import time
 import warnings

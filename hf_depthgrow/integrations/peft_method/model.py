@@ -30,8 +30,8 @@ from peft.tuners.tuners_utils import BaseTuner
 from ...growth import adapter
 from ...growth.bypass import bypass_new_blocks
 from ...growth.engine import grow_depth, new_block_modules, new_block_parameters
-from ...growth.families import resolve_family
-from ...growth.layout import _Snapshot
+from ...growth.towers import resolve_family
+from ...growth import Snapshot
 from ...growth.record import growth_record
 from .layer import DepthGrowLayer
 from .registry import PREFIX
@@ -92,7 +92,7 @@ class DepthGrowModel(BaseTuner):
                 "growth is checked on a real forward pass. Load without low_cpu_mem_usage."
             )
         _, stack, _ = resolve_family(model)  # a model without a findable layer stack: one ValueError, untouched
-        self._depthgrow_before = _Snapshot.take(model, stack)
+        self._depthgrow_before = Snapshot.take(model, stack)
         grow_depth(model, config.positions, config=config.growth_config())
         self.add_module("depthgrow_layer", DepthGrowLayer(adapter_name, config.positions))
         self._depthgrow_bypass = None

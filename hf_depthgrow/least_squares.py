@@ -1,4 +1,5 @@
-"""The least-squares machinery behind `fit_power_law` (see `fit.py` for the method).
+"""The bounded least-squares machinery behind `scaling.fit_power_law` (see `scaling/fit.py` for the method) and
+`comparison.fit_learning_curve`.
 
 Works in the internal parametrisation `(E, log a, alpha, log b, beta)` on sizes normalised by
 their geometric means; `to_reported` carries a solution back to `(E, A, alpha, B, beta)`.
