@@ -300,6 +300,7 @@ def deepspeed_runs(base, tmp_path_factory) -> Path:
     # zero2.yaml as shipped says gradient_accumulation_steps: 1.
     jobs.append({"kind": "refused", "name": "refused_accumulation", "env": accelerate_launch_env("zero2.yaml"),
                  "gradient_accumulation_steps": 2, "per_device_train_batch_size": 1})  # fmt: skip
+    jobs.append({"kind": "partitioned"})
     proc = launch("deepspeed_grown.py", ["--root", str(root), "--base", str(base), "--jobs", json.dumps(jobs)],
                   timeout=420, env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
     assert proc.returncode == 0, tail(proc)
@@ -420,6 +421,17 @@ def test_deepspeed_mismatch_is_refused_before_any_work(deepspeed_runs):
     got = json.loads((deepspeed_runs / "refused_accumulation.json").read_text())
     assert got["error"].startswith("DeepSpeed gradient_accumulation_steps=1 but TrainConfig gives 2")
     assert "\n" not in got["error"] and not got["output_dir_created"]
+
+
+@pytest.mark.slow
+@needs_processes
+def test_growing_a_zero3_partitioned_model_is_refused(deepspeed_runs):
+    """Loaded under zero.Init every local weight is empty (shape [0]); a copy of it would be an empty new block."""
+    got = json.loads((deepspeed_runs / "partitioned.json").read_text())
+    assert got["local_shape"] == [0]  # really partitioned
+    assert got["error"] is not None and "ZeRO-3 partitioned" in got["error"] and "zero3_init_flag: false" in got["error"]
+    assert "\n" not in got["error"]
+    assert got["layers"] == 4  # refused before the model was touched
 
 
 # ----------------------------------------------------------------------------- configs and refusals (no processes)
