@@ -9,7 +9,8 @@ single-process run on the same data in this process:
   of them, the base is bit-identical, the loss fell, and the weights equal one process's;
 - GrownTrainer on accelerate's FSDP2 path (`sharding.fsdp2_accelerator`): the same weights and
   losses as one process; a run abandoned after step 3 and resumed from checkpoint-2 (sharded,
-  `torch.distributed.checkpoint`) ends bit-identical to the uninterrupted run; the fallback rule
+  `torch.distributed.checkpoint`) in a new launch ends bit-identical to the uninterrupted run, and
+  its checkpoints hold the frozen base bit-identical to the original; the fallback rule
   returns the original function when training made the losses worse, under FSDP2 and DDP;
 - DeepSpeed ZeRO-2 and ZeRO-3 driven by hand, and GrownTrainer under both with the environment
   `accelerate launch --config_file recipes/accelerate_configs/deepspeed/zero{2,3}.yaml` gives:
@@ -123,7 +124,8 @@ def base(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fsdp_runs(base, tmp_path_factory) -> Path:
     """One launch, seven jobs: DDP with a ruinous learning rate; FSDP2 by hand; GrownTrainer on FSDP2 straight,
-    with a ruinous learning rate, abandoned after step 3 (checkpoint-2 on disk), resumed from it, and with gradient checkpointing."""
+    with a ruinous learning rate, abandoned after step 3 (checkpoint-2 on disk; `fsdp_resumed` resumes it), and
+    with gradient checkpointing; last, the base sharded first and grown afterwards."""
     root = tmp_path_factory.mktemp("fsdp2")
     jobs = [
         {"kind": "ddp", "name": "ddp_fallback", "learning_rate": 0.1},  # DDP first: fsdp jobs switch accelerate to FSDP
@@ -131,12 +133,22 @@ def fsdp_runs(base, tmp_path_factory) -> Path:
         {"kind": "fsdp", "name": "straight", "save_steps": 2},
         {"kind": "fsdp", "name": "fallback", "learning_rate": 0.1},
         {"kind": "fsdp", "name": "resumed", "save_steps": 2, "abandon_after_step": 3},
-        {"kind": "fsdp", "name": "resumed", "save_steps": 2, "resume_from_checkpoint": "latest"},
         {"kind": "fsdp", "name": "checkpointed", "save_steps": 2, "gradient_checkpointing": True},
+        {"kind": "sharded"},
     ]
     proc = launch("fsdp2_grown.py", ["--root", str(root), "--base", str(base), "--jobs", json.dumps(jobs)], timeout=300)
     assert proc.returncode == 0, tail(proc)
     return root
+
+
+@pytest.fixture(scope="module")
+def fsdp_resumed(fsdp_runs, base) -> Path:
+    """A second launch (new processes, fresh models from the base) resuming `fsdp_runs`' abandoned run from its checkpoint-2."""
+    job = {"kind": "fsdp", "name": "resumed", "save_steps": 2, "resume_from_checkpoint": "latest"}
+    assert [p.name for p in (fsdp_runs / "resumed").glob("checkpoint-*")] == ["checkpoint-2"]
+    proc = launch("fsdp2_grown.py", ["--root", str(fsdp_runs), "--base", str(base), "--jobs", json.dumps([job])], timeout=180)
+    assert proc.returncode == 0, tail(proc)
+    return fsdp_runs / "resumed"
 
 
 @pytest.mark.slow
@@ -228,13 +240,50 @@ def assert_resumed_equals_straight(resumed_dir, straight_dir) -> None:
 
 @pytest.mark.slow
 @needs_processes
-def test_fsdp2_resume_gives_the_same_weights(fsdp_runs):
-    """Abandoned after step 3 with checkpoint-2 (sharded) on disk, resumed on a fresh model: the uninterrupted result.
+def test_fsdp2_resume_gives_the_same_weights(fsdp_resumed, fsdp_runs):
+    """Abandoned after step 3 with checkpoint-2 (sharded) on disk, resumed in a new launch on a fresh model:
+    the uninterrupted result, bit for bit."""
+    assert_resumed_equals_straight(fsdp_resumed, fsdp_runs / "straight")
 
-    A hard kill (`stop_after_step`, `os._exit` in both processes) then a resume in a new launch gave the
-    same bit-identical result (docs/integrations/distributed.md); one launch keeps this test short.
-    """
-    assert_resumed_equals_straight(fsdp_runs / "resumed", fsdp_runs / "straight")
+
+def sharded_model_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The full tensors of an FSDP checkpoint's `pytorch_model_fsdp_0` (torch.distributed.checkpoint), read in this one process."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(folder / "pytorch_model_fsdp_0"))
+    meta = reader.read_metadata().state_dict_metadata
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process, no group: as intended
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return {k.removeprefix("model."): v for k, v in state.items()}  # accelerate saves the model's state dict under "model"
+
+
+@pytest.mark.slow
+@needs_processes
+def test_fsdp2_checkpoints_hold_the_frozen_base(fsdp_resumed, fsdp_runs, base):
+    """An FSDP checkpoint holds every weight, the frozen base bit-identical to the original's (so a resume
+    restores it from the checkpoint), and the run resumed in a new launch wrote the same checkpoint-6."""
+    initial = weights(F.grown_model(base))
+    new = new_names(F.grown_model(base))
+    straight, resumed = sharded_model_state(fsdp_runs / "straight" / "checkpoint-6"), sharded_model_state(fsdp_resumed / "checkpoint-6")
+    assert straight.keys() == resumed.keys() == initial.keys()
+    for name in initial.keys() - new:
+        assert torch.equal(straight[name], initial[name]) and torch.equal(resumed[name], initial[name]), name
+    final = saved_weights(fsdp_runs / "straight")  # selected "new": the weights after step 6
+    for name in new:
+        assert not torch.equal(straight[name], initial[name]), name
+        assert torch.equal(straight[name], final[name]) and torch.equal(resumed[name], final[name]), name
+
+
+@pytest.mark.slow
+@needs_processes
+def test_growing_an_fsdp_sharded_model_is_refused(fsdp_runs):
+    got = json.loads((fsdp_runs / "sharded.json").read_text())
+    assert got["error"] is not None and "FSDP shard" in got["error"] and "\n" not in got["error"]
+    assert got["layers"] == 4  # refused before the model was touched
 
 
 @pytest.mark.slow
