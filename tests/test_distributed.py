@@ -331,8 +331,9 @@ def accelerate_launch_env(yaml_name: str, **overrides: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def deepspeed_runs(base, tmp_path_factory) -> Path:
     """One launch: for ZeRO-2 then ZeRO-3, DeepSpeed by hand, then GrownTrainer straight (2 micro-batches of 1 per
-    process, clipping at DS_CLIP), abandoned after step 3 and resumed from checkpoint-2, and with a ruinous
-    learning rate; last, a run whose DeepSpeed config disagrees with its TrainConfig."""
+    process, clipping at DS_CLIP), abandoned after step 3 and resumed from checkpoint-2, with a ruinous
+    learning rate, and with gradient checkpointing; last, a run whose DeepSpeed config disagrees with its
+    TrainConfig, and growth of a model loaded under zero.Init."""
     pytest.importorskip("deepspeed")
     root = tmp_path_factory.mktemp("deepspeed")
     accum = {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 1, "max_grad_norm": DS_CLIP}
@@ -345,6 +346,7 @@ def deepspeed_runs(base, tmp_path_factory) -> Path:
             {"kind": "trainer", "name": f"zero{stage}_resumed", "env": env, "save_steps": 2, "abandon_after_step": 3, **accum},
             {"kind": "trainer", "name": f"zero{stage}_resumed", "env": env, "save_steps": 2, "resume_from_checkpoint": "latest", **accum},
             {"kind": "trainer", "name": f"zero{stage}_fallback", "env": accelerate_launch_env(f"zero{stage}.yaml"), "learning_rate": 0.1},
+            {"kind": "trainer", "name": f"zero{stage}_checkpointed", "env": env, "save_steps": 2, "gradient_checkpointing": True, **accum},
         ]
     # zero2.yaml as shipped says gradient_accumulation_steps: 1.
     jobs.append({"kind": "refused", "name": "refused_accumulation", "env": accelerate_launch_env("zero2.yaml"),
@@ -462,6 +464,21 @@ def test_deepspeed_fallback_returns_the_original_when_training_hurt(deepspeed_ru
     ids = torch.stack([r["input_ids"] for r in F.trainer_data()[1]])
     with torch.no_grad():
         torch.testing.assert_close(saved(input_ids=ids).logits, original(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@needs_processes
+@pytest.mark.parametrize("stage", [2, 3])
+def test_gradient_checkpointing_under_deepspeed_gives_the_same_weights(deepspeed_runs, stage):
+    """The layers recomputed in backward under the engine (ZeRO-3: re-gathering their partitions): the same training."""
+    a, b = saved_weights(deepspeed_runs / f"zero{stage}_checkpointed"), saved_weights(deepspeed_runs / f"zero{stage}_straight")
+    assert a.keys() == b.keys()
+    worst = max((a[n] - b[n]).abs().max().item() for n in a)
+    assert worst <= 1e-6, worst
+    checkpointed = json.loads((deepspeed_runs / f"zero{stage}_checkpointed" / "train_result.json").read_text())
+    straight = json.loads((deepspeed_runs / f"zero{stage}_straight" / "train_result.json").read_text())
+    for key in ("loss", "grad_norm"):
+        assert [h[key] for h in checkpointed["history"]] == pytest.approx([h[key] for h in straight["history"]], rel=1e-6), key
 
 
 @pytest.mark.slow
