@@ -351,7 +351,7 @@ def deepspeed_runs(base, tmp_path_factory) -> Path:
     # zero2.yaml as shipped says gradient_accumulation_steps: 1.
     jobs.append({"kind": "refused", "name": "refused_accumulation", "env": accelerate_launch_env("zero2.yaml"),
                  "gradient_accumulation_steps": 2, "per_device_train_batch_size": 1})  # fmt: skip
-    jobs.append({"kind": "partitioned"})
+    jobs.append({"kind": "partitioned", "name": "partitioned"})
     proc = launch("deepspeed_grown.py", ["--root", str(root), "--base", str(base), "--jobs", json.dumps(jobs)],
                   timeout=420, env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
     assert proc.returncode == 0, tail(proc)
