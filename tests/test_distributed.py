@@ -561,6 +561,22 @@ def test_shard_grown_model_refuses_adapter_blocks():
     assert not is_sharded(model)
 
 
+def test_grow_depth_refuses_a_zero3_parameter_before_touching_the_model():
+    """The refusal of the zero.Init launch above, without DeepSpeed or processes: one parameter carrying the
+    attributes ZeRO-3's partitioning adds (`ds_id`; its local tensor would be empty) is enough."""
+    from hf_depthgrow import grow_depth
+    from hf_depthgrow.testing import tiny_model
+
+    model = tiny_model("llama")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.model.layers[3].mlp.up_proj.weight.ds_id = 7
+    with pytest.raises(ValueError, match=r"^parameter `model.layers.3.mlp.up_proj.weight` is ZeRO-3 partitioned .*\(zero3_init_flag: false\)"):
+        grow_depth(model, [2])
+    assert len(model.model.layers) == 4 and model.config.num_hidden_layers == 4
+    for name, param in model.named_parameters():
+        assert torch.equal(param, before[name]), name
+
+
 def _zero2_as_launched(monkeypatch, **overrides: str) -> dict:
     """The DeepSpeed config a process launched with deepspeed/zero2.yaml (--mixed_precision no) builds: `DeepSpeedPlugin()` from its environment."""
     from accelerate.utils import DeepSpeedPlugin
