@@ -331,9 +331,9 @@ def accelerate_launch_env(yaml_name: str, **overrides: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def deepspeed_runs(base, tmp_path_factory) -> Path:
     """One launch: for ZeRO-2 then ZeRO-3, DeepSpeed by hand, then GrownTrainer straight (2 micro-batches of 1 per
-    process, clipping at DS_CLIP), abandoned after step 3 and resumed from checkpoint-2, with a ruinous
-    learning rate, and with gradient checkpointing; last, a run whose DeepSpeed config disagrees with its
-    TrainConfig, and growth of a model loaded under zero.Init."""
+    process, clipping at DS_CLIP), abandoned after step 3 (checkpoint-2 on disk) and, under ZeRO-2, resumed from
+    it in the same launch, with a ruinous learning rate, and with gradient checkpointing; last, a run whose
+    DeepSpeed config disagrees with its TrainConfig, and growth of a model loaded under zero.Init."""
     pytest.importorskip("deepspeed")
     root = tmp_path_factory.mktemp("deepspeed")
     accum = {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 1, "max_grad_norm": DS_CLIP}
@@ -344,7 +344,8 @@ def deepspeed_runs(base, tmp_path_factory) -> Path:
             {"kind": "direct", "stage": stage},
             {"kind": "trainer", "name": f"zero{stage}_straight", "env": env, "save_steps": 2, **accum},
             {"kind": "trainer", "name": f"zero{stage}_resumed", "env": env, "save_steps": 2, "abandon_after_step": 3, **accum},
-            {"kind": "trainer", "name": f"zero{stage}_resumed", "env": env, "save_steps": 2, "resume_from_checkpoint": "latest", **accum},
+            *([{"kind": "trainer", "name": "zero2_resumed", "env": env, "save_steps": 2, "resume_from_checkpoint": "latest", **accum}]
+              if stage == 2 else []),  # ZeRO-3's resume is a launch of its own: `zero3_resumed`
             {"kind": "trainer", "name": f"zero{stage}_fallback", "env": accelerate_launch_env(f"zero{stage}.yaml"), "learning_rate": 0.1},
             {"kind": "trainer", "name": f"zero{stage}_checkpointed", "env": env, "save_steps": 2, "gradient_checkpointing": True, **accum},
         ]
@@ -356,6 +357,20 @@ def deepspeed_runs(base, tmp_path_factory) -> Path:
                   timeout=420, env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
     assert proc.returncode == 0, tail(proc)
     return root
+
+
+@pytest.fixture(scope="module")
+def zero3_resumed(deepspeed_runs, base) -> Path:
+    """A second launch (new processes, fresh models from the base: the frozen weights come from nowhere else, since the
+    engine's checkpoint leaves them out) resuming the ZeRO-3 run abandoned after step 3 from its checkpoint-2."""
+    accum = {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 1, "max_grad_norm": DS_CLIP}
+    env = accelerate_launch_env("zero3.yaml", ACCELERATE_GRADIENT_ACCUMULATION_STEPS="2", ACCELERATE_GRADIENT_CLIPPING=str(DS_CLIP))
+    job = {"kind": "trainer", "name": "zero3_resumed", "env": env, "save_steps": 2, "resume_from_checkpoint": "latest", **accum}
+    assert [p.name for p in (deepspeed_runs / "zero3_resumed").glob("checkpoint-*")] == ["checkpoint-2"]
+    proc = launch("deepspeed_grown.py", ["--root", str(deepspeed_runs), "--base", str(base), "--jobs", json.dumps([job])],
+                  timeout=180, env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
+    assert proc.returncode == 0, tail(proc)
+    return deepspeed_runs / "zero3_resumed"
 
 
 @pytest.fixture(scope="module")
@@ -435,10 +450,18 @@ def test_grown_trainer_under_deepspeed_matches_one_process(deepspeed_runs, one_p
 @pytest.mark.slow
 @needs_processes
 @pytest.mark.parametrize("stage", [2, 3])
-def test_deepspeed_resume_gives_the_same_weights(deepspeed_runs, stage):
+def test_deepspeed_resume_gives_the_same_weights(deepspeed_runs, request, base, stage):
     """Abandoned after step 3 with checkpoint-2 (the engine's: trainable set, partitioned optimizer state) on disk,
-    resumed on a fresh model: bit-identical to the uninterrupted run."""
-    assert_resumed_equals_straight(deepspeed_runs / f"zero{stage}_resumed", deepspeed_runs / f"zero{stage}_straight")
+    resumed on a fresh model (ZeRO-3: in a new launch): bit-identical to the uninterrupted run, frozen base included.
+    Every checkpoint records the sampled hash of the base it relies on (a resume on another base is refused:
+    tests/test_resume_frozen_base.py)."""
+    from hf_depthgrow.training.guards import base_weights_fingerprint
+
+    resumed = request.getfixturevalue("zero3_resumed") if stage == 3 else deepspeed_runs / "zero2_resumed"
+    assert_resumed_equals_straight(resumed, deepspeed_runs / f"zero{stage}_straight")
+    expected = base_weights_fingerprint(F.grown_model(base))
+    for checkpoint in sorted(resumed.glob("checkpoint-*")):
+        assert json.loads((checkpoint / "trainer_state.json").read_text())["fingerprint"]["base"] == expected, checkpoint
 
 
 @pytest.mark.slow
