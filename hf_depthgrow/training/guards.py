@@ -95,7 +95,8 @@ def base_weights_fingerprint(model, samples: int = 256) -> str:
         if type(value).__name__ == "DTensor" or hasattr(param, "ds_id") or value.device.type == "meta" or value.numel() == 0:
             continue  # a shard or a placeholder: its values are not all here
         flat = value.as_subclass(torch.Tensor).reshape(-1)  # plain, also for a bitsandbytes parameter
-        picks = torch.linspace(0, flat.numel() - 1, min(samples, flat.numel())).round().long()
+        n, k = flat.numel(), min(samples, flat.numel())
+        picks = torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)  # in integers: exact for any size
         h.update(flat[picks.to(flat.device)].cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
