@@ -11,6 +11,7 @@ were never trained on. Tiny models, CPU, offline, one process.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,16 @@ def test_resume_on_the_same_base_matches_an_uninterrupted_run(tmp_path):
     assert resumed.resumed_from == str(tmp_path / "b" / "checkpoint-2")
     for (name, a), (_, b) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(a, b), name
+
+
+def test_a_checkpoint_without_the_base_hash_is_refused_as_an_older_versions(tmp_path):
+    out = tmp_path / "out"
+    abandoned_after_step_3(grow_depth(tiny_model("llama"), [2]), out)
+    state_file = out / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["fingerprint"]["base"]  # as a version without the check wrote it
+    state_file.write_text(json.dumps(state))
+    before = tree(out)
+    with pytest.raises(CheckpointMismatchError, match=r"different run: the checkpoint records no hash of its base's weights \(written by an older version\)"):
+        train(grow_depth(tiny_model("llama"), [2]), lm_rows(16), config=config(out, resume_from_checkpoint="latest"))
+    assert tree(out) == before

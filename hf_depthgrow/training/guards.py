@@ -131,7 +131,10 @@ def fingerprint_differences(stored: dict | None, current: dict) -> list[str]:
     diffs = []
     if stored.get("model") != current["model"]:
         diffs.append("the model differs (architecture, growth or parameter shapes)")
-    elif stored.get("base") != current["base"]:
+    elif "base" not in stored:
+        diffs.append("the checkpoint records no hash of its base's weights (written by an older version), so the frozen base "
+                     "a resume would pair with its trained blocks cannot be checked")  # fmt: skip
+    elif stored["base"] != current["base"]:
         # Checkpoints hold the trainable set only: resuming would pair its new blocks with another frozen base.
         diffs.append("the starting model's weights differ (another base, fine-tune or revision of the same architecture: "
                      "the checkpoint's trained blocks belong to the base it was trained on)")  # fmt: skip
