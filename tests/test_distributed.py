@@ -9,7 +9,8 @@ single-process run on the same data in this process:
   of them, the base is bit-identical, the loss fell, and the weights equal one process's;
 - GrownTrainer on accelerate's FSDP2 path (`sharding.fsdp2_accelerator`): the same weights and
   losses as one process; a run abandoned after step 3 and resumed from checkpoint-2 (sharded,
-  `torch.distributed.checkpoint`) ends bit-identical to the uninterrupted run; the fallback rule
+  `torch.distributed.checkpoint`) in a new launch ends bit-identical to the uninterrupted run, and
+  its checkpoints hold the frozen base bit-identical to the original; the fallback rule
   returns the original function when training made the losses worse, under FSDP2 and DDP;
 - DeepSpeed ZeRO-2 and ZeRO-3 driven by hand, and GrownTrainer under both with the environment
   `accelerate launch --config_file recipes/accelerate_configs/deepspeed/zero{2,3}.yaml` gives:
@@ -123,7 +124,8 @@ def base(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fsdp_runs(base, tmp_path_factory) -> Path:
     """One launch, seven jobs: DDP with a ruinous learning rate; FSDP2 by hand; GrownTrainer on FSDP2 straight,
-    with a ruinous learning rate, abandoned after step 3 (checkpoint-2 on disk), resumed from it, and with gradient checkpointing."""
+    with a ruinous learning rate, abandoned after step 3 (checkpoint-2 on disk; `fsdp_resumed` resumes it), and
+    with gradient checkpointing; last, the base sharded first and grown afterwards."""
     root = tmp_path_factory.mktemp("fsdp2")
     jobs = [
         {"kind": "ddp", "name": "ddp_fallback", "learning_rate": 0.1},  # DDP first: fsdp jobs switch accelerate to FSDP
@@ -131,12 +133,22 @@ def fsdp_runs(base, tmp_path_factory) -> Path:
         {"kind": "fsdp", "name": "straight", "save_steps": 2},
         {"kind": "fsdp", "name": "fallback", "learning_rate": 0.1},
         {"kind": "fsdp", "name": "resumed", "save_steps": 2, "abandon_after_step": 3},
-        {"kind": "fsdp", "name": "resumed", "save_steps": 2, "resume_from_checkpoint": "latest"},
         {"kind": "fsdp", "name": "checkpointed", "save_steps": 2, "gradient_checkpointing": True},
+        {"kind": "sharded"},
     ]
     proc = launch("fsdp2_grown.py", ["--root", str(root), "--base", str(base), "--jobs", json.dumps(jobs)], timeout=300)
     assert proc.returncode == 0, tail(proc)
     return root
+
+
+@pytest.fixture(scope="module")
+def fsdp_resumed(fsdp_runs, base) -> Path:
+    """A second launch (new processes, fresh models from the base) resuming `fsdp_runs`' abandoned run from its checkpoint-2."""
+    job = {"kind": "fsdp", "name": "resumed", "save_steps": 2, "resume_from_checkpoint": "latest"}
+    assert [p.name for p in (fsdp_runs / "resumed").glob("checkpoint-*")] == ["checkpoint-2"]
+    proc = launch("fsdp2_grown.py", ["--root", str(fsdp_runs), "--base", str(base), "--jobs", json.dumps([job])], timeout=180)
+    assert proc.returncode == 0, tail(proc)
+    return fsdp_runs / "resumed"
 
 
 @pytest.mark.slow
@@ -228,13 +240,50 @@ def assert_resumed_equals_straight(resumed_dir, straight_dir) -> None:
 
 @pytest.mark.slow
 @needs_processes
-def test_fsdp2_resume_gives_the_same_weights(fsdp_runs):
-    """Abandoned after step 3 with checkpoint-2 (sharded) on disk, resumed on a fresh model: the uninterrupted result.
+def test_fsdp2_resume_gives_the_same_weights(fsdp_resumed, fsdp_runs):
+    """Abandoned after step 3 with checkpoint-2 (sharded) on disk, resumed in a new launch on a fresh model:
+    the uninterrupted result, bit for bit."""
+    assert_resumed_equals_straight(fsdp_resumed, fsdp_runs / "straight")
 
-    A hard kill (`stop_after_step`, `os._exit` in both processes) then a resume in a new launch gave the
-    same bit-identical result (docs/integrations/distributed.md); one launch keeps this test short.
-    """
-    assert_resumed_equals_straight(fsdp_runs / "resumed", fsdp_runs / "straight")
+
+def sharded_model_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The full tensors of an FSDP checkpoint's `pytorch_model_fsdp_0` (torch.distributed.checkpoint), read in this one process."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(folder / "pytorch_model_fsdp_0"))
+    meta = reader.read_metadata().state_dict_metadata
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process, no group: as intended
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return {k.removeprefix("model."): v for k, v in state.items()}  # accelerate saves the model's state dict under "model"
+
+
+@pytest.mark.slow
+@needs_processes
+def test_fsdp2_checkpoints_hold_the_frozen_base(fsdp_resumed, fsdp_runs, base):
+    """An FSDP checkpoint holds every weight, the frozen base bit-identical to the original's (so a resume
+    restores it from the checkpoint), and the run resumed in a new launch wrote the same checkpoint-6."""
+    initial = weights(F.grown_model(base))
+    new = new_names(F.grown_model(base))
+    straight, resumed = sharded_model_state(fsdp_runs / "straight" / "checkpoint-6"), sharded_model_state(fsdp_resumed / "checkpoint-6")
+    assert straight.keys() == resumed.keys() == initial.keys()
+    for name in initial.keys() - new:
+        assert torch.equal(straight[name], initial[name]) and torch.equal(resumed[name], initial[name]), name
+    final = saved_weights(fsdp_runs / "straight")  # selected "new": the weights after step 6
+    for name in new:
+        assert not torch.equal(straight[name], initial[name]), name
+        assert torch.equal(straight[name], final[name]) and torch.equal(resumed[name], final[name]), name
+
+
+@pytest.mark.slow
+@needs_processes
+def test_growing_an_fsdp_sharded_model_is_refused(fsdp_runs):
+    got = json.loads((fsdp_runs / "sharded.json").read_text())
+    assert got["error"] is not None and "FSDP shard" in got["error"] and "\n" not in got["error"]
+    assert got["layers"] == 4  # refused before the model was touched
 
 
 @pytest.mark.slow
@@ -282,8 +331,9 @@ def accelerate_launch_env(yaml_name: str, **overrides: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def deepspeed_runs(base, tmp_path_factory) -> Path:
     """One launch: for ZeRO-2 then ZeRO-3, DeepSpeed by hand, then GrownTrainer straight (2 micro-batches of 1 per
-    process, clipping at DS_CLIP), abandoned after step 3 and resumed from checkpoint-2, and with a ruinous
-    learning rate; last, a run whose DeepSpeed config disagrees with its TrainConfig."""
+    process, clipping at DS_CLIP), abandoned after step 3 (checkpoint-2 on disk) and, under ZeRO-2, resumed from
+    it in the same launch, with a ruinous learning rate, and with gradient checkpointing; last, a run whose
+    DeepSpeed config disagrees with its TrainConfig, and growth of a model loaded under zero.Init."""
     pytest.importorskip("deepspeed")
     root = tmp_path_factory.mktemp("deepspeed")
     accum = {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 1, "max_grad_norm": DS_CLIP}
@@ -294,16 +344,33 @@ def deepspeed_runs(base, tmp_path_factory) -> Path:
             {"kind": "direct", "stage": stage},
             {"kind": "trainer", "name": f"zero{stage}_straight", "env": env, "save_steps": 2, **accum},
             {"kind": "trainer", "name": f"zero{stage}_resumed", "env": env, "save_steps": 2, "abandon_after_step": 3, **accum},
-            {"kind": "trainer", "name": f"zero{stage}_resumed", "env": env, "save_steps": 2, "resume_from_checkpoint": "latest", **accum},
+            *([{"kind": "trainer", "name": "zero2_resumed", "env": env, "save_steps": 2, "resume_from_checkpoint": "latest", **accum}]
+              if stage == 2 else []),  # ZeRO-3's resume is a launch of its own: `zero3_resumed`
             {"kind": "trainer", "name": f"zero{stage}_fallback", "env": accelerate_launch_env(f"zero{stage}.yaml"), "learning_rate": 0.1},
+            {"kind": "trainer", "name": f"zero{stage}_checkpointed", "env": env, "save_steps": 2, "gradient_checkpointing": True, **accum},
         ]
     # zero2.yaml as shipped says gradient_accumulation_steps: 1.
     jobs.append({"kind": "refused", "name": "refused_accumulation", "env": accelerate_launch_env("zero2.yaml"),
                  "gradient_accumulation_steps": 2, "per_device_train_batch_size": 1})  # fmt: skip
+    jobs.append({"kind": "partitioned", "name": "partitioned"})
     proc = launch("deepspeed_grown.py", ["--root", str(root), "--base", str(base), "--jobs", json.dumps(jobs)],
                   timeout=420, env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
     assert proc.returncode == 0, tail(proc)
     return root
+
+
+@pytest.fixture(scope="module")
+def zero3_resumed(deepspeed_runs, base) -> Path:
+    """A second launch (new processes, fresh models from the base: the frozen weights come from nowhere else, since the
+    engine's checkpoint leaves them out) resuming the ZeRO-3 run abandoned after step 3 from its checkpoint-2."""
+    accum = {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 1, "max_grad_norm": DS_CLIP}
+    env = accelerate_launch_env("zero3.yaml", ACCELERATE_GRADIENT_ACCUMULATION_STEPS="2", ACCELERATE_GRADIENT_CLIPPING=str(DS_CLIP))
+    job = {"kind": "trainer", "name": "zero3_resumed", "env": env, "save_steps": 2, "resume_from_checkpoint": "latest", **accum}
+    assert [p.name for p in (deepspeed_runs / "zero3_resumed").glob("checkpoint-*")] == ["checkpoint-2"]
+    proc = launch("deepspeed_grown.py", ["--root", str(deepspeed_runs), "--base", str(base), "--jobs", json.dumps([job])],
+                  timeout=180, env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
+    assert proc.returncode == 0, tail(proc)
+    return deepspeed_runs / "zero3_resumed"
 
 
 @pytest.fixture(scope="module")
@@ -383,10 +450,18 @@ def test_grown_trainer_under_deepspeed_matches_one_process(deepspeed_runs, one_p
 @pytest.mark.slow
 @needs_processes
 @pytest.mark.parametrize("stage", [2, 3])
-def test_deepspeed_resume_gives_the_same_weights(deepspeed_runs, stage):
+def test_deepspeed_resume_gives_the_same_weights(deepspeed_runs, request, base, stage):
     """Abandoned after step 3 with checkpoint-2 (the engine's: trainable set, partitioned optimizer state) on disk,
-    resumed on a fresh model: bit-identical to the uninterrupted run."""
-    assert_resumed_equals_straight(deepspeed_runs / f"zero{stage}_resumed", deepspeed_runs / f"zero{stage}_straight")
+    resumed on a fresh model (ZeRO-3: in a new launch): bit-identical to the uninterrupted run, frozen base included.
+    Every checkpoint records the sampled hash of the base it relies on (a resume on another base is refused:
+    tests/test_resume_frozen_base.py)."""
+    from hf_depthgrow.training.guards import base_weights_fingerprint
+
+    resumed = request.getfixturevalue("zero3_resumed") if stage == 3 else deepspeed_runs / "zero2_resumed"
+    assert_resumed_equals_straight(resumed, deepspeed_runs / f"zero{stage}_straight")
+    expected = base_weights_fingerprint(F.grown_model(base))
+    for checkpoint in sorted(resumed.glob("checkpoint-*")):
+        assert json.loads((checkpoint / "trainer_state.json").read_text())["fingerprint"]["base"] == expected, checkpoint
 
 
 @pytest.mark.slow
@@ -416,10 +491,36 @@ def test_deepspeed_fallback_returns_the_original_when_training_hurt(deepspeed_ru
 
 @pytest.mark.slow
 @needs_processes
+@pytest.mark.parametrize("stage", [2, 3])
+def test_gradient_checkpointing_under_deepspeed_gives_the_same_weights(deepspeed_runs, stage):
+    """The layers recomputed in backward under the engine (ZeRO-3: re-gathering their partitions): the same training."""
+    a, b = saved_weights(deepspeed_runs / f"zero{stage}_checkpointed"), saved_weights(deepspeed_runs / f"zero{stage}_straight")
+    assert a.keys() == b.keys()
+    worst = max((a[n] - b[n]).abs().max().item() for n in a)
+    assert worst <= 1e-6, worst
+    checkpointed = json.loads((deepspeed_runs / f"zero{stage}_checkpointed" / "train_result.json").read_text())
+    straight = json.loads((deepspeed_runs / f"zero{stage}_straight" / "train_result.json").read_text())
+    for key in ("loss", "grad_norm"):
+        assert [h[key] for h in checkpointed["history"]] == pytest.approx([h[key] for h in straight["history"]], rel=1e-6), key
+
+
+@pytest.mark.slow
+@needs_processes
 def test_deepspeed_mismatch_is_refused_before_any_work(deepspeed_runs):
     got = json.loads((deepspeed_runs / "refused_accumulation.json").read_text())
     assert got["error"].startswith("DeepSpeed gradient_accumulation_steps=1 but TrainConfig gives 2")
     assert "\n" not in got["error"] and not got["output_dir_created"]
+
+
+@pytest.mark.slow
+@needs_processes
+def test_growing_a_zero3_partitioned_model_is_refused(deepspeed_runs):
+    """Loaded under zero.Init every local weight is empty (shape [0]); a copy of it would be an empty new block."""
+    got = json.loads((deepspeed_runs / "partitioned.json").read_text())
+    assert got["local_shape"] == [0]  # really partitioned
+    assert got["error"] is not None and "ZeRO-3 partitioned" in got["error"] and "zero3_init_flag: false" in got["error"]
+    assert "\n" not in got["error"]
+    assert got["layers"] == 4  # refused before the model was touched
 
 
 # ----------------------------------------------------------------------------- configs and refusals (no processes)
@@ -481,6 +582,22 @@ def test_shard_grown_model_refuses_adapter_blocks():
     with pytest.raises(NotImplementedError, match="native blocks"):
         shard_grown_model(model)  # refused before any process group is needed
     assert not is_sharded(model)
+
+
+def test_grow_depth_refuses_a_zero3_parameter_before_touching_the_model():
+    """The refusal of the zero.Init launch above, without DeepSpeed or processes: one parameter carrying the
+    attributes ZeRO-3's partitioning adds (`ds_id`; its local tensor would be empty) is enough."""
+    from hf_depthgrow import grow_depth
+    from hf_depthgrow.testing import tiny_model
+
+    model = tiny_model("llama")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.model.layers[3].mlp.up_proj.weight.ds_id = 7
+    with pytest.raises(ValueError, match=r"^parameter `model.layers.3.mlp.up_proj.weight` is ZeRO-3 partitioned .*\(zero3_init_flag: false\)"):
+        grow_depth(model, [2])
+    assert len(model.model.layers) == 4 and model.config.num_hidden_layers == 4
+    for name, param in model.named_parameters():
+        assert torch.equal(param, before[name]), name
 
 
 def _zero2_as_launched(monkeypatch, **overrides: str) -> dict:

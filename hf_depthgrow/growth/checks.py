@@ -81,6 +81,32 @@ def check_not_peft_wrapped(model: nn.Module) -> None:
         )
 
 
+def check_not_partitioned(model: nn.Module) -> None:
+    """Refuse a model whose weights are split over processes: ZeRO-3 partitioned or FSDP2-sharded.
+
+    A ZeRO-3 parameter (loaded under `deepspeed.zero.Init`, e.g. `zero3_init_flag: true`) holds an
+    empty local tensor of shape `[0]`, so a copied layer would be empty too; an FSDP2 shard is a
+    `DTensor` whose copy `fully_shard` never registered. Growth goes before partitioning:
+    `deepspeed.initialize` or `fully_shard` then split the grown model, new blocks included.
+    """
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed support: nothing can be sharded
+        DTensor = ()
+    for name, param in model.named_parameters():
+        if hasattr(param, "ds_id"):
+            raise ValueError(
+                f"parameter `{name}` is ZeRO-3 partitioned (the model was loaded under deepspeed.zero.Init, e.g. "
+                "zero3_init_flag: true) and its local tensor is empty: load the model whole (zero3_init_flag: false), "
+                "grow it, then let deepspeed.initialize partition the grown model."
+            )
+        if isinstance(param, DTensor):
+            raise ValueError(
+                f"parameter `{name}` is an FSDP shard (fully_shard was applied): grow the model before sharding it "
+                "(hf_depthgrow.training.sharding.shard_grown_model shards the grown model)."
+            )
+
+
 def check_zeroable(module: nn.Module, where: str) -> None:
     """Refuse a residual output module that zeroing its own weights does not silence (a wrapper or quantised layer).
 

@@ -34,6 +34,7 @@ from .checks import (
     check_growable,
     check_native_eps,
     check_not_peft_wrapped,
+    check_not_partitioned,
     check_not_quantized,
     check_positions,
     is_quantized,
@@ -138,6 +139,7 @@ def grow_depth(
     cfg = config or GrowthConfig(**kwargs)
     check_not_peft_wrapped(model)
     check_not_quantized(model)
+    check_not_partitioned(model)
     target = resolve_target(model, cfg.tower)
     spec, stack = target.spec, target.stack
     check_growable(model, stack, target.config, target.count_key)

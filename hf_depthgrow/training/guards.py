@@ -1,8 +1,10 @@
 """What keeps a training run from losing or corrupting data: run fingerprints, the output-dir lock, finiteness.
 
-- A run fingerprint (model identity, training data, training-relevant config) is stored in every
-  checkpoint. A checkpoint is resumed only if its fingerprint matches, and a run prunes only
-  checkpoints carrying its own fingerprint, so an older run's checkpoints are neither resumed nor deleted.
+- A run fingerprint (model identity, the starting base's weights, training data, training-relevant
+  config) is stored in every checkpoint. A checkpoint is resumed only if its fingerprint matches, and a
+  run prunes only checkpoints carrying its own fingerprint, so an older run's checkpoints are neither
+  resumed nor deleted. Checkpoints hold the trainable set only (under FSDP every weight, sharded): the
+  frozen base of a resumed run is the starting model's, hence the check of its weights.
 - One trainer per `output_dir`: a lock file made with `O_CREAT | O_EXCL`, holding pid and host.
 - A non-finite training loss stops the run (`NonFiniteTrainingLossError`).
 """
@@ -65,6 +67,33 @@ def model_fingerprint(model) -> str:
     return _sha(ident)
 
 
+def base_weights_fingerprint(model, samples: int = 256) -> str:
+    """Hash of `samples` evenly spaced values of every parameter outside the new blocks, with its name and dtype.
+
+    Those are the weights a resumed run takes from its starting model rather than from the checkpoint (which
+    holds the trainable set only): another base of the same architecture (a different fine-tune, revision or
+    seed) changes nearly every value, and is refused on resume instead of training on under the old
+    checkpoint's new blocks. Sampled, not hashed whole: cheap for a 70B base. A tensor with no local values
+    here (on the meta device, FSDP-sharded, ZeRO-3-partitioned) contributes its name and shape only.
+    """
+    from ..growth.engine import new_block_parameters
+
+    new = {id(p) for _, p in new_block_parameters(model)}
+    h = hashlib.sha256()
+    for name, param in model.named_parameters():
+        if id(param) in new:
+            continue
+        value = param.detach()
+        h.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
+        if type(value).__name__ == "DTensor" or hasattr(param, "ds_id") or value.device.type == "meta" or value.numel() == 0:
+            continue  # a shard or a placeholder: its values are not all here
+        flat = value.as_subclass(torch.Tensor).reshape(-1)  # plain, also for a bitsandbytes parameter
+        n, k = flat.numel(), min(samples, flat.numel())
+        picks = torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)  # in integers: exact for any size
+        h.update(flat[picks.to(flat.device)].cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def data_fingerprint(rows, samples: int = 16) -> dict:
     """Row count and a hash of up to `samples` evenly spaced rows (first and last included).
 
@@ -83,9 +112,9 @@ def data_fingerprint(rows, samples: int = 16) -> dict:
 
 
 def run_fingerprint(model, rows, config) -> dict:
-    """What identifies a run for resume and pruning: `{"model", "data", "config"}` (config: training-relevant fields only)."""
+    """What identifies a run for resume and pruning: `{"model", "base", "data", "config"}` (config: training-relevant fields only)."""
     relevant = {k: v for k, v in config.to_dict().items() if k not in RESUME_MAY_CHANGE}
-    return {"model": model_fingerprint(model), "data": data_fingerprint(rows), "config": relevant}
+    return {"model": model_fingerprint(model), "base": base_weights_fingerprint(model), "data": data_fingerprint(rows), "config": relevant}
 
 
 def fingerprint_differences(stored: dict | None, current: dict) -> list[str]:
@@ -95,6 +124,13 @@ def fingerprint_differences(stored: dict | None, current: dict) -> list[str]:
     diffs = []
     if stored.get("model") != current["model"]:
         diffs.append("the model differs (architecture, growth or parameter shapes)")
+    elif "base" not in stored:
+        diffs.append("the checkpoint records no hash of its base's weights (written by an older version), so the frozen base "
+                     "a resume would pair with its trained blocks cannot be checked")  # fmt: skip
+    elif stored["base"] != current["base"]:
+        # Checkpoints hold the trainable set only: resuming would pair its new blocks with another frozen base.
+        diffs.append("the starting model's weights differ (another base, fine-tune or revision of the same architecture: "
+                     "the checkpoint's trained blocks belong to the base it was trained on)")  # fmt: skip
     if stored.get("data") != current["data"]:
         old, new = stored.get("data") or {}, current["data"]
         diffs.append(f"the training data differs (checkpoint: {old.get('rows')} rows, hash {old.get('sha256')}; "

@@ -13,6 +13,9 @@ Jobs run in order in one process group (one launch pays the imports once):
   `<root>/<name>/` like any run. `abandon_after_step: n` drops the run after step n (no final save).
 - `refused`: the same, expecting a `ValueError` before any work; rank 0 writes `<root>/<name>.json`
   with the message and whether the output folder was created.
+- `partitioned`: the base loaded under `deepspeed.zero.Init` (what `zero3_init_flag: true` makes
+  `from_pretrained` do), then `grow_depth`; rank 0 writes `<root>/partitioned.json`: the error, the
+  layer count after the call and the local shape of a layer's weight.
 
 accelerate keeps one state per process; between jobs it is reset (the process group stays), so that
 each job gets the plugin of its own environment.
@@ -30,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from deepspeed_zero import train_zero  # noqa: E402
+from deepspeed_zero import ds_config, train_zero  # noqa: E402
 from fsdp2_grown import grown_model, train_or_abandon, trainer_config, trainer_data  # noqa: E402
 
 
@@ -70,6 +73,26 @@ def run_trainer(root: Path, base: Path, job: dict) -> None:
     train_or_abandon(trainer, job)
 
 
+def run_partitioned(root: Path, base: Path) -> None:
+    from transformers import LlamaForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    from hf_depthgrow import grow_depth
+
+    registered = HfDeepSpeedConfig(ds_config(3, int(os.environ["WORLD_SIZE"])))  # transformers holds it weakly: kept alive here
+    assert registered.is_zero3()
+    model = LlamaForCausalLM.from_pretrained(base)  # under zero.Init: partitioned as it is built
+    unset_hf_deepspeed_config()
+    error = None
+    try:
+        grow_depth(model, [2])
+    except ValueError as err:
+        error = str(err)
+    if int(os.environ["RANK"]) == 0:
+        got = {"error": error, "layers": len(model.model.layers), "local_shape": list(model.model.layers[1].mlp.down_proj.weight.shape)}
+        (root / "partitioned.json").write_text(json.dumps(got))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", required=True)
@@ -93,6 +116,8 @@ def main() -> None:
                 result = train_zero(base, job["stage"], rank, world)
                 if rank == 0:
                     torch.save(result, root / f"zero{job['stage']}.pt")
+            elif job["kind"] == "partitioned":
+                run_partitioned(root, base)
             else:
                 run_trainer(root, base, job)
             torch.distributed.barrier()

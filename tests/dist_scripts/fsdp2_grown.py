@@ -13,6 +13,8 @@ Jobs run in order in one process group (one launch pays the imports once):
   such a job must come last.
 - `ddp`: the same under accelerate's DDP on gloo; must come before any `fsdp` job (accelerate's
   state is one per process, and `fsdp2_accelerator` switches it to FSDP).
+- `sharded`: the base sharded first (`shard_grown_model` on the ungrown model), then `grow_depth`;
+  rank 0 writes `<root>/sharded.json`: the error and the layer count after the call.
 
 The test imports `grown_model`, `lm_rows`, `direct_batches` and `trainer_config` from here to build
 the single-process reference from the very same model, data and settings.
@@ -135,6 +137,22 @@ def run_direct(root: Path, base: Path, rank: int, world: int) -> None:
     torch.save({"losses": losses, "state": state, "local_numel": local_numel}, root / f"direct_rank{rank}.pt")
 
 
+def run_sharded_then_grown(root: Path, base: Path, rank: int) -> None:
+    from transformers import LlamaForCausalLM
+
+    from hf_depthgrow import grow_depth
+    from hf_depthgrow.training.sharding import shard_grown_model
+
+    model = shard_grown_model(LlamaForCausalLM.from_pretrained(base))
+    error = None
+    try:
+        grow_depth(model, [2])
+    except ValueError as err:
+        error = str(err)
+    if rank == 0:
+        (root / "sharded.json").write_text(json.dumps({"error": error, "layers": len(model.model.layers)}))
+
+
 def trainer_config(**overrides):
     """The `TrainConfig` of the trainer jobs; `per_device_train_batch_size` makes the global batch 4 for any process count."""
     from hf_depthgrow.training import TrainConfig
@@ -202,6 +220,8 @@ def main() -> None:
             cpu = time.process_time()
             if job["kind"] == "direct":
                 run_direct(root, base, rank, world)
+            elif job["kind"] == "sharded":
+                run_sharded_then_grown(root, base, rank)
             else:
                 run_trainer(root, base, job)
             torch.distributed.barrier()
