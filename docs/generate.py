@@ -103,7 +103,30 @@ def largest_budget_table(folder: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"curve_table": curve_table, "largest_budget_table": largest_budget_table}
+def _seed_results(folder: str) -> list[tuple[int, dict]]:
+    study = json.loads((DECISIONS / folder / "study.json").read_text())
+    return [(seed, _compare(f"{folder}/seed{seed}")) for seed in study["seeds"]]
+
+
+def regime_table(folder: str, steps: str) -> str:
+    """A study's arms at `steps`, every seed side by side (`seed 0 | seed 1 | ...`): trainable parameters, gain,
+    forgetting and where each growth arm sits against the curve of every control point."""
+    seeds = _seed_results(folder)
+    at = [next(b for b in result["budgets"] if b["steps"] == int(steps)) for _, result in seeds]
+    arms = [a for a in seeds[0][1]["arms"] if a["kind"] != "original"]
+    bar = " \\| "  # a | inside a table cell
+    lines = ["| arm | trainable | gain | forgetting | against every control point |", "|---|---|---|---|---|"]
+    for arm in arms:
+        name = arm["name"]
+        rows = [b["arms"][name] for b in at]
+        curve = [b["frontier_detail"]["control_curve"]["arms"].get(name) for b in at]
+        where = "(control)" if arm["kind"] != "growth" else bar.join(_status(c, old=False) for c in curve)
+        gain, forgetting = bar.join(_interval(r["gain"]) for r in rows), bar.join(_interval(r["forgetting"]) for r in rows)
+        lines.append(f"| {name} | {arm['trainable_parameters']:,} | {gain} | {forgetting} | {where} |")
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {"regime_table": regime_table, "curve_table": curve_table, "largest_budget_table": largest_budget_table}
 
 
 def render(args: str) -> str:
