@@ -166,8 +166,11 @@ def test_yaml_config_with_flag_overrides(tmp_path):
     (cfg,) = build_parser().parse(["--positions", "3", "4", "--no-progress", "--overwrite"])
     assert cfg == RunConfig(positions=[3, 4], progress=False, overwrite=True)
     path.write_text("train_steps: 7\nlearning_rate: 0.01\n")
-    (cfg,) = build_parser().parse(["--config", str(path), "--train-steps", "9"])
+    (cfg,) = build_parser().parse(["--config", str(path), "--max-steps", "9"])
     assert (cfg.train_steps, cfg.learning_rate) == (9, 0.01)
+    with pytest.warns(FutureWarning, match="--train-steps is deprecated, use --max-steps"):
+        (cfg,) = build_parser().parse(["--train-steps", "5"])
+    assert cfg.train_steps == 5
 
 
 def test_pipeline_pushes_every_file_to_the_hub(workdir, tmp_path, monkeypatch):

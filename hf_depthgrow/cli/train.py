@@ -12,23 +12,39 @@ Several processes (DDP/FSDP from an accelerate config):
 
 Every `ScriptArguments` and `TrainConfig` field is a flag (`--kebab-case`); `--config file.yaml` sets
 any of them (keys are the field names), and flags on the command line override the file.
+
+`--output-dir` is new or empty, or holds an earlier run of this command: `--resume` continues it from its
+last checkpoint, `--overwrite` replaces what that run wrote. A folder holding anything else is refused, and
+nothing in it changes.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..config import ConfigParser, ScriptArguments
+from ..config import ConfigParser, ScriptArguments, shared_field
 from ..training.config import TrainConfig
 from ..utils import interrupt_hint, interrupt_stage
 from .common import dtype_of, run_command
 
 
+@dataclass
+class TrainOutput:
+    """What `hf-depthgrow train` does with an output folder an earlier run of it wrote."""
+
+    overwrite: bool = shared_field("overwrite", False, more="Here: an earlier run's checkpoints, logs and model.")
+    resume: bool = field(
+        default=False,
+        metadata={"help": "Continue the run in --output-dir from its last checkpoint (as --resume-from-checkpoint latest)."},
+    )
+
+
 def build_parser(*extra_dataclasses) -> ConfigParser:
-    """The parser of `hf-depthgrow train`: `ScriptArguments` and `TrainConfig` (plus any extra dataclasses)."""
-    return ConfigParser([ScriptArguments, TrainConfig, *extra_dataclasses], prog="hf-depthgrow train", description=__doc__)
+    """The parser of `hf-depthgrow train`: `ScriptArguments`, `TrainConfig` and `TrainOutput` (plus any extra dataclasses)."""
+    return ConfigParser([ScriptArguments, TrainConfig, TrainOutput, *extra_dataclasses], prog="hf-depthgrow train", description=__doc__)
 
 
 def _load_dataset(args: ScriptArguments, model, tokenizer):
@@ -84,7 +100,7 @@ def run(args: ScriptArguments, config: TrainConfig):
             raise ValueError(f"--quantize keeps the base frozen, so it needs --trainable new (got {config.trainable!r})")
         if not args.positions:
             raise ValueError("--quantize loads an ungrown base: pass --positions to grow it (its new blocks are what trains)")
-    model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype), quantize=args.quantize)
+    model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype), quantize=args.quantize, trust_remote_code=args.trust_remote_code)
     train_ds, eval_ds = _streamed(args, config, model, tokenizer) if args.streaming else args.split(_load_dataset(args, model, tokenizer))
     stone = None
     if args.positions:
@@ -107,7 +123,7 @@ def _resume_hint(config: TrainConfig):
     """How an interrupted `train` goes on (asked at the interrupt): from its last checkpoint when it wrote one."""
     if not (config.save_steps and config.output_dir):
         return "no checkpoint was written (--save-steps 0): the same command starts over"
-    again = "the same command" + ("" if config.resume_from_checkpoint == "latest" else " with --resume-from-checkpoint latest")
+    again = "the same command" + ("" if config.resume_from_checkpoint == "latest" else " with --resume")
 
     def hint() -> str:
         written = any(p.is_dir() for p in Path(config.output_dir).glob("checkpoint-*"))
@@ -116,14 +132,73 @@ def _resume_hint(config: TrainConfig):
     return hint
 
 
+def _claim_output(config: TrainConfig, output: TrainOutput, state) -> Path | None:
+    """Claim `--output-dir` for this run on the main process (`claim_output_dir`); every process raises the same error."""
+    from ..pipeline.output import claim_output_dir
+
+    error = out = None
+    if config.output_dir and state.is_main_process:
+        try:
+            out = claim_output_dir(config.output_dir, resume=config.resume_from_checkpoint is not None, overwrite=output.overwrite,
+                                   what="a training run")  # fmt: skip
+        except (OSError, ValueError) as err:
+            error = err
+    if state.num_processes > 1:  # the others would otherwise wait at the first collective until ddp_timeout
+        from accelerate.utils import broadcast_object_list
+
+        error = broadcast_object_list([error])[0]
+    if error is not None:
+        raise error
+    return out
+
+
+def _resume_flag(argv: list[str]) -> list[str]:
+    """`--resume PATH` (a checkpoint, the flag's meaning before `--resume-from-checkpoint`) as that flag, with a warning.
+
+    `--resume` alone (or `--resume latest`) continues from the newest checkpoint in --output-dir.
+    """
+    import warnings
+
+    from ..config import FlagDeprecation
+
+    out, i = [], 0
+    while i < len(argv):
+        token, value = argv[i], None
+        if token.startswith("--resume="):
+            token, value = "--resume", token.split("=", 1)[1]
+        elif token == "--resume" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            value, i = argv[i + 1], i + 1
+        if value is None or value.lower() in ("latest", "true", "yes", "1", "on"):
+            out.append(token)
+        elif value.lower() in ("false", "no", "0", "off"):
+            out.append("--no-resume")
+        else:
+            warnings.warn(f"--resume {value} is deprecated, use --resume-from-checkpoint {value}", FlagDeprecation, stacklevel=2)
+            out += ["--resume-from-checkpoint", value]
+        i += 1
+    return out
+
+
 def _train(argv: list[str]) -> int:
-    args, config = build_parser().parse(argv)
+    args, config, output = build_parser().parse(_resume_flag(argv))
+    if output.resume and config.resume_from_checkpoint is None:
+        config = replace(config, resume_from_checkpoint="latest")
+    if output.resume and output.overwrite:
+        raise ValueError("--resume continues the run in --output-dir and --overwrite replaces it: give one of them")
     interrupt_stage("training")
     interrupt_hint(_resume_hint(config))
-    result = run(args, config)
     from accelerate import PartialState
 
-    if PartialState().is_main_process:
+    state = PartialState()
+    out = _claim_output(config, output, state)
+    try:
+        result = run(args, config)
+    finally:  # checkpoints written before a failure or an interrupt are the tool's too: --resume and --overwrite accept them
+        if out is not None:
+            from ..pipeline.output import MARKER, record_outputs
+
+            record_outputs(out, [p for p in out.iterdir() if p.name != MARKER])
+    if state.is_main_process:
         summary = {k: v for k, v in result.to_dict().items() if k not in ("history", "eval_history")}
         print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
