@@ -480,14 +480,14 @@ class ScriptArguments:
     """
 
     # Defaulted here (a Python user may build the arguments bit by bit); `hf-depthgrow train` requires it.
-    model: str | None = shared_field("model", None)
+    model: str | None = shared_field("model", None, more="Required, on the command line or in --config.")
     positions: list[int] | None = field(default=None, metadata={"help": "Grow at these positions k first (omit for a grown model)."})
     block: str = field(default="auto", metadata={"help": "Block kind for growth: auto, native or adapter."})
     init: str = field(default="copy", metadata={"help": "Native block init: copy or random."})
     growth_seed: int = field(default=0, metadata={"help": "Seed of the new blocks' random parts."})
     # The flag is --data, as in every other command (--dataset still works, with a warning); the YAML key and the
     # attribute stay `dataset`, which recipes and their configs use (`data:` is accepted too).
-    dataset: str | None = shared_field("data", None, more="Or a save_to_disk folder.", flag="--data", deprecated=["--dataset"])
+    dataset: str | None = shared_field("data", None, more="Or a save_to_disk folder. Required.", flag="--data", deprecated=["--dataset"])
     block_size: int = shared_field("block_size", 256)
     streaming: bool = field(
         default=False,

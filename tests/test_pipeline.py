@@ -256,7 +256,7 @@ def test_push_failure_keeps_the_run_and_says_so(workdir, tmp_path, monkeypatch, 
     monkeypatch.setattr(push, "push_to_hub", refuse)
     out = tmp_path / "o"
     argv = ["--model", str(workdir / "tiny"), "--data", str(workdir / "sample.txt"), "--output-dir", str(out), "--positions", "2",
-            "--train-steps", "1", "--block-size", "32", "--max-examples", "96", "--push-to-hub", "me/x", "--no-progress"]  # fmt: skip
+            "--max-steps", "1", "--block-size", "32", "--max-examples", "96", "--push-to-hub", "me/x", "--no-progress"]  # fmt: skip
     assert run_main(argv) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"hf-depthgrow run: the run finished and its outputs and summary are in {out}, but pushing to me/x failed: 503 Service Unavailable"

@@ -329,7 +329,7 @@ def test_export_gguf_names_its_own_flags(tmp_path, capsys):
     model = tiny_model("llama", vocab_size=len(vocab))
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
-    assert main(["export-gguf", "--model", str(tmp_path / "m"), "--output", str(tmp_path / "m.gguf"), "--dtype", "f32"]) == 2
+    assert main(["export-gguf", "--model", str(tmp_path / "m"), "--output", str(tmp_path / "m.gguf"), "--gguf-type", "f32"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the loading bars
     assert err.startswith("hf-depthgrow export-gguf: ") and "pass --source-gguf to copy the vocabulary" in err and "source_gguf=" not in err, err
     assert not (tmp_path / "m.gguf").exists()

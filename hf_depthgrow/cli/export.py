@@ -38,10 +38,7 @@ class ExportArguments:
     overwrite: bool = shared_field("overwrite", False)
     trust_remote_code: bool = shared_field("trust_remote_code", False)
     # No `choices`: a GGUF type given here (the flag's meaning before --gguf-type) is moved there, with a warning.
-    dtype: str = field(
-        default="float32",
-        metadata={"help": "Torch dtype the weights load in before conversion: float32, bfloat16 or float16.", "deprecated": ["--load-dtype"]},
-    )
+    dtype: str = shared_field("dtype", "float32", more="Before the conversion.", choices=None, deprecated=["--load-dtype"])
 
     def __post_init__(self):
         if self.dtype in GGUF_TYPES:

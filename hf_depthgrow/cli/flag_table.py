@@ -30,19 +30,24 @@ def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+_KINDS = {int: "int", float: "float", str: "text", bool: "true/false"}
+
+
 def _takes(spec) -> str:
     if spec.kind is bool and not spec.is_list:
-        return "switch (`--no-x` to unset)"
+        return "switch (`--no-...` turns it off)"
     choices = spec.metadata.get("choices")
-    base = " \\| ".join(map(str, choices)) if choices else spec.type_name(scalar=True)
-    base = f"a list of {base}" if spec.is_list and not choices else (f"one or more of {base}" if spec.is_list else base)
-    return base + (" or none" if spec.optional else "")
+    base = " \\| ".join(map(str, choices)) if choices else _KINDS[spec.kind]
+    base = f"{base}, several" if spec.is_list else base
+    return base + (", or none" if spec.optional else "")
 
 
 def _default(spec) -> str:
     if spec.required:
         return "required"
-    return "none" if spec.default is None else f"`{spec.default}`"
+    if spec.kind is bool and not spec.is_list and spec.default is not None:
+        return "on" if spec.default else "off"
+    return "none" if spec.default is None else f"`{' '.join(map(str, spec.default)) if spec.is_list else spec.default}`"
 
 
 def command_table(parser) -> list[str]:
@@ -57,7 +62,7 @@ def command_table(parser) -> list[str]:
 
 
 def concept_table() -> list[str]:
-    lines = ["| concept | flag | meaning | old spellings |", "|---|---|---|---|"]
+    lines = ["| concept | flag | meaning | spellings no command shows |", "|---|---|---|---|"]
     for c in CONCEPTS:
         old = ", ".join(f"`{o}`" for o in c.old) or "-"
         lines.append(f"| {c.name} | `{c.flag}` | {_cell(c.meaning)} | {old} |")

@@ -75,8 +75,12 @@ def _streamed(args: ScriptArguments, config: TrainConfig, model, tokenizer):
     return rows, held_out
 
 
-def run(args: ScriptArguments, config: TrainConfig):
-    """Load, grow, split, train: what `main` does after parsing. Returns the `TrainResult`."""
+def run(args: ScriptArguments, config: TrainConfig, before_training=None):
+    """Load, grow, split, train: what `main` does after parsing. Returns the `TrainResult`.
+
+    `before_training`, if given, is called once every input has loaded and checked, right before training starts
+    (the command claims its output folder there, so that bad input leaves nothing on disk).
+    """
     from ..growth.engine import GrowthConfig, grow_depth, growth_record
     from ..hub.loading import load_model
     from ..training.trainer import train
@@ -116,6 +120,8 @@ def run(args: ScriptArguments, config: TrainConfig):
         grow_depth(model, args.positions, config=GrowthConfig(block=args.block, init=args.init, seed=args.growth_seed))
     elif args.stepping_stone:
         raise ValueError("stepping_stone=True needs positions (the stone is built while growing)")
+    if before_training is not None:
+        before_training()
     return train(model, train_ds, config=config, eval_data=eval_ds, stepping_stone=stone, tokenizer=tokenizer)
 
 
@@ -132,24 +138,56 @@ def _resume_hint(config: TrainConfig):
     return hint
 
 
-def _claim_output(config: TrainConfig, output: TrainOutput, state) -> Path | None:
-    """Claim `--output-dir` for this run on the main process (`claim_output_dir`); every process raises the same error."""
-    from ..pipeline.output import claim_output_dir
+def _left_by_a_killed_run(out: Path) -> list[Path]:
+    """What a run of this command killed before its end (no chance to record its files) left in `out`, provably its own:
+    the checkpoints whose files match their digest, and the trainer's lock file."""
+    from ..training.checkpoints import list_checkpoints, verify_digest
+    from ..training.guards import LOCK_NAME, CheckpointIntegrityError
 
-    error = out = None
-    if config.output_dir and state.is_main_process:
+    found = [out / LOCK_NAME] if (out / LOCK_NAME).is_file() else []
+    for checkpoint in list_checkpoints(out):
         try:
-            out = claim_output_dir(config.output_dir, resume=config.resume_from_checkpoint is not None, overwrite=output.overwrite,
-                                   what="a training run")  # fmt: skip
-        except (OSError, ValueError) as err:
-            error = err
-    if state.num_processes > 1:  # the others would otherwise wait at the first collective until ddp_timeout
-        from accelerate.utils import broadcast_object_list
+            verify_digest(checkpoint)
+        except CheckpointIntegrityError:
+            continue  # not provably ours: --overwrite refuses it, naming it
+        found.append(checkpoint)
+    return found
 
-        error = broadcast_object_list([error])[0]
-    if error is not None:
-        raise error
-    return out
+
+def _check_output(config: TrainConfig, output: TrainOutput) -> None:
+    """Refuse, touching nothing, an `--output-dir` that `_claim_output` would refuse (the cheap cases, before anything loads)."""
+    from ..pipeline.output import MARKER, foreign_files
+
+    out = Path(config.output_dir) if config.output_dir else None
+    if out is None or not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / MARKER).is_file():
+        raise FileExistsError(f"will not write into {out}: it was not written by hf-depthgrow (no {MARKER} file); choose another output folder")
+    ours = {p.name for p in _left_by_a_killed_run(out)}
+    theirs = [f for f in foreign_files(out) if f.split("/", 1)[0] not in ours]
+    if theirs:
+        shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+        raise FileExistsError(f"will not write into {out}: it holds files hf-depthgrow did not write ({shown}): move them out of it first")
+    if config.resume_from_checkpoint is None and not output.overwrite:
+        raise FileExistsError(f"{out} holds a training run written earlier: pass --resume to continue it or --overwrite to replace it")
+
+
+def _claim_output(config: TrainConfig, output: TrainOutput) -> Path | None:
+    """Claim `--output-dir` for this run (`claim_output_dir`): `None` without one, and on every process but the first.
+
+    Before the trainer starts the processes' group: the rank comes from the launcher's environment. Should the first
+    process refuse the folder, it exits and the launcher stops the others.
+    """
+    import os
+
+    from ..pipeline.output import MARKER, claim_output_dir, record_outputs
+
+    if not config.output_dir or os.environ.get("RANK", "0") != "0":
+        return None
+    if (Path(config.output_dir) / MARKER).is_file():  # an earlier run's folder
+        record_outputs(config.output_dir, _left_by_a_killed_run(Path(config.output_dir)))
+    return claim_output_dir(config.output_dir, resume=config.resume_from_checkpoint is not None, overwrite=output.overwrite,
+                            what="a training run")  # fmt: skip
 
 
 def _resume_flag(argv: list[str]) -> list[str]:
@@ -187,18 +225,18 @@ def _train(argv: list[str]) -> int:
         raise ValueError("--resume continues the run in --output-dir and --overwrite replaces it: give one of them")
     interrupt_stage("training")
     interrupt_hint(_resume_hint(config))
-    from accelerate import PartialState
-
-    state = PartialState()
-    out = _claim_output(config, output, state)
+    _check_output(config, output)  # before the model loads; claimed (and an earlier run's files replaced) once all inputs are good
+    claimed = []
     try:
-        result = run(args, config)
+        result = run(args, config, before_training=lambda: claimed.append(_claim_output(config, output)))
     finally:  # checkpoints written before a failure or an interrupt are the tool's too: --resume and --overwrite accept them
-        if out is not None:
+        if claimed and claimed[0] is not None:
             from ..pipeline.output import MARKER, record_outputs
 
-            record_outputs(out, [p for p in out.iterdir() if p.name != MARKER])
-    if state.is_main_process:
+            record_outputs(claimed[0], [p for p in claimed[0].iterdir() if p.name != MARKER])
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
         summary = {k: v for k, v in result.to_dict().items() if k not in ("history", "eval_history")}
         print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
