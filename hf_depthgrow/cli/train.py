@@ -154,11 +154,19 @@ def _left_by_a_killed_run(out: Path) -> list[Path]:
     return found
 
 
+def _first_process() -> bool:
+    """Whether this is the first (or only) process of the run; before the trainer starts the processes' group, the
+    launcher's environment says."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _check_output(config: TrainConfig, output: TrainOutput) -> None:
     """Refuse, touching nothing, an `--output-dir` that `_claim_output` would refuse (the cheap cases, before anything loads)."""
     from ..pipeline.output import MARKER, foreign_files
 
-    out = Path(config.output_dir) if config.output_dir else None
+    out = Path(config.output_dir) if config.output_dir and _first_process() else None
     if out is None or not out.is_dir() or not any(out.iterdir()):
         return
     if not (out / MARKER).is_file():
@@ -175,14 +183,11 @@ def _check_output(config: TrainConfig, output: TrainOutput) -> None:
 def _claim_output(config: TrainConfig, output: TrainOutput) -> Path | None:
     """Claim `--output-dir` for this run (`claim_output_dir`): `None` without one, and on every process but the first.
 
-    Before the trainer starts the processes' group: the rank comes from the launcher's environment. Should the first
-    process refuse the folder, it exits and the launcher stops the others.
+    Should the first process refuse the folder, it exits and the launcher stops the others.
     """
-    import os
-
     from ..pipeline.output import MARKER, claim_output_dir, record_outputs
 
-    if not config.output_dir or os.environ.get("RANK", "0") != "0":
+    if not config.output_dir or not _first_process():
         return None
     if (Path(config.output_dir) / MARKER).is_file():  # an earlier run's folder
         record_outputs(config.output_dir, _left_by_a_killed_run(Path(config.output_dir)))
@@ -191,7 +196,7 @@ def _claim_output(config: TrainConfig, output: TrainOutput) -> Path | None:
 
 
 def _resume_flag(argv: list[str]) -> list[str]:
-    """`--resume PATH` (a checkpoint, the flag's meaning before `--resume-from-checkpoint`) as that flag, with a warning.
+    """`--resume PATH`, the old spelling of `--resume-from-checkpoint PATH`, as that flag (with a warning).
 
     `--resume` alone (or `--resume latest`) continues from the newest checkpoint in --output-dir.
     """
@@ -221,7 +226,7 @@ def _train(argv: list[str]) -> int:
     args, config, output = build_parser().parse(_resume_flag(argv))
     if output.resume and config.resume_from_checkpoint is None:
         config = replace(config, resume_from_checkpoint="latest")
-    if output.resume and output.overwrite:
+    if config.resume_from_checkpoint is not None and output.overwrite:
         raise ValueError("--resume continues the run in --output-dir and --overwrite replaces it: give one of them")
     interrupt_stage("training")
     interrupt_hint(_resume_hint(config))
