@@ -159,3 +159,20 @@ def test_every_concept_names_one_flag_and_distinct_spellings():
     old = [o for c in CONCEPTS for o in c.old]
     assert len(set(flags)) == len(flags) and not set(flags) & set(old) and len(set(old)) == len(old)
     assert all(isinstance(p, argparse.ArgumentParser) for p in PARSERS.values())
+
+
+def test_the_automatic_retention_choice_is_in_the_library(tmp_path):
+    """`--retention-data auto` is `hf_depthgrow.data.retention`: the Python docs for text, none for images."""
+    from hf_depthgrow.data.retention import load_retention, retention_source
+    from hf_depthgrow.data.sources import load_data
+    from hf_depthgrow.testing import byte_level_tokenizer, tiny_model
+
+    assert retention_source("auto", "causal_lm") == retention_source("auto", "text_classification") == "python_docs"
+    assert retention_source("auto", "image_classification") is None and retention_source("tweets", "causal_lm") == "tweets"
+    assert load_retention("auto", tiny_model("vit"), None, block_size=16, max_examples=8) is None
+    text = "general prose, outside the training domain. " * 40
+    (tmp_path / "general.txt").write_text(text)
+    model, tokenizer = tiny_model("llama", vocab_size=300), byte_level_tokenizer([text], vocab_size=300)
+    rows = load_retention(str(tmp_path / "general.txt"), model, tokenizer, block_size=16, max_examples=8, seed=3)
+    same = load_data(str(tmp_path / "general.txt"), model=model, tokenizer=tokenizer, block_size=16, max_examples=8, split="test", seed=3)
+    assert len(rows) == len(same) == 8 and all((a["input_ids"] == b["input_ids"]).all() for a, b in zip(rows, same))

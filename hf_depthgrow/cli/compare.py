@@ -162,6 +162,7 @@ def build_parser() -> ConfigParser:
 
 
 def _load(script: CompareScript, cfg: CompareConfig):
+    from ..data.retention import load_retention
     from ..data.sources import load_data, split_dataset
     from ..hub.loading import load_model
 
@@ -171,23 +172,9 @@ def _load(script: CompareScript, cfg: CompareConfig):
                      max_examples=script.max_examples, seed=cfg.seed, blocks_per_document=_per_document(script.blocks_per_document))  # fmt: skip
     fractions = {"train": script.train_fraction, "held_out": script.held_out_fraction, "test": script.test_fraction}
     splits = split_dataset(data, fractions, seed=cfg.seed, by=script.split_by)
-    from ..data.sources import infer_task
-
-    task = infer_task(model)
-    source = script.retention_data
-    if source == "auto":
-        source = None if task == "image_classification" else "python_docs"
-    retention = None
-    if source == "python_docs" and task == "text_classification":
-        from ..data.corpora import python_docs_texts
-        from ..data.pseudo_labels import pseudo_labelled
-
-        retention = pseudo_labelled(model, tokenizer, python_docs_texts(), block_size=script.block_size,
-                                    max_examples=script.retention_max_examples, seed=cfg.seed)  # fmt: skip
-    elif source:
-        retention = load_data(source, model=model, tokenizer=tokenizer, block_size=script.block_size,
-                              max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed,
-                              blocks_per_document=_per_document(script.retention_blocks_per_document))  # fmt: skip
+    retention = load_retention(script.retention_data, model, tokenizer, block_size=script.block_size,
+                               max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed,
+                               blocks_per_document=_per_document(script.retention_blocks_per_document))  # fmt: skip
     return model, splits, retention
 
 
