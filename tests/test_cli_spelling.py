@@ -176,3 +176,12 @@ def test_the_automatic_retention_choice_is_in_the_library(tmp_path):
     rows = load_retention(str(tmp_path / "general.txt"), model, tokenizer, block_size=16, max_examples=8, seed=3)
     same = load_data(str(tmp_path / "general.txt"), model=model, tokenizer=tokenizer, block_size=16, max_examples=8, split="test", seed=3)
     assert len(rows) == len(same) == 8 and all((a["input_ids"] == b["input_ids"]).all() for a, b in zip(rows, same))
+
+
+def test_an_old_yaml_key_warns_and_sets_the_field(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: smollm2\npositions: [3]\nseq: 128\nbatch: 2\n")
+    with pytest.warns(FutureWarning) as caught:
+        (args,) = PARSERS["estimate"].parse(["--config", str(path)])
+    assert (args.block_size, args.batch_size) == (128, 2)
+    assert sorted(str(w.message) for w in caught) == [f"{path}: batch is deprecated, use batch_size", f"{path}: seq is deprecated, use block_size"]

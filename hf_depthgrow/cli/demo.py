@@ -37,7 +37,7 @@ class DemoArguments:
     output_dir: str | None = shared_field("output_dir", None, more="The grown model is saved here (safetensors); none: not saved.",
                                           deprecated=["--save"])  # fmt: skip
     output: str | None = field(default=None, metadata={"help": "Write the figures to this JSON file.", "deprecated": ["--json"]})
-    overwrite: bool = shared_field("overwrite", False)
+    overwrite: bool = shared_field("overwrite", False, more="An existing --output file is replaced too.")
 
 
 def run_demo(position: int | None = None, max_new_tokens: int = 32) -> dict:

@@ -35,7 +35,7 @@ class ExportArguments:
     gguf_type: str = field(default="f16", metadata={"help": "GGUF tensor type; 'source' keeps the --source-gguf types.", "choices": GGUF_TYPES})
     source_gguf: str | None = field(default=None, metadata={"help": "The GGUF the original came from ('smollm2': the embedded file)."})
     name: str | None = field(default=None, metadata={"help": "general.name in the file; none: the source's name + ' (depth-grown)'."})
-    overwrite: bool = shared_field("overwrite", False)
+    overwrite: bool = shared_field("overwrite", False, more="Here: an existing --output file is replaced.")
     trust_remote_code: bool = shared_field("trust_remote_code", False)
     # No `choices`: a GGUF type given here (the flag's meaning before --gguf-type) is moved there, with a warning.
     dtype: str = shared_field("dtype", "float32", more="Before the conversion.", choices=None, deprecated=["--load-dtype"])
