@@ -14,7 +14,13 @@ positional argument, with a warning)). From such dataclasses this module builds
 
 Several dataclasses can share one parser (`hf-depthgrow train` is `ScriptArguments` + `TrainConfig`).
 `--snake_case` spellings of the flags (the `HfArgumentParser` style of earlier releases) still work as
-hidden, deprecated aliases, as does `--flag true|false` for a boolean.
+hidden, deprecated aliases, as does `--flag true|false` for a boolean. A deprecated spelling warns with a
+`FlagDeprecation` (a `FutureWarning`; the commands print it as one line naming the new flag).
+
+The options every command shares (the model, the data, the output folder, `--overwrite`, `--trust-remote-code`,
+the block size, the dtype, ...) are declared once, by `shared_field`: one help text, one meaning; a command picks
+its default. `hf_depthgrow.cli.spelling` holds the names each concept may go by, and a test checks every command
+against it.
 
 Example:
     ```python
@@ -40,14 +46,66 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 
-__all__ = ["ConfigError", "ConfigParser", "ScriptArguments", "flag_words", "load_config", "option_name", "parse_args"]
+__all__ = [
+    "TORCH_DTYPES", "ConfigError", "ConfigParser", "FlagDeprecation", "ScriptArguments", "flag_words", "load_config", "option_name",
+    "parse_args", "shared_field",
+]  # fmt: skip
 
 _BOOL_WORDS = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False, "off": False}
 _NONE_WORDS = ("none", "null")
 
 
+# The dtypes a model's weights load in, for every command that takes --dtype.
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
 class ConfigError(ValueError):
     """A bad flag, YAML key or value; the message is one line meant for a person."""
+
+
+class FlagDeprecation(FutureWarning):
+    """An old spelling of a flag or key was used; the message names the new one."""
+
+
+# One help text per option that several commands take; `shared_field` declares the field.
+SHARED_HELP = {
+    "model": "A saved model folder (grown or not), a Hub id, or 'smollm2' (the embedded SmolLM2-135M-Instruct).",
+    "data": "shakespeare, tweets, fashion_mnist, digits, python_docs, a local file/folder, or a Hub dataset id.",
+    "output_dir": "Output folder: new or empty, or one hf-depthgrow wrote (with --overwrite).",
+    "overwrite": "Replace what hf-depthgrow wrote at the output; a folder holding anything else is refused, never emptied.",
+    "trust_remote_code": "Run Python code shipped with the model (off unless given).",
+    "block_size": "Tokens per causal-LM example (padded length for classifiers).",
+    "max_examples": "Load at most this many examples (before any split); none: all.",
+    "dtype": "Torch dtype the weights load in: float32, bfloat16 or float16.",
+    "progress": "Show progress bars.",
+    "batch_size": "Examples per batch (per device).",
+}
+
+
+def shared_field(name: str, default=MISSING, *, more: str = "", **metadata):
+    """The field of an option several commands share: its one help text (`SHARED_HELP`), plus `more` for this command.
+
+    Args:
+        name: The field name, a key of `SHARED_HELP` (`"model"`, `"output_dir"`, ...).
+        default: The command's default; left out, the option is required.
+        more: A sentence the command adds to the shared help (what its output folder holds, ...).
+        **metadata: More field metadata (`deprecated`, `deprecated_positional`, `flag`, ...).
+
+    Example:
+        ```python
+        >>> @dataclass
+        ... class Args:
+        ...     model: str = shared_field("model")
+        ...     output_dir: str = shared_field("output_dir", more="probe.json and probe.png go here.")
+        ```
+    """
+    help_ = SHARED_HELP[name] + (f" {more}" if more else "")
+    metadata = {"help": help_, **metadata}
+    if name == "dtype":
+        metadata.setdefault("choices", list(TORCH_DTYPES))
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def option_name(name: str) -> str:
@@ -160,6 +218,7 @@ class ConfigParser(argparse.ArgumentParser):
         self.specs: dict[str, _Spec] = {}
         self.owner: dict[str, type] = {}
         self.deprecated: dict[str, str] = {}  # old flag -> its field's flag
+        self.flags: dict[str, str] = {}  # a field's flag -> the field's name
         self.key_aliases: dict[str, tuple[str, bool]] = {}  # YAML key -> (field name, deprecated)
         self.config_flag = config_flag
         if config_flag:
@@ -183,8 +242,10 @@ class ConfigParser(argparse.ArgumentParser):
             self.add_argument(spec.name, nargs="?", default=argparse.SUPPRESS, type=self._caster(spec), help=help_)
             return
         names = [_flag(spec), *spec.metadata.get("aliases", [])]
+        self.flags[_flag(spec)] = spec.name
         if spec.kind is bool and not spec.is_list:
             self.add_argument(*names, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_)
+            self._add_old_spellings(spec)
             return
         metavar = spec.name.upper()
         self.add_argument(*names, dest=spec.name, type=self._caster(spec), nargs="+" if spec.is_list else None,
@@ -198,6 +259,9 @@ class ConfigParser(argparse.ArgumentParser):
         for old in spec.metadata.get("deprecated", []):
             self.deprecated[old] = _flag(spec)
             self.key_aliases[old[2:].replace("-", "_")] = (spec.name, True)
+            if spec.kind is bool and not spec.is_list:  # `--old` and `--no-old`, rewritten to the new flag before parsing
+                self.deprecated["--no-" + old[2:]] = "--no-" + _flag(spec)[2:]
+                continue
             self.add_argument(old, dest=spec.name, type=self._caster(spec), nargs="+" if spec.is_list else None,
                               default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # fmt: skip
         if spec.metadata.get("deprecated_positional"):
@@ -230,14 +294,17 @@ class ConfigParser(argparse.ArgumentParser):
                 out += argv[i:]
                 break
             name, eq, value = token.partition("=")
+            kebab = name.replace("_", "-")
+            if name.startswith("--") and "_" in name and name not in known and (kebab in known or kebab in self.deprecated):
+                renamed.append(name)
+                name = kebab
             if name in self.deprecated:
                 old.append(name)
                 name = self.deprecated[name]
-            if name.startswith("--") and "_" in name and name not in known and name.replace("_", "-") in known:
-                renamed.append(name)
-                name = name.replace("_", "-")
             spec = self.specs.get(name[2:].replace("-", "_")) if name.startswith("--") else None
-            if spec is not None and spec.kind is bool and not spec.is_list and option_name(spec.name) == name:
+            if spec is None and name in self.flags:
+                spec = self.specs[self.flags[name]]
+            if spec is not None and spec.kind is bool and not spec.is_list and _flag(spec) == name:
                 if not eq and i + 1 < len(argv) and argv[i + 1].lower() in _BOOL_WORDS:
                     eq, value, i = "=", argv[i + 1], i + 1
                 if eq:
@@ -251,9 +318,9 @@ class ConfigParser(argparse.ArgumentParser):
             i += 1
         if renamed:
             warnings.warn(f"{', '.join(renamed)}: snake_case flags are deprecated; use {', '.join(r.replace('_', '-') for r in renamed)}",
-                          FutureWarning, stacklevel=3)  # fmt: skip
+                          FlagDeprecation, stacklevel=3)  # fmt: skip
         for name in dict.fromkeys(old):
-            warnings.warn(f"{name} is deprecated, use {self.deprecated[name]}", FutureWarning, stacklevel=3)
+            warnings.warn(f"{name} is deprecated, use {self.deprecated[name]}", FlagDeprecation, stacklevel=3)
         return out
 
     def _move_positionals(self, given: dict) -> None:
@@ -262,7 +329,7 @@ class ConfigParser(argparse.ArgumentParser):
             value = given.pop(f"{name}__positional", None)
             if value is None:
                 continue
-            warnings.warn(f"a positional {name.upper()} is deprecated, use {_flag(spec)} {name.upper()}", FutureWarning, stacklevel=3)
+            warnings.warn(f"a positional {name.upper()} is deprecated, use {_flag(spec)} {name.upper()}", FlagDeprecation, stacklevel=3)
             if name in given and given[name] != value:
                 raise ConfigError(f"{name} given twice: {value!r} (positional) and {_flag(spec)} {given[name]!r}")
             given[name] = value
@@ -309,7 +376,7 @@ class ConfigParser(argparse.ArgumentParser):
                 name, deprecated = self.key_aliases[str(key)]
                 spec = self.specs[name]
                 if deprecated:
-                    warnings.warn(f"{source}: {key} is deprecated, use {name}", FutureWarning, stacklevel=3)
+                    warnings.warn(f"{source}: {key} is deprecated, use {name}", FlagDeprecation, stacklevel=3)
             if spec is None:
                 raise ConfigError(f"{source}: unknown key {key!r}{_nearest(str(key), self.specs, quote=True)}")
             out[spec.name] = spec.convert(value, f"{source}: {spec.name}")
@@ -412,22 +479,16 @@ class ScriptArguments:
         ```
     """
 
-    model: str | None = field(
-        default=None,
-        metadata={"help": "A saved model folder (grown or not), a Hub id, or 'smollm2' (the embedded SmolLM2-135M)."},
-    )
+    # Defaulted here (a Python user may build the arguments bit by bit); `hf-depthgrow train` requires it.
+    model: str | None = shared_field("model", None, more="Required, on the command line or in --config.")
     positions: list[int] | None = field(default=None, metadata={"help": "Grow at these positions k first (omit for a grown model)."})
     block: str = field(default="auto", metadata={"help": "Block kind for growth: auto, native or adapter."})
     init: str = field(default="copy", metadata={"help": "Native block init: copy or random."})
     growth_seed: int = field(default=0, metadata={"help": "Seed of the new blocks' random parts."})
     # The flag is --data, as in every other command (--dataset still works, with a warning); the YAML key and the
     # attribute stay `dataset`, which recipes and their configs use (`data:` is accepted too).
-    dataset: str | None = field(
-        default=None,
-        metadata={"help": "shakespeare, tweets, fashion_mnist, digits, a local file/folder, a Hub id, or a save_to_disk folder.",
-                  "flag": "--data", "deprecated": ["--dataset"]},
-    )
-    block_size: int = field(default=256, metadata={"help": "Tokens per causal-LM block / padded text length."})
+    dataset: str | None = shared_field("data", None, more="Or a save_to_disk folder. Required.", flag="--data", deprecated=["--dataset"])
+    block_size: int = shared_field("block_size", 256)
     streaming: bool = field(
         default=False,
         metadata={"help": "Stream --data (a Hub id, a .jsonl/.txt file or a folder of shards) instead of loading it: "
@@ -436,16 +497,17 @@ class ScriptArguments:
     held_out_blocks: int = field(
         default=64, metadata={"help": "With --streaming: the stream's first blocks, kept as held-out data (0: none)."}
     )
-    max_examples: int | None = field(default=None, metadata={"help": "Use at most this many examples (before the split)."})
+    max_examples: int | None = shared_field("max_examples", None)
     eval_fraction: float = field(default=0.1, metadata={"help": "Held-out share for evaluation; 0: none."})
     split_seed: int = field(default=0, metadata={"help": "Seed of the train/held-out split."})
-    dtype: str = field(default="float32", metadata={"help": "Weights dtype.", "choices": ["float32", "bfloat16", "float16"]})
+    dtype: str = shared_field("dtype", "float32")
     quantize: str | None = field(
         default=None,
         metadata={"help": "Load the base quantised by bitsandbytes, 4bit (NF4) or 8bit, as a frozen base: only the new blocks (in --dtype) train."},
     )
     stepping_stone: bool = field(default=False, metadata={"help": "Build f~_S (one position) for the fallback rule."})
     stepping_stone_max_batches: int | None = field(default=None, metadata={"help": "Batches of training data f~_S is built on."})
+    trust_remote_code: bool = shared_field("trust_remote_code", False)
 
     def __post_init__(self):
         if isinstance(self.held_out_blocks, bool) or not isinstance(self.held_out_blocks, int) or self.held_out_blocks < 0:
@@ -456,8 +518,8 @@ class ScriptArguments:
             raise ValueError(f"init must be copy or random, got {self.init!r}")
         if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(TORCH_DTYPES)}, got {self.dtype!r}")
         if self.quantize is not None and self.quantize not in ("4bit", "8bit"):
             raise ValueError(f"quantize must be 4bit or 8bit, got {self.quantize!r}")
         if self.positions is not None and (not self.positions or not all(isinstance(k, int) and not isinstance(k, bool) for k in self.positions)):

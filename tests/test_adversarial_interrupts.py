@@ -129,8 +129,8 @@ def test_a_real_sigterm_stops_train_with_143_and_resume_continues(saved, tmp_pat
     out = tmp_path / "train"
     argv = [sys.executable, "-m", "hf_depthgrow.cli.train", "--model", str(saved / "model"), "--positions", "1",
             "--data", str(saved / "data.txt"), "--block-size", "16", "--max-examples", "24", "--eval-fraction", "0",
-            "--max-steps", "40", "--save-steps", "1", "--per-device-train-batch-size", "2",
-            "--output-dir", str(out), "--no-progress-bar", "--no-fallback"]  # fmt: skip
+            "--max-steps", "40", "--save-steps", "1", "--batch-size", "2",
+            "--output-dir", str(out), "--no-progress", "--no-fallback"]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 240
@@ -141,10 +141,10 @@ def test_a_real_sigterm_stops_train_with_143_and_resume_continues(saved, tmp_pat
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
     assert _last_line(err) == (f"hf-depthgrow train: interrupted by SIGTERM during training; the same command with "
-                               f"--resume-from-checkpoint latest continues from the last checkpoint in {out}")  # checkpoint-2 is there
+                               f"--resume continues from the last checkpoint in {out}")  # checkpoint-2 is there
     steps = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     assert steps and steps[-1] < 40
-    resumed = subprocess.run([*argv, "--resume-from-checkpoint", "latest"], capture_output=True, text=True, env=env, timeout=600)
+    resumed = subprocess.run([*argv, "--resume"], capture_output=True, text=True, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads(resumed.stdout[resumed.stdout.index("{"):])["global_step"] == 40
 

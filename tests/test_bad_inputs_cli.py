@@ -64,8 +64,8 @@ CASES = [
      "hf-depthgrow run: will not replace foreign with --overwrite: it was not written by hf-depthgrow (no .hf_depthgrow_run file)"),
     (RUN + ["--output-dir", "o", "--learning-rate", "fast"], "hf-depthgrow run: argument --learning-rate: expected a float, got 'fast'"),
     (RUN + ["--output-dir", "o", "--config", "lr.yaml"], "hf-depthgrow run: lr.yaml: learning_rate: expected a float, got 'fast'"),
-    (RUN + ["--output-dir", "o", "--train-steps", "-3"], "hf-depthgrow run: --train-steps must be >= 1, got -3"),
-    (RUN + ["--output-dir", "o", "--trian-steps", "3"], "hf-depthgrow run: unknown option --trian-steps; did you mean --train-steps?"),
+    (RUN + ["--output-dir", "o", "--max-steps", "-3"], "hf-depthgrow run: --max-steps must be >= 1, got -3"),
+    (RUN + ["--output-dir", "o", "--max-stesp", "3"], "hf-depthgrow run: unknown option --max-stesp; did you mean --max-steps?"),
     (RUN + ["--output-dir", "o", "--config", "typo.yaml"], "hf-depthgrow run: typo.yaml: unknown key 'train_stepz'; did you mean 'train_steps'?"),
     (RUN + ["--output-dir", "o", "--config", "broken.yaml"],
      "hf-depthgrow run: broken.yaml: not valid YAML (while parsing a flow sequence: expected ',' or ']', but got '<stream end>', "
@@ -83,7 +83,7 @@ CASES = [
     (["grow", "--model", "no/such/model", "--positions", "1", "--output-dir", "g"], "hf-depthgrow grow: no such model folder: no/such/model"),
     (["grow", "--model", "in/model", "--positions", "-1", "--output-dir", "g"], "hf-depthgrow grow: --positions must be ints >= 0, got [-1]"),
     (["probe", "--model", "in/model", "--data", "data.txt", "--output-dir", "p", "--positions", "3-x"],
-     "hf-depthgrow probe: --positions must look like 0,4,8 or 2-10, got '3-x'"),
+     "hf-depthgrow probe: --positions must be ints or ranges, like 0 4 8 or 2-10, got '3-x'"),
     (["probe", "--model", "in/model", "--data", "nowhere/data.csv", "--output-dir", "p"], "hf-depthgrow probe: no such data file or folder: nowhere/data.csv"),
     (["probe", "--model", "in/model", "--data", "data.txt", "--output-dir", "p", "--threads", "0"], "hf-depthgrow probe: --threads must be >= 1, got 0"),
     (["eval", "--model", "in/model", "--data", "data.txt", "--output-dir", "e", "--routes", "routes.json"],
@@ -101,8 +101,8 @@ CASES = [
     (["train", "--model", "in/model", "--data", "missing.jsonl", "--max-steps", "2"],
      "hf-depthgrow train: no such data file or folder: missing.jsonl"),
     (["train", "--model", "./gone", "--data", "data.txt"], "hf-depthgrow train: no such model folder: ./gone"),
-    (["demo", "--position", "-1"], "hf-depthgrow demo: --position must be >= 0, got -1"),
-    (["demo", "--save", "foreign"], "hf-depthgrow demo: foreign exists and is not empty, and --overwrite would not replace it: it was not written by hf-depthgrow (no .hf_depthgrow_run file); choose another output folder"),
+    (["demo", "--positions", "-1"], "hf-depthgrow demo: --positions must be >= 0, got -1"),
+    (["demo", "--output-dir", "foreign"], "hf-depthgrow demo: foreign exists and is not empty, and --overwrite would not replace it: it was not written by hf-depthgrow (no .hf_depthgrow_run file); choose another output folder"),
 ]  # fmt: skip
 
 

@@ -104,7 +104,7 @@ def test_an_edited_global_step_is_refused_by_the_cli_with_one_line(out, capsys):
     rows = lm_rows()
     datasets.Dataset.from_dict({k: torch.stack([r[k] for r in rows]).numpy() for k in rows[0]}).save_to_disk(str(data))
     args = ["--model", str(base), "--positions", "2", "--dataset", str(data), "--max-steps", "6", "--save-steps", "2",
-            "--progress-bar", "false", "--fallback", "false", "--output-dir", str(cli_out)]  # fmt: skip
+            "--no-progress", "--fallback", "false", "--output-dir", str(cli_out)]  # fmt: skip
     assert main(args) == 0
     edit_state(cli_out / "checkpoint-4", global_step=100)
     before = tree(cli_out)

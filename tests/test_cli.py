@@ -41,7 +41,7 @@ def test_help_lists_kebab_case_flags(command, capsys):
         (["probe", "--model", "./no/such/model", "--data", "x", "--output-dir", "o"], "hf-depthgrow probe: no such model folder: ./no/such/model"),
         (["eval", "--model", "m", "--output-dir", "o"], "hf-depthgrow eval: missing --data (or `data:` in --config)"),
         (["grow", "--model", "m", "--positions", "1"], "hf-depthgrow grow: missing --output-dir (or `output_dir:` in --config)"),
-        (["demo", "--position", "x"], "hf-depthgrow demo: argument --position: expected an int, got 'x'"),
+        (["demo", "--positions", "x"], "hf-depthgrow demo: argument --positions: expected an int, got 'x'"),
         (["run", "--config", "no-such.yaml"], "hf-depthgrow run: no such config file: no-such.yaml"),
     ],
 )

@@ -6,7 +6,9 @@ import pytest
 import yaml
 
 from hf_depthgrow.cli.demo import DemoArguments
+from hf_depthgrow.cli.estimate import EstimateArguments
 from hf_depthgrow.cli.eval import EvalArguments
+from hf_depthgrow.cli.export import ExportArguments
 from hf_depthgrow.cli.grow import GrowArguments
 from hf_depthgrow.cli.probe import ProbeArguments
 from hf_depthgrow.config import ConfigError, ConfigParser, ScriptArguments, load_config, option_name, parse_args
@@ -21,12 +23,14 @@ COMMANDS = {
     "train": ((ScriptArguments, TrainConfig), dict(model="m", positions=[2], dataset="shakespeare", eval_fraction=0.25,
                                                   stepping_stone=True, learning_rate=0.005, max_steps=6, progress_bar=False,
                                                   fallback=False, lora_target_modules=["q_proj", "v_proj"], trainable="new+lora")),
-    "probe": ((ProbeArguments, GrowthConfig), dict(model="m", data="d.txt", output_dir="o", positions="0,2-4", covariance=False,
+    "probe": ((ProbeArguments, GrowthConfig), dict(model="m", data="d.txt", output_dir="o", positions=["0", "2-4"], covariance=False,
                                                   shuffle=True, z_threshold=3.0, max_batches=4, block="adapter", eps=1e-5)),
     "eval": ((EvalArguments,), dict(model="m", data="d", output_dir="o", base="b", splits="train=0.5,test=0.5", delta_erm=0.01,
                                      evaluate=False, progress=False, dtype="bfloat16")),
     "grow": ((GrowArguments, GrowthConfig), dict(model="m", positions=[0, 2], output_dir="o", overwrite=True, init="random", seed=3)),
-    "demo": ((DemoArguments,), dict(position=4, max_new_tokens=8, json="x.json")),
+    "demo": ((DemoArguments,), dict(position=4, max_new_tokens=8, output="x.json", output_dir="g", overwrite=True)),
+    "export-gguf": ((ExportArguments,), dict(model="m", output="m.gguf", gguf_type="q8_0", dtype="bfloat16", trust_remote_code=True)),
+    "estimate": ((EstimateArguments,), dict(model="m", positions=[3], block_size=128, batch_size=2, trainable=["new", "full"], json=True)),
 }
 
 
@@ -38,7 +42,8 @@ def _flags(types, values: dict) -> list[str]:
         if spec.metadata.get("positional"):
             argv.insert(0, value)
         elif isinstance(value, bool):
-            argv.append(option_name(key) if value else "--no-" + option_name(key)[2:])
+            flag = spec.metadata.get("flag") or option_name(key)
+            argv.append(flag if value else "--no-" + flag[2:])
         elif value is None:
             argv += [option_name(key), "none"]
         else:
@@ -134,9 +139,14 @@ def test_missing_required_and_missing_file(tmp_path):
 
 
 def test_snake_case_flags_are_deprecated_aliases():
-    with pytest.warns(FutureWarning, match="--max_steps, --progress_bar: snake_case flags are deprecated; use --max-steps, --progress-bar"):
+    with pytest.warns(FutureWarning) as caught:
         (config,) = parse_args(TrainConfig, argv=["--max_steps", "3", "--progress_bar", "false"])
     assert config.max_steps == 3 and config.progress_bar is False
+    # The snake_case spelling of an old flag warns twice: once for the underscores, once for the old name.
+    assert [str(w.message) for w in caught] == [
+        "--max_steps, --progress_bar: snake_case flags are deprecated; use --max-steps, --progress-bar",
+        "--progress-bar is deprecated, use --progress",
+    ]
 
 
 def test_field_names_must_not_clash():

@@ -302,7 +302,7 @@ def test_disk_full_says_no_space_left_and_leaves_nothing(tokenizer, tmp_path, mo
     assert sorted(os.listdir(tmp_path)) == ["model"]
     # The command line: one line, and not exit code 2 (bad input): the input was fine, the disk was full.
     capsys.readouterr()
-    assert main(["--model", str(tmp_path / "model"), "--output", str(tmp_path / "m.gguf"), "--dtype", "f32"]) == 1
+    assert main(["--model", str(tmp_path / "model"), "--output", str(tmp_path / "m.gguf"), "--gguf-type", "f32"]) == 1
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("hf-depthgrow")]
     assert len(lines) == 1 and "no space left on" in lines[0] and "Traceback" not in err, err
@@ -317,7 +317,7 @@ def test_cli_exports_a_saved_grown_folder(tokenizer, tmp_path, capsys):
     grow_depth(model, [2])
     save_pretrained(model, tmp_path / "grown", tokenizer=tokenizer)
     out = tmp_path / "grown.f32.gguf"
-    assert main(["--model", str(tmp_path / "grown"), "--output", str(out), "--dtype", "f32"]) == 0
+    assert main(["--model", str(tmp_path / "grown"), "--output", str(out), "--gguf-type", "f32"]) == 0
     assert '"block_count": 5' in capsys.readouterr().out
     ids = ids_of(tokenizer)
     assert (logits(reload(out), ids) - logits(model, ids)).abs().max().item() <= ATOL_F32
@@ -330,7 +330,7 @@ def test_cli_exports_a_saved_grown_folder(tokenizer, tmp_path, capsys):
         ["--model", str(tmp_path / "missing"), "--output", str(tmp_path / "a.gguf")],
         ["--model", str(tmp_path / "grown"), "--output", str(out)],  # exists
         ["--model", str(tmp_path / "adapter"), "--output", str(tmp_path / "b.gguf")],
-        ["--model", str(tmp_path / "grown"), "--output", str(tmp_path / "c.gguf"), "--dtype", "source"],
+        ["--model", str(tmp_path / "grown"), "--output", str(tmp_path / "c.gguf"), "--gguf-type", "source"],
     ):
         before = sorted(os.listdir(tmp_path))
         assert main(argv) == 2

@@ -274,7 +274,7 @@ def test_old_flag_spellings_warn_and_work(saved, tmp_path, capsys):
     assert "a positional MODEL is deprecated, use --model MODEL" in messages
     assert (tmp_path / "g" / "config.json").is_file()
     with pytest.warns(FutureWarning, match="--dataset is deprecated, use --data"):
-        args, _ = build_parser().parse(["--model", "m", "--dataset", "shakespeare"])
+        args, _, _ = build_parser().parse(["--model", "m", "--dataset", "shakespeare"])
     assert args.dataset == "shakespeare"
     assert build_parser().parse(["--data", "tweets"])[0].dataset == "tweets"
     assert main(["grow", "a", "--model", "b", "--positions", "1", "--output-dir", "x"]) == 2

@@ -166,8 +166,11 @@ def test_yaml_config_with_flag_overrides(tmp_path):
     (cfg,) = build_parser().parse(["--positions", "3", "4", "--no-progress", "--overwrite"])
     assert cfg == RunConfig(positions=[3, 4], progress=False, overwrite=True)
     path.write_text("train_steps: 7\nlearning_rate: 0.01\n")
-    (cfg,) = build_parser().parse(["--config", str(path), "--train-steps", "9"])
+    (cfg,) = build_parser().parse(["--config", str(path), "--max-steps", "9"])
     assert (cfg.train_steps, cfg.learning_rate) == (9, 0.01)
+    with pytest.warns(FutureWarning, match="--train-steps is deprecated, use --max-steps"):
+        (cfg,) = build_parser().parse(["--train-steps", "5"])
+    assert cfg.train_steps == 5
 
 
 def test_pipeline_pushes_every_file_to_the_hub(workdir, tmp_path, monkeypatch):
@@ -253,7 +256,7 @@ def test_push_failure_keeps_the_run_and_says_so(workdir, tmp_path, monkeypatch, 
     monkeypatch.setattr(push, "push_to_hub", refuse)
     out = tmp_path / "o"
     argv = ["--model", str(workdir / "tiny"), "--data", str(workdir / "sample.txt"), "--output-dir", str(out), "--positions", "2",
-            "--train-steps", "1", "--block-size", "32", "--max-examples", "96", "--push-to-hub", "me/x", "--no-progress"]  # fmt: skip
+            "--max-steps", "1", "--block-size", "32", "--max-examples", "96", "--push-to-hub", "me/x", "--no-progress"]  # fmt: skip
     assert run_main(argv) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"hf-depthgrow run: the run finished and its outputs and summary are in {out}, but pushing to me/x failed: 503 Service Unavailable"

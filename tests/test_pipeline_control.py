@@ -131,9 +131,9 @@ def test_lora_control(workdir, tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--control", "bogus"], "hf-depthgrow run: --control must be one of ('auto', 'layers', 'lora') or none, got 'bogus'"),
+        (["--controls", "bogus"], "hf-depthgrow run: --controls must be one of ('auto', 'layers', 'lora') or none, got 'bogus'"),
         (["--retention-data", "nowhere/docs.txt"], "hf-depthgrow run: no such retention data file or folder: nowhere/docs.txt"),
-        (["--control", "layers", "--trainable", "full"],
+        (["--controls", "layers", "--trainable", "full"],
          "hf-depthgrow run: control 'layers' is matched to the new blocks, so it needs --trainable new (got 'full'); pass control: none"),
     ],
 )  # fmt: skip

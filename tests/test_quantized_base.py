@@ -192,7 +192,7 @@ def test_quantize_without_the_backend_is_one_line(base, monkeypatch):
     [
         (["train", "--quantize", "4bit", "--positions", "2"], "hf-depthgrow train: quantize: the layers of gpt2 hold no torch.nn.Linear (Conv1D), which is all bitsandbytes quantises; load this model without quantize"),
         (["train", "--quantize", "2bit", "--positions", "2"], "hf-depthgrow train: --quantize must be 4bit or 8bit, got '2bit'"),
-        (["run", "--quantize", "4bit", "--control", "layers"], "hf-depthgrow run: control 'layers' trains the base's own layers, which a quantised base keeps frozen: pass control: none with quantize"),
+        (["run", "--quantize", "4bit", "--controls", "layers"], "hf-depthgrow run: control 'layers' trains the base's own layers, which a quantised base keeps frozen: pass control: none with quantize"),
         (["run", "--quantize", "4bit"], "hf-depthgrow run: quantize: the layers of gpt2 hold no torch.nn.Linear (Conv1D), which is all bitsandbytes quantises; load this model without quantize"),
     ],
 )  # fmt: skip
@@ -212,8 +212,8 @@ def test_train_command_with_quantize_writes_the_merged_model_and_the_blocks(tmp_
     root = make_tiny_lm(tmp_path, max_chars=4_000)
     out = tmp_path / "out"
     argv = ["train", "--model", str(root / "tiny"), "--data", str(root / "sample.txt"), "--quantize", "4bit", "--positions", "2",
-            "--block-size", "16", "--max-examples", "16", "--max-steps", "2", "--per-device-train-batch-size", "4",
-            "--output-dir", str(out), "--no-progress-bar"]  # fmt: skip
+            "--block-size", "16", "--max-examples", "16", "--max-steps", "2", "--batch-size", "4",
+            "--output-dir", str(out), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["model_path"] == str(out / "model") and summary["blocks_path"] == str(out / "blocks")
@@ -270,7 +270,7 @@ def test_run_command_with_quantize_grows_trains_evaluates_and_saves_both(tmp_pat
     out = tmp_path / "out"
     argv = ["run", "--model", str(root / "tiny"), "--data", str(root / "sample.txt"), "--output-dir", str(out), "--quantize", "4bit",
             "--positions", "2", "--block-size", "16", "--max-examples", "48", "--batch-size", "8", "--probe-max-batches", "1",
-            "--stone-max-batches", "1", "--stone-refine-steps", "0", "--train-steps", "2", "--eval-steps", "1",
+            "--stepping-stone-max-batches", "1", "--stepping-stone-refine-steps", "0", "--max-steps", "2", "--eval-steps", "1",
             "--selection-max-examples", "8", "--route-max-examples", "8", "--loss-bound", "10", "--evidence-cache", "none",
             "--no-progress"]  # fmt: skip
     assert main(argv) == 0

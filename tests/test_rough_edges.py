@@ -151,8 +151,8 @@ def tiny_lm(tmp_path_factory):
 
 def _run_argv(tiny_lm, out, cache, *extra):
     return ["run", "--model", str(tiny_lm / "tiny"), "--data", str(tiny_lm / "sample.txt"), "--output-dir", str(out),
-            "--block-size", "32", "--max-examples", "64", "--batch-size", "8", "--train-steps", "2", "--eval-steps", "1",
-            "--stone-max-batches", "1", "--learning-rate", "3e-3", "--no-progress", "--control", "layers",
+            "--block-size", "32", "--max-examples", "64", "--batch-size", "8", "--max-steps", "2", "--eval-steps", "1",
+            "--stepping-stone-max-batches", "1", "--learning-rate", "3e-3", "--no-progress", "--controls", "layers",
             "--force", "--evidence-cache", str(cache), *extra]  # fmt: skip
 
 
@@ -197,7 +197,7 @@ def test_the_same_run_again_replaces_its_own_output_and_reuses_the_evidence(tiny
     assert "probe" in second["reused"] and "reused" not in first
     assert second["test"] == first["test"]
     # Other settings, or a file someone added since: still refused, and nothing changes.
-    assert main(_run_argv(tiny_lm, out, cache, "--train-steps", "3")) == 2
+    assert main(_run_argv(tiny_lm, out, cache, "--max-steps", "3")) == 2
     assert "exists and is not empty; pass --overwrite to replace it" in capsys.readouterr().err
     (out / "my_notes.txt").write_text("mine")
     assert main(_run_argv(tiny_lm, out, cache)) == 2
@@ -314,7 +314,7 @@ def test_train_help_hides_the_debugging_flag_which_still_works(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse(["--help"])
     assert "--stop-after-step" not in capsys.readouterr().out
-    _, config = build_parser().parse(["--stop-after-step", "3"])
+    _, config, _ = build_parser().parse(["--stop-after-step", "3"])
     assert config.stop_after_step == 3
 
 
@@ -332,7 +332,7 @@ def test_export_gguf_names_its_own_flags(tmp_path, capsys):
     model = tiny_model("llama", vocab_size=len(vocab))
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
-    assert main(["export-gguf", "--model", str(tmp_path / "m"), "--output", str(tmp_path / "m.gguf"), "--dtype", "f32"]) == 2
+    assert main(["export-gguf", "--model", str(tmp_path / "m"), "--output", str(tmp_path / "m.gguf"), "--gguf-type", "f32"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the loading bars
     assert err.startswith("hf-depthgrow export-gguf: ") and "pass --source-gguf to copy the vocabulary" in err and "source_gguf=" not in err, err
     assert not (tmp_path / "m.gguf").exists()

@@ -145,7 +145,7 @@ def test_train_streams_from_the_command_line_and_refuses_a_short_stream_in_one_l
     tokenizer.save_pretrained(base)
     corpus = str(_shards(tmp_path / "c"))
     args = ["--model", str(base), "--data", corpus, "--streaming", "--positions", "2", "--block-size", "16",
-            "--per-device-train-batch-size", "4", "--held-out-blocks", "4", "--progress-bar", "false", "--no-fallback"]  # fmt: skip
+            "--batch-size", "4", "--held-out-blocks", "4", "--no-progress", "--no-fallback"]  # fmt: skip
     assert main(args + ["--max-steps", "3", "--output-dir", str(tmp_path / "out")]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["global_step"] == 3

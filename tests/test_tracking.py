@@ -96,7 +96,7 @@ def test_report_to_is_a_flag_and_a_yaml_key_of_train_run_and_compare(tmp_path):
     from hf_depthgrow.cli.run import build_parser as run_parser
     from hf_depthgrow.cli.train import build_parser as train_parser
 
-    _, config = train_parser().parse(["--report-to", "tensorboard", "wandb", "--output-dir", "o", "--run-name", "k24"])
+    _, config, _ = train_parser().parse(["--report-to", "tensorboard", "wandb", "--output-dir", "o", "--run-name", "k24"])
     assert config.report_to == ["tensorboard", "wandb"] and config.run_name == "k24"
     (run,) = run_parser().parse(["--report-to", "tensorboard", "--logging-dir", "logs", "--project-name", "grow"])
     assert (run.report_to, run.logging_dir, run.project_name) == (["tensorboard"], "logs", "grow")

@@ -323,7 +323,7 @@ def _final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
 def _common_args(base: Path, ds: Path, out: Path) -> list[str]:
     return [
         "--model", str(base), "--positions", "2", "--dataset", str(ds), "--eval-fraction", "0.25",
-        "--learning-rate", "5e-3", "--max-steps", "6", "--logging-steps", "1", "--progress-bar", "false",
+        "--learning-rate", "5e-3", "--max-steps", "6", "--logging-steps", "1", "--no-progress",
         "--seed", "5", "--output-dir", str(out), "--fallback", "false",
     ]  # fmt: skip
 
@@ -335,7 +335,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     base, ds = _fixture_files(tmp_path, dropout=0.1)
     args = lambda out: _common_args(base, ds, out) + [  # noqa: E731
         "--trainable", "new+lora", "--lora-dropout", "0.1", "--lora-r", "4",
-        "--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "2", "--save-steps", "2",
+        "--batch-size", "4", "--gradient-accumulation-steps", "2", "--save-steps", "2",
     ]  # fmt: skip
     crashed = tmp_path / "crashed"
     # A real process that hard-exits (os._exit, no cleanup) after step 3: the work of step 3 is lost,
@@ -383,11 +383,11 @@ def test_two_processes_match_one(tmp_path):
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29731",
         "-m", "hf_depthgrow.cli.train", *_common_args(base, ds, two),
-        "--per-device-train-batch-size", "2", "--ddp-timeout", "120", "--fallback", "true", "--gradient-checkpointing",
+        "--batch-size", "2", "--ddp-timeout", "120", "--fallback", "true", "--gradient-checkpointing",
     ]  # fmt: skip
     proc = subprocess.run(cmd, env={**_env(), "ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert main(_common_args(base, ds, one) + ["--per-device-train-batch-size", "4", "--fallback", "true"]) == 0
+    assert main(_common_args(base, ds, one) + ["--batch-size", "4", "--fallback", "true"]) == 0
     a, b = _final_weights(two), _final_weights(one)
     assert a.keys() == b.keys()
     worst = max((a[n] - b[n]).abs().max().item() for n in a)

@@ -1,11 +1,13 @@
-"""What every command shares: parsing into settings dataclasses, and input errors as one line with exit code 2."""
+"""What every command shares: input errors as one line with exit code 2, old flags' warnings as one line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shlex
 import sys
+import warnings
 
 # Problems with what the user typed or pointed at: one line, no traceback (HF_DEPTHGROW_TRACEBACK=1 shows it).
 INPUT_ERRORS = (ValueError, TypeError, OSError, ImportError)
@@ -37,6 +39,28 @@ def _traceback_wanted() -> bool:
     return os.environ.get("HF_DEPTHGROW_TRACEBACK", "").lower() in ("1", "true", "yes")
 
 
+@contextlib.contextmanager
+def deprecations_on_one_line(prefix: str):
+    """Inside the block, an old flag's warning (`FlagDeprecation`) reads as one line: `<prefix>: --out is deprecated, use --output-dir`.
+
+    Only the format changes: warning filters (`-W error`) and recorders (`pytest.warns`) still see every warning.
+    """
+    from ..config import FlagDeprecation
+
+    formatted = warnings.formatwarning
+
+    def one_line(message, category, filename, lineno, line=None):
+        if issubclass(category, FlagDeprecation):
+            return f"{prefix}: {message}\n"
+        return formatted(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = formatted
+
+
 def run_command(name: str, body, argv: list[str] | None) -> int:
     """Call `body(argv)` and turn an input error into `hf-depthgrow <name>: <message>` on stderr, exit code 2.
 
@@ -51,7 +75,7 @@ def run_command(name: str, body, argv: list[str] | None) -> int:
     from ..utils import command_scope, report_interrupt, signals_raised
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    with signals_raised():  # a SIGTERM raises, as Ctrl-C does, until the command has ended
+    with signals_raised(), deprecations_on_one_line(f"hf-depthgrow {name}"):  # a SIGTERM raises, as Ctrl-C does, until the command has ended
         try:
             # Output folders locked during the command stay locked until it ends (the holder record names it).
             with command_scope(f"hf-depthgrow {name} " + shlex.join(argv)):
@@ -67,13 +91,6 @@ def run_command(name: str, body, argv: list[str] | None) -> int:
             print(f"hf-depthgrow {name}: {message}", file=sys.stderr)
             # A full disk is the machine's state, not bad input: exit code 1, so that scripts can tell them apart.
             return 1 if isinstance(err, OSError) and err.errno in (28, 122) else 2  # ENOSPC, EDQUOT
-
-
-def parse(name: str, argv: list[str], *dataclass_types, description: str | None = None) -> tuple:
-    """The command's settings from `argv` and `--config` (see `hf_depthgrow.config`)."""
-    from ..config import ConfigParser
-
-    return ConfigParser(dataclass_types, prog=f"hf-depthgrow {name}", description=description).parse(argv)
 
 
 def dtype_of(name: str):

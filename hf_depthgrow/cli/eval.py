@@ -20,7 +20,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .common import dtype_of, parse, run_command
+from ..config import ConfigParser, shared_field
+from .common import dtype_of, run_command
 
 
 ROUTE_KEYS = ("n_train", "delta_erm", "delta_r", "delta_r_test", "rho", "b_w", "b_a")
@@ -60,14 +61,15 @@ def read_routes(path: str | None) -> dict:
 class EvalArguments:
     """Settings of `hf-depthgrow eval`."""
 
-    model: str = field(metadata={"help": "Folder of the grown model or, with --base, the candidate model.", "deprecated_positional": True})
-    data: str = field(metadata={"help": "shakespeare, tweets, fashion_mnist, digits, a local file/folder or a Hub id."})
-    output_dir: str = field(metadata={"help": "Output folder for report.json, report.md and plots (must be empty, or pass --overwrite).", "deprecated": ["--out"]})
-    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder written by hf-depthgrow."})
+    model: str = shared_field("model", more="The grown model or, with --base, the candidate.", deprecated_positional=True)
+    data: str = shared_field("data")
+    output_dir: str = shared_field("output_dir", more="report.json, report.md and the plots go here.", deprecated=["--out"])
+    overwrite: bool = shared_field("overwrite", False)
+    trust_remote_code: bool = shared_field("trust_remote_code", False, more="Applies to --base too.")
     base: str | None = field(default=None, metadata={"help": "A separate reference model (folder, or 'smollm2'): both run fully, no shared prefix."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer path (default: the model's folder)."})
-    block_size: int = field(default=256, metadata={"help": "Tokens per LM block / padded text length."})
-    max_examples: int | None = field(default=None, metadata={"help": "Load at most this many examples."})
+    block_size: int = shared_field("block_size", 256)
+    max_examples: int | None = shared_field("max_examples", None)
     split: str = field(default="train", metadata={"help": "Split of a Hub dataset to load."})
     splits: str | None = field(default=None, metadata={"help": "Split the loaded data, e.g. train=0.8,held_out=0.1,test=0.1 (as the trainer did)."})
     eval_split: str = field(default="test", metadata={"help": "Which of --splits to evaluate on."})
@@ -76,8 +78,8 @@ class EvalArguments:
     loss_bound: float | None = field(default=None, metadata={"help": "A-priori bound B of a per-example loss (default: from the data, with a warning)."})
     n_bootstrap: int = field(default=2000, metadata={"help": "Bootstrap resamples."})
     seed: int = field(default=0, metadata={"help": "Bootstrap seed."})
-    batch_size: int = field(default=8, metadata={"help": "Examples per batch."})
-    dtype: str = field(default="float32", metadata={"help": "Weights dtype.", "choices": ["float32", "bfloat16", "float16"]})
+    batch_size: int = shared_field("batch_size", 8)
+    dtype: str = shared_field("dtype", "float32")
     routes: str | None = field(default=None, metadata={"help": "JSON file (an object) with Route A/B inputs: any of " + ", ".join(ROUTE_KEYS) + ", and sources."})
     n_train: int | None = field(default=None, metadata={"help": "Training-set size n (Route A/B)."})
     delta_erm: float | None = field(default=None, metadata={"help": "Delta_ERM from the trainer (Route A/B)."})
@@ -86,7 +88,7 @@ class EvalArguments:
     retention_max_examples: int = field(default=256, metadata={"help": "Examples (LM blocks of --block-size tokens) of --retention-data to evaluate."})
     lm_eval: bool = field(default=False, metadata={"help": "Also score --retention-data with lm-evaluation-harness (word perplexity, bits per byte; pip install lm-eval)."})
     evaluate: bool = field(default=True, metadata={"help": "Also try the Hugging Face `evaluate` metrics."})
-    progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    progress: bool = shared_field("progress", True)
 
 
 def _fractions(text: str) -> dict[str, float]:
@@ -158,8 +160,8 @@ def load_models(args: EvalArguments):
     from ..hub.loading import load_model, load_tokenizer
 
     dtype = dtype_of(args.dtype)
-    model, tokenizer = load_model(args.model, dtype=dtype)
-    base, base_tokenizer = load_model(args.base, dtype=dtype) if args.base else (None, None)
+    model, tokenizer = load_model(args.model, dtype=dtype, trust_remote_code=args.trust_remote_code)
+    base, base_tokenizer = load_model(args.base, dtype=dtype, trust_remote_code=args.trust_remote_code) if args.base else (None, None)
     model.eval()
     if base is not None:
         base.eval()
@@ -214,8 +216,13 @@ def route_terms(args: EvalArguments, model, splits: dict):
     return RouteInputs(**values, sources=sources)
 
 
+def build_parser() -> ConfigParser:
+    """The parser of `hf-depthgrow eval`: one flag per `EvalArguments` field, plus `--config`."""
+    return ConfigParser([EvalArguments], prog="hf-depthgrow eval", description=__doc__)
+
+
 def _eval(argv: list[str]) -> int:
-    (args,) = parse("eval", argv, EvalArguments, description=__doc__)  # first: --help imports no torch
+    (args,) = build_parser().parse(argv)  # first: --help imports no torch
     from ..evaluation.formatting import scrub_paths
     from ..evaluation.paired import compare_models, evaluate_delta
     from ..evaluation.report import write_report

@@ -2,7 +2,7 @@
 
 Where: `--positions 3 7` (explicit), `--positions interleave:8` or `top:2` (a preset; in YAML the
 key `placement:`), or `--plan plan.yaml` (a plan or a mergekit passthrough config). The growth
-settings are `GrowthConfig`'s (`--block`, `--init`, `--eps`, `--seed`, `--adapter-dim`,
+settings are `GrowthConfig`'s (`--block`, `--init`, `--eps`, `--growth-seed`, `--adapter-dim`,
 `--adapter-act`); `--config file.yaml` sets any option.
 """
 
@@ -11,21 +11,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..config import ConfigParser, shared_field
 from ..growth.engine import GrowthConfig
-from .common import parse, record_dict, run_command
+from .common import record_dict, run_command
 
 
 @dataclass
 class GrowArguments:
     """What `hf-depthgrow grow` grows and where it saves it."""
 
-    model: str = field(metadata={"help": "Local folder of a saved model, 'smollm2', or a Hub id.", "deprecated_positional": True})
-    output_dir: str = field(metadata={"help": "Output folder (must be empty, or pass --overwrite).", "deprecated": ["--out"]})
+    model: str = shared_field("model", deprecated_positional=True)
+    output_dir: str = shared_field("output_dir", more="The grown model is saved here.", deprecated=["--out"])
     positions: list[int] | None = field(default=None, metadata={"help": "Insertion points k, 0 <= k <= L, or one preset: interleave:N or top:N."})
     placement: str | None = field(default=None, metadata={"help": "A preset (interleave:N, top:N): the YAML key for --positions PRESET."})
     plan: str | None = field(default=None, metadata={"help": "YAML file: a plan ({plan: [{at: k, copy_from: j}]}) or a mergekit passthrough config."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder written by hf-depthgrow."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model (off unless given)."})
+    overwrite: bool = shared_field("overwrite", False)
+    trust_remote_code: bool = shared_field("trust_remote_code", False)
 
 
 def _grow(argv: list[str]) -> int:
@@ -34,7 +35,7 @@ def _grow(argv: list[str]) -> int:
     from ..hub.serialization import save_pretrained
     from ..pipeline.output import check_output_dir, staged_output
 
-    args, config = parse("grow", _preset_flag(argv), GrowArguments, GrowthConfig, description=__doc__)
+    args, config = build_parser().parse(_preset_flag(argv))
     # Everything cheap first: nothing loads and nothing on disk changes until the inputs are known good.
     spec = _placement(args)
     check_model_source(args.model)
@@ -45,6 +46,11 @@ def _grow(argv: list[str]) -> int:
         save_pretrained(model, tmp, tokenizer=tokenizer)
     print(json.dumps(record_dict(model), indent=2))
     return 0
+
+
+def build_parser() -> ConfigParser:
+    """The parser of `hf-depthgrow grow`: `GrowArguments` and `GrowthConfig`, plus `--config`."""
+    return ConfigParser([GrowArguments, GrowthConfig], prog="hf-depthgrow grow", description=__doc__)
 
 
 def _preset_flag(argv: list[str]) -> list[str]:

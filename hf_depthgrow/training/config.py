@@ -8,6 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from ..config import shared_field
 from .schedules import SCHEDULERS
 from .tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_logging_dir, check_report_to
 
@@ -174,8 +175,13 @@ class TrainConfig:
     warmup_ratio: float = field(default=0.0, metadata={"help": "Warm-up as a share of the steps (if warmup_steps is 0)."})
     max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; -1: from num_train_epochs."})
     num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs, when max_steps is -1."})
-    per_device_train_batch_size: int = field(default=8, metadata={"help": "Examples per process per micro-batch."})
-    per_device_eval_batch_size: int | None = field(default=None, metadata={"help": "Eval batch size; default: the train one."})
+    per_device_train_batch_size: int = field(
+        default=8, metadata={"help": "Examples per process per micro-batch.", "flag": "--batch-size", "deprecated": ["--per-device-train-batch-size"]}
+    )
+    per_device_eval_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Eval batch size; default: the train one.", "flag": "--eval-batch-size", "deprecated": ["--per-device-eval-batch-size"]},
+    )
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
     max_grad_norm: float | None = field(default=1.0, metadata={"help": "Clip gradients to this norm; None/0: off."})
     mixed_precision: str | None = field(
@@ -190,7 +196,7 @@ class TrainConfig:
     # evaluation and logging
     eval_steps: int = field(default=0, metadata={"help": "Evaluate every N steps; 0: before and after only."})
     logging_steps: int = field(default=10, metadata={"help": "Log the training loss every N steps."})
-    progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar (main process)."})
+    progress_bar: bool = field(default=True, metadata={"help": "Show a tqdm progress bar (main process).", "flag": "--progress", "deprecated": ["--progress-bar"]})
     report_to: list[str] = field(
         default_factory=lambda: [NONE],
         metadata={"help": "Experiment trackers: tensorboard, wandb (several allowed) or none.", "choices": [NONE, *REPORT_TO]},
@@ -218,12 +224,12 @@ class TrainConfig:
         default=None, metadata={"help": "L_S on a seeded subset of this many training examples; None: all."}
     )
     # checkpoints
-    output_dir: str | None = field(default=None, metadata={"help": "Checkpoints, logs and <output_dir>/model."})
+    output_dir: str | None = shared_field("output_dir", None, more="Checkpoints, logs and <output_dir>/model go here.")
     save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps; 0: none."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep the last N checkpoints; None: all."})
     save_final_model: bool = field(default=True, metadata={"help": "save_pretrained the selected model at the end."})
     resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "Checkpoint folder or 'latest' (also --resume).", "aliases": ["--resume"]}
+        default=None, metadata={"help": "A checkpoint folder to continue from, or 'latest' (the newest under --output-dir)."}
     )
     # distributed and debugging
     ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a collective call times out."})
