@@ -5,13 +5,15 @@ takes data reads through), `models` (SmolLM2, MiniLM shipped in packages), `corp
 the Python docs, tweets, Fashion-MNIST, digits), `lm_blocks` (causal-LM token blocks), `installed` (finding them),
 `text_files` (which local paths may be read, and text read lazily in bounded pieces), `streaming` (training
 blocks tokenized from a stream as training reaches them), `checks` (a batch checked against a model before a
-forward pass), `pseudo_labels` (retention for classifiers: text labelled with the original's own decisions).
+forward pass), `pseudo_labels` (retention for classifiers: text labelled with the original's own decisions),
+`retention` (the general-domain set forgetting is measured on, `"auto"` resolved for the model's task).
 """
 
 from .batches import DOCUMENT_COLUMN, DataFormError, as_batches, as_rows, collate, data_form, documents_of
 from .corpora import digits, fashion_mnist, python_docs_texts, shakespeare_texts, tweets_sentiment
 from .lm_blocks import causal_lm_blocks, sampled_document_blocks, train_test_split_blocks
 from .models import load_smollm2, minilm_path, smollm2_path
+from .retention import load_retention
 from .streaming import StreamedBlocks, StreamTooShortError, stream_data
 from .sources import (
     EMBEDDED_SOURCES,
@@ -24,6 +26,7 @@ from .sources import (
 )
 
 __all__ = [
+    "load_retention",
     "StreamTooShortError",
     "StreamedBlocks",
     "stream_data",
