@@ -12,28 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-__all__ = ["gathering", "stored_only"]
-
-_NAMED = 4  # missing trials named in the message; the rest counted
-
-
-def stored_only(store):
-    """An engine that returns the stored result of every spec and trains nothing (a missing trial: `ValueError`)."""
-    if store is None or not store.enabled:
-        raise ValueError("engine 'stored' trains nothing and reads every trial from trials_dir: set trials_dir (or use compare --gather DIR)")
-
-    def run(specs, inputs, *, halving=False, bar=None):
-        found = {s.name: store.load(s) for s in specs}
-        missing = [name for name, result in found.items() if result is None]
-        if missing:
-            names = ", ".join(missing[:_NAMED]) + (f" and {len(missing) - _NAMED} more" if len(missing) > _NAMED else "")
-            raise ValueError(f"{len(missing)} of {len(specs)} trials are not stored in {store.root} for this model, data and "
-                             f"settings: {names} (run the command without --gather to train them)")  # fmt: skip
-        if bar is not None:
-            bar.update(len(specs))
-        return [found[s.name] for s in specs]
-
-    return run
+__all__ = ["gathering"]
 
 
 def gathering(script, cfg):

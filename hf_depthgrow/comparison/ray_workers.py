@@ -196,7 +196,7 @@ def _worker(config: dict) -> None:
     import ray
     from ray import train
 
-    from .ray_results import pack
+    from .store import result_text
 
     torch.set_num_threads(config["threads"])
     context = train.get_context()
@@ -215,4 +215,4 @@ def _worker(config: dict) -> None:
     if config["sharding"] is not None and config["sharding"] != ran:  # e.g. accelerate running DDP for an FSDP plugin on CPU
         raise RuntimeError(f"the trial's accelerate_config asks for {config['sharding']}, but its workers ran {ran}")
     if rank == 0:  # every rank holds the same trained model and scores; rank 0's is the trial's
-        ray.get(config["mailbox"].put.remote(pack(result)))
+        ray.get(config["mailbox"].put.remote(result_text(result)))

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..pipeline.evidence_cache import ENTRY_FILE, EvidenceCache, set_aside, sha256_of, is_whole, rows_fingerprint, weights_fingerprint
-from ..utils import package_version
+from ..utils import json_safe, package_version
 from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec
 
 KIND = "trials"
@@ -137,6 +137,11 @@ class TrialStore(EvidenceCache):
         """Store `result` atomically (digest written last); returns its key (`None` if it could not be written)."""
         meta, tensors = _result_entry(result)
         return self.store(KIND, self._parts(result.spec), meta, tensors)
+
+    def keep(self, result: TrialResult) -> None:
+        """Store a finished trial and drop its checkpoints; one that could not be written keeps them, for `--resume`."""
+        if self.save(result) is not None:
+            self.drop_checkpoints(result.spec)
 
     # ------------------------------------------------------------------ checkpoints of unfinished trials
 
@@ -247,14 +252,27 @@ def _result_entry(result: TrialResult) -> tuple[dict, dict]:
             if value is not None:
                 # A copy: budgets that kept the original share one array, and safetensors refuses shared memory.
                 tensors[f"{b}.{name}"] = torch.from_numpy(np.array(value, dtype=np.float64))
-    return _finite_json(meta), tensors
+    return json_safe(meta), tensors  # non-finite losses (a diverged run) as strings: the entry's JSON is strict
 
 
-def _finite_json(meta: dict) -> dict:
-    """Non-finite losses (a diverged run) as strings: the entry's JSON is strict."""
-    from ..utils import json_safe
+def result_text(result: TrialResult) -> str:
+    """A result as one JSON text, as a Ray trial reports it to the driver: the stored entry's meta and arrays, every
+    float written by `repr` and read back by `result_from_text` bit for bit.
 
-    return json_safe(meta)
+    Example:
+        ```python
+        >>> result_from_text(result.spec, result_text(result)).scores[8].heldout_loss == result.scores[8].heldout_loss
+        True
+        ```
+    """
+    meta, tensors = _result_entry(result)
+    return json.dumps({"meta": meta, "arrays": {name: t.tolist() for name, t in tensors.items()}})
+
+
+def result_from_text(spec: TrialSpec, text: str) -> TrialResult:
+    """The `TrialResult` of `spec` that `result_text` wrote."""
+    data = json.loads(text)
+    return _rebuild(spec, data["meta"], {name: torch.tensor(v, dtype=torch.float64) for name, v in data["arrays"].items()})
 
 
 def _float(x) -> float:
@@ -274,38 +292,61 @@ def _rebuild(spec: TrialSpec, meta: dict, tensors: dict, *, partial: bool = Fals
                        int(meta["trainable_parameters"]), float(meta["seconds"]))  # fmt: skip
 
 
+_NAMED = 4  # trials named in the message on trials not stored; the rest counted
+
+
+def stored_or_run(store: TrialStore | None, specs: list[TrialSpec], run, *, halving: bool = False, bar=None) -> list[TrialResult]:
+    """Every spec's result in the specs' order: its stored one where `store` holds it, else one of `run(todo)`.
+
+    The one "stored or run" step of every engine (serial, Ray, `stored`). `run` takes the specs not stored and
+    returns their results (any order), storing each as it finishes (`TrialStore.keep`: a killed sweep keeps every
+    trial it completed); `run=None` trains nothing, and a spec not stored is a `ValueError` naming it. With
+    `halving` an arm's rates are decided together, so its group is reused only when all of it is stored. With
+    the store's `resume`, the first call refuses a folder that holds none of `specs`.
+    """
+    use = store is not None and store.enabled
+    if use:
+        store.check_resume(specs)
+    found = {s.name: store.load(s) if use else None for s in specs}
+    if halving:
+        for arm in {s.arm.name for s in specs}:
+            group = [s.name for s in specs if s.arm.name == arm]
+            if any(found[n] is None for n in group):
+                found.update({n: None for n in group})
+    todo = [s for s in specs if found[s.name] is None]
+    if todo and run is None:
+        names = ", ".join(s.name for s in todo[:_NAMED]) + (f" and {len(todo) - _NAMED} more" if len(todo) > _NAMED else "")
+        raise ValueError(f"{len(todo)} of {len(specs)} trials are not stored in {store.root} for this model, data and "
+                         f"settings: {names} (run the command without --gather to train them)")  # fmt: skip
+    if bar is not None:
+        bar.update(len(specs) - len(todo))
+    if use:
+        warn_unresumed(store, todo)
+    if todo:
+        found.update({r.spec.name: r for r in run(todo)})
+    return [found[s.name] for s in specs]
+
+
 def stored(engine, store: TrialStore | None):
-    """`engine` that first reads each spec's stored result and stores every result it computes.
+    """`engine` (`run_serial`'s contract) behind `stored_or_run`: stored trials reused, each new one stored as it finishes.
 
     Each trial run without halving is checkpointed under the store after every budget (and rung) it scores; with
     the store's `resume` it continues from its latest checkpoint (`hooks`; the engine must take `checkpoints=`).
-    With successive halving an arm's rates are decided together: its group is reused only when all of it is
-    stored, and its trials take no checkpoints (halving runs them in step from their start).
+    With successive halving an arm's rates run together, as one group, and take no checkpoints (halving runs them
+    in step from their start).
     """
     if store is None or not store.enabled:
         return engine
 
     def run(specs, inputs, *, halving=False, bar=None):
-        store.check_resume(specs)
-        found = {s.name: store.load(s) for s in specs}
-        if halving:
-            for arm in {s.arm.name for s in specs}:
-                group = [s.name for s in specs if s.arm.name == arm]
-                if any(found[n] is None for n in group):
-                    found.update({n: None for n in group})
-        todo = [s for s in specs if found[s.name] is None]
-        if bar is not None:
-            bar.update(len(specs) - len(todo))
-        warn_unresumed(store, todo)
-        # Stored as each finishes (an arm's group with halving): a killed sweep keeps every trial it completed.
-        groups = [[s for s in todo if s.arm.name == n] for n in dict.fromkeys(s.arm.name for s in todo)] if halving else [[s] for s in todo]
-        for group in groups:
-            extra = {} if halving else {"checkpoints": store}
-            for spec, result in zip(group, engine(group, inputs, halving=halving, bar=bar, **extra)):
-                if store.save(result) is not None:  # a result it could not write keeps its checkpoint for --resume
-                    store.drop_checkpoints(spec)
-                found[spec.name] = result
-        return [found[s.name] for s in specs]
+        def train(todo):
+            groups = [[s for s in todo if s.arm.name == n] for n in dict.fromkeys(s.arm.name for s in todo)] if halving else [[s] for s in todo]
+            for group in groups:
+                for result in engine(group, inputs, halving=halving, bar=bar, **({} if halving else {"checkpoints": store})):
+                    store.keep(result)
+                    yield result
+
+        return stored_or_run(store, specs, train, halving=halving, bar=bar)
 
     return run
 
