@@ -2,7 +2,8 @@
 
 Each case is a small comparison of a tiny Llama built from a config: a multi-budget sweep with a retention set,
 matched controls, grid extensions and the forgetting rates below each grid (run on the serial engine with a trial
-store, then rebuilt from that store alone by the `stored` engine); successive halving on one budget; and the
+store, then rebuilt from that store by the `stored` engine, and from a copy of the folder alone by
+`gather_comparison`); successive halving on one budget; and the
 oracle sweep over positions x seeds. A result is compared as `to_dict()` without its timings, plus a digest of
 every per-example loss array, so a change anywhere in set-up, trial, store or aggregation shows as the first
 differing key. Regenerate the golden file only for an intended change of results:
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ import pytest
 
 from hf_depthgrow.comparison import compare_plans
 from hf_depthgrow.comparison.config import CompareConfig
+from hf_depthgrow.comparison.runner import gather_comparison
 from hf_depthgrow.comparison.validation import validate_probe
 from hf_depthgrow.testing import tiny_model, tiny_rows
 
@@ -112,10 +115,18 @@ def test_a_budget_sweep_with_retention_and_its_gather_match_the_golden_result(se
     _check(golden, "budget_sweep", _compare_summary(swept))
     gathered = compare_plans(base, rows["train"], rows["eval"], rows["test"], retention_data=rows["ret"], trials_dir=trials,
                              engine="stored", **SWEEP)  # fmt: skip
-    rebuilt = _compare_summary(gathered)
-    assert rebuilt["result"]["config"].pop("engine") == "stored"
-    rebuilt["result"]["config"]["engine"] = "serial"
-    assert _first_difference(rebuilt, _compare_summary(swept)) is None  # the store gives back every trial, bit for bit
+    want = _compare_summary(swept)
+    for rebuilt in (gathered, gather_comparison(shutil.copytree(trials, tmp_path / "elsewhere"))):  # the folder alone: no model, no data
+        got = _compare_summary(rebuilt)
+        assert got["result"]["config"]["engine"] == "stored"
+        got["result"]["config"]["engine"] = "serial"
+        assert _first_difference(got, want) is None  # the store gives back every trial, bit for bit
+
+
+def test_gather_refuses_a_folder_without_a_recorded_comparison(tmp_path):
+    (tmp_path / "trials").mkdir()
+    with pytest.raises(ValueError, match=r"^gather: .* holds no comparison this version recorded"):
+        gather_comparison(tmp_path)
 
 
 def test_successive_halving_matches_the_golden_result(setting, golden):

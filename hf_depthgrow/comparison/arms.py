@@ -83,6 +83,15 @@ class Arm:
     def positions(self) -> list[int]:
         return [e.at for e in self.placement]
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Arm":
+        """The arm `to_dict` wrote (its spec as given aside, which `to_dict` leaves out)."""
+        positions = data.get("positions") or []
+        inits = data.get("init") or [None] * len(positions)
+        placement = [PlacementEntry(at=k, copy_from=j, init=i) for k, j, i in zip(positions, data.get("copy_from") or [], inits)]
+        return cls(data["name"], data["kind"], placement=placement, layers=data.get("layers"), lora_r=data.get("lora_r"),
+                   trainable_parameters=data.get("trainable_parameters") or 0, matched_to=data.get("matched_to"))  # fmt: skip
+
     def to_dict(self) -> dict:
         """The arm as JSON: every field that changes what it trains (it is part of each trial's store key)."""
         out = {

@@ -4,7 +4,8 @@ A sweep whose trials ran elsewhere (other sessions, a Ray cluster writing to a s
 aggregated by running the same command with `--gather DIR`: `compare_plans` runs as usual, with the engine
 `stored`, which reads every trial from the `TrialStore` under DIR (each verified against its digest and keyed
 by spec, model, data and settings) and refuses to train: a trial not stored, or stored for another model,
-data or settings, is one line naming the missing trials.
+data or settings, is one line naming the missing trials. `runner.gather_comparison(DIR)` needs neither: it
+reads the record `compare_plans` keeps beside the trials (config, arms, the original's losses, documents).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ rate, scored at every budget) run by an engine (`comparison.engine`; stored and 
 sits at an edge (`comparison.grids`). One aggregation (`comparison.aggregate`) turns the trials into a
 `CompareResult`: per budget, each arm's rate chosen on held-out (the test set never chooses), intervals
 corrected for the number of arms (`evaluation.decisions`), the gain x forgetting frontier.
+
+Compare and the oracle sweep share one set-up (`read_sets`, then `prepare_sweep`: the original's losses, the
+`TrialInputs`, the store, the engine). With `trials_dir` the comparison also records there what aggregating needs
+besides its trials, so that `gather_comparison(trials_dir)` rebuilds it from the folder alone.
 """
 
 from __future__ import annotations
@@ -143,11 +147,13 @@ def _grid_state(trials: list[TrialResult], budgets: list[int]) -> tuple[list[flo
     return rates, edges
 
 
-def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs, engine) -> tuple[list[TrialResult], dict]:
-    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap."""
+def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs | None, engine, *, forgetting: bool) -> tuple[list[TrialResult], dict]:
+    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap.
+
+    With `forgetting` (a retention set) each grid also reaches below its lowest rate: those rates trace each kind's
+    forgetting curve."""
     from tqdm.auto import tqdm
 
-    forgetting = inputs.retention_rows is not None  # lower rates trace each kind's forgetting curve
     specs = [_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind, retention=forgetting)]
     grids = {arm.name: {"grid": cfg.grid(arm.kind, retention=forgetting), "below": cfg.forgetting_rates if forgetting else 0,
                         "added": [], "stopped": None} for arm in trained}  # fmt: skip
@@ -267,13 +273,15 @@ def compare_plans(
     if probe_result is not None:
         tracking.log_probe_run(probe_result, **_tracker_settings(cfg, "probe"))
     sweep = prepare_sweep(model, cfg, rows, grow_kwargs=grow_kwargs, trials_dir=trials_dir, resume=resume)
-    trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, sweep.inputs, sweep.engine)
     extra = {
         "probe": _probe_summary(probe_result),
-        "seconds": {"total": time.perf_counter() - started, "probe": probe_seconds, "original_losses": sweep.seconds},
         "num_examples": {"train": len(rows["train"]), "heldout": len(rows["eval"]), "test": len(rows["test"]),
                          "retention": len(rows["retention"] or [])},
     }  # fmt: skip
+    if sweep.store is not None and sweep.store.trains:  # the record with which the folder alone rebuilds this comparison
+        _record(sweep.store, cfg, arms, sweep.inputs.original, documents, extra)
+    trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, sweep.inputs, sweep.engine, forgetting=rows["retention"] is not None)
+    extra["seconds"] = {"total": time.perf_counter() - started, "probe": probe_seconds, "original_losses": sweep.seconds}
     result = aggregate(arms, trials, sweep.inputs.original, cfg, grids=grids, extra=extra, documents=documents)
     _log_comparison(result, cfg)
     return result
@@ -309,11 +317,12 @@ def read_sets(model: nn.Module, cfg: CompareConfig, data: dict, *, fresh: bool =
 @dataclass
 class Sweep:
     """What every trial of a sweep shares, built once (`prepare_sweep`): its inputs, the engine that runs its trials,
-    and the seconds the original's losses took."""
+    the seconds the original's losses took, and the trial store (or `None`)."""
 
     inputs: TrialInputs
     engine: Callable
     seconds: float
+    store: TrialStore | None = None
 
 
 def prepare_sweep(model: nn.Module, cfg: CompareConfig, rows: dict, *, grow_kwargs=None, trials_dir=None, resume: bool = False) -> Sweep:
@@ -331,7 +340,50 @@ def prepare_sweep(model: nn.Module, cfg: CompareConfig, rows: dict, *, grow_kwar
         grow_kwargs=grow_kwargs, original=original, tracking=_tracker_settings(cfg), gradient_checkpointing=cfg.gradient_checkpointing,
     )  # fmt: skip
     store = TrialStore(trials_dir, inputs, resume=resume, trains=cfg.engine != "stored") if trials_dir is not None else None
-    return Sweep(inputs, engine_for(cfg, store), seconds)
+    return Sweep(inputs, engine_for(cfg, store), seconds, store)
+
+
+def _record(store: TrialStore, cfg: CompareConfig, arms: list[Arm], original: dict, documents: dict, extra: dict) -> None:
+    meta = {"written": time.time(), "config": cfg.to_dict(), "arms": [a.to_dict() for a in arms], "heldout": original["heldout"],
+            "documents": documents, **extra}  # fmt: skip
+    arrays = {"test": original["test"], **({"retention": original["retention"]} if "retention" in original else {})}
+    tensors = {f"{name}{part}": torch.from_numpy(np.array(a[i], dtype=np.float64)) for name, a in arrays.items() for i, part in enumerate(("", "_weight"))}
+    store.save_sweep(meta, tensors)
+
+
+def gather_comparison(trials_dir) -> CompareResult:
+    """The comparison whose trials `trials_dir` holds, rebuilt from that folder alone: no model, no data, nothing trained.
+
+    `compare_plans(..., trials_dir=...)` records there, beside its trials, what aggregating them needs (its config
+    and arms, the original's per-example losses, the documents, the sizes); this reads the record (the latest where
+    several comparisons share the folder), then every trial through the same grid steps as the run that stored
+    them, each verified against its digest: the same `CompareResult`, with engine `stored`. A trial not stored is
+    one `ValueError` naming it.
+
+    Example:
+        ```python
+        >>> result = gather_comparison("runs/sweep-trials")
+        >>> print(result.verdict)
+        ```
+    """
+    from dataclasses import fields
+
+    from ..utils import json_number
+
+    store, meta, tensors = TrialStore.sweep_in(trials_dir)
+    names = {f.name for f in fields(CompareConfig)}
+    settings = {k: json_number(v) for k, v in meta["config"].items() if k in names}
+    # Where the trials ran is not part of the result: read here, with none of Ray's settings.
+    settings.update(engine="stored", ray_address=None, max_concurrent_trials=None, resources_per_trial=1, workers_per_trial=1, accelerate_config=None)
+    cfg = CompareConfig(**settings)
+    arms = [Arm.from_dict(a) for a in meta["arms"]]
+    original = {"heldout": json_number(meta["heldout"])}
+    for name in ("test", "retention"):
+        if name in tensors:
+            original[name] = (tensors[name].numpy(), tensors[f"{name}_weight"].numpy())
+    trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, None, engine_for(cfg, store), forgetting="retention" in original)
+    extra = {"probe": meta["probe"], "num_examples": meta["num_examples"], "seconds": {}}
+    return aggregate(arms, trials, original, cfg, grids=grids, extra=extra, documents=meta["documents"])
 
 
 def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result, trials_dir):

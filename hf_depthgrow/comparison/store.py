@@ -17,6 +17,10 @@ and the trial starts over. A plain rerun leaves them unused, with a warning: eac
 With `resume` (`compare --resume`) it continues from its checkpoint, which ends bit-identical to the
 uninterrupted trial; `resume` where nothing of the sweep is stored or checkpointed is refused.
 
+Beside its trials a comparison records under `sweeps/<key>/` what aggregating them needs (its config and arms,
+the original's per-example losses, the documents; `save_sweep`), keyed by both and by the store's fingerprints,
+so that `runner.gather_comparison` rebuilds it from the folder alone.
+
 A write that fails (a full disk, a read-only folder, a file where the folder should be) warns once, naming the
 folder and why, and the sweep goes on: what it could not store trains again on a rerun, and a trial whose result
 could not be stored keeps its checkpoint. Nothing half-written is ever read: every entry and checkpoint is
@@ -42,6 +46,7 @@ from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec
 
 KIND = "trials"
 CHECKPOINTS = "checkpoints"  # <root>/checkpoints/<trial key>/<events done>/: the latest checkpoint of an unfinished trial
+SWEEPS = "sweeps"  # <root>/sweeps/<key>/: a comparison's own record, which with its trials rebuilds it (`runner.gather_comparison`)
 _ARRAYS = ("test", "test_weight", "retention", "retention_weight")
 
 
@@ -80,6 +85,7 @@ class TrialStore(EvidenceCache):
         inputs: The sweep's `TrialInputs` (their model, rows and settings are part of every key).
         resume: Continue unfinished trials from their checkpoints (`compare --resume`).
         trains: Whether a trial not stored is trained (`False` for `compare --gather`: its warnings say so).
+        context: Instead of `inputs`, the fingerprints of the model, rows and settings (a stored comparison's).
 
     Example:
         ```python
@@ -91,10 +97,10 @@ class TrialStore(EvidenceCache):
 
     label = "trial store"
 
-    def __init__(self, root, inputs: TrialInputs, *, resume: bool = False, trains: bool = True):
+    def __init__(self, root, inputs: TrialInputs | None = None, *, resume: bool = False, trains: bool = True, context: dict | None = None):
         super().__init__(root)
         self.resume, self.trains, self._resume_checked = resume, trains, False
-        self.context = {
+        self.context = context if inputs is None else {
             "model": weights_fingerprint(inputs.base),
             "rows": {k: rows_fingerprint(getattr(inputs, f"{k}_rows")) if getattr(inputs, f"{k}_rows") is not None else None
                      for k in ("train", "eval", "test", "retention")},
@@ -137,6 +143,31 @@ class TrialStore(EvidenceCache):
         """Store `result` atomically (digest written last); returns its key (`None` if it could not be written)."""
         meta, tensors = _result_entry(result)
         return self.store(KIND, self._parts(result.spec), meta, tensors)
+
+    def save_sweep(self, meta: dict, tensors: dict) -> str | None:
+        """Store a comparison's own record beside its trials (`runner.gather_comparison` reads it back): `meta` holds its
+        `config` and `arms` (with the store's fingerprints, its key), `tensors` the original's per-example losses."""
+        meta = json_safe(meta)
+        return self.store(SWEEPS, {"context": self.context, "config": meta["config"], "arms": meta["arms"]}, meta, tensors)
+
+    @classmethod
+    def sweep_in(cls, root) -> tuple["TrialStore", dict, dict]:
+        """`(store, meta, tensors)` of the comparison last recorded under `root` (`save_sweep`), each record verified
+        against its digest; `ValueError` where `root` holds none that this version wrote."""
+        found = []
+        for header in sorted(Path(root, SWEEPS).glob(f"*/{ENTRY_FILE}")):
+            try:
+                parts = json.loads(header.read_text(encoding="utf-8"))["parts"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # names no comparison; never read as one
+            store = cls(root, context=parts["context"], trains=False)
+            if (entry := EvidenceCache.load(store, SWEEPS, parts, name=f"stored comparison {header.parent.name[:12]}")) is not None:
+                found.append((entry.meta["written"], store, entry))
+        if not found:
+            raise ValueError(f"gather: {root} holds no comparison this version recorded (compare --trials-dir records one beside "
+                             "its trials; a folder written by another version is read by that version)")  # fmt: skip
+        _, store, entry = max(found, key=lambda f: f[0])
+        return store, entry.meta, entry.tensors
 
     def keep(self, result: TrialResult) -> None:
         """Store a finished trial and drop its checkpoints; one that could not be written keeps them, for `--resume`."""
