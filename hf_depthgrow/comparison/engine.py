@@ -94,9 +94,11 @@ def engine_for(cfg, store=None):
     """The engine `cfg.engine` names, with the trial store `store` (or `None`): `serial` (here, each trial stored as it
     finishes), `ray` (`comparison.ray_engine`) or `stored` (every trial read from the store, none trained)."""
     if cfg.engine == "ray":
-        from .ray_engine import ray_engine
+        from .ray_engine import run_ray
 
-        return ray_engine(cfg, store)
+        return functools.partial(run_ray, address=cfg.ray_address, max_concurrent_trials=cfg.max_concurrent_trials, store=store,
+                                 resources_per_trial=cfg.resources_per_trial, workers_per_trial=cfg.workers_per_trial,
+                                 accelerate_config=cfg.accelerate_config)  # fmt: skip
     from .store import stored, stored_or_run
 
     if cfg.engine == "stored":

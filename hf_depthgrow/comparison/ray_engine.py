@@ -39,7 +39,7 @@ from .trial import TrialInputs, TrialResult, TrialSpec, run_trial
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENGINES", "RAY_EXTRA", "check_engine", "ray_cluster", "ray_engine", "run_ray", "trial_process", "tune_units"]
+__all__ = ["ENGINES", "RAY_EXTRA", "check_engine", "ray_cluster", "run_ray", "trial_process", "tune_units"]
 
 ENGINES = ("serial", "ray", "stored")
 RAY_EXTRA = 'pip install "hf_depthgrow[ray]"'
@@ -79,15 +79,6 @@ def check_engine(cfg) -> None:
             raise ValueError(f"engine 'ray' needs Ray, which is not installed: {RAY_EXTRA}")
         if getattr(cfg, "successive_halving", False):  # the scaling study has no halving
             raise ValueError(HALVING_REFUSED)
-
-
-def ray_engine(cfg, store=None):
-    """The engine `compare_plans` runs with `engine='ray'`: `run_ray` with `cfg`'s Ray settings and the trial store."""
-    import functools
-
-    return functools.partial(run_ray, address=cfg.ray_address, max_concurrent_trials=cfg.max_concurrent_trials,
-                             resources_per_trial=cfg.resources_per_trial, workers_per_trial=getattr(cfg, "workers_per_trial", 1), store=store,
-                             accelerate_config=getattr(cfg, "accelerate_config", None))  # fmt: skip
 
 
 def run_ray(
@@ -204,7 +195,7 @@ def ray_cluster(address: str | None, resources_per_trial=None):
     resources = _resources(resources_per_trial)
     started = _connect(ray, address)
     try:
-        _check_resources(ray, resources)
+        check_resources(ray, resources)
         yield resources
     finally:
         if started:
@@ -226,13 +217,15 @@ def _resources(resources_per_trial) -> dict:
     return out
 
 
-def _check_resources(ray, resources: dict) -> None:
-    """A trial the cluster cannot place would wait forever: refused up front, naming what is missing."""
+def check_resources(ray, resources: dict, workers: int = 1) -> None:
+    """A trial (of `workers` processes of `resources` each) the cluster cannot place would wait forever: refused up
+    front, naming what is missing."""
     have = ray.cluster_resources()
     for k, v in resources.items():
-        total = have.get(k.upper(), 0)
-        if v > total:
-            raise ValueError(f"resources_per_trial asks {v:g} {k.upper()} per trial, but the Ray cluster has {total:g}")
+        total, what = have.get(k.upper(), 0), k.upper()
+        if v * workers > total:
+            ask = f"asks {v:g} {what} per trial" if workers == 1 else f"{workers} workers per trial with {v:g} {what} each need {v * workers:g} {what}"
+            raise ValueError(f"{'resources_per_trial ' if workers == 1 else ''}{ask}, but the Ray cluster has {total:g}")
 
 
 # --------------------------------------------------------------------------- the trials
