@@ -23,7 +23,7 @@ import pytest
 
 from hf_depthgrow.comparison import compare_plans
 from hf_depthgrow.comparison.config import CompareConfig
-from hf_depthgrow.comparison.runner import gather_comparison
+from hf_depthgrow.comparison.gather import gather_comparison
 from hf_depthgrow.comparison.validation import validate_probe
 from hf_depthgrow.testing import tiny_model, tiny_rows
 

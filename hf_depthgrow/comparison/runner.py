@@ -13,7 +13,7 @@ corrected for the number of arms (`evaluation.decisions`), the gain x forgetting
 
 Compare and the oracle sweep share one set-up (`read_sets`, then `prepare_sweep`: the original's losses, the
 `TrialInputs`, the store, the engine). With `trials_dir` the comparison also records there what aggregating needs
-besides its trials, so that `gather_comparison(trials_dir)` rebuilds it from the folder alone.
+besides its trials, so that `gather.gather_comparison(trials_dir)` rebuilds it from the folder alone.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from .config import CompareConfig
 from .engine import engine_for
 from .fresh_data import data_plan
 from .grids import best_rate, edge, extension
-from .result import CompareResult
+from .result import CompareResult, _weighted
 from .store import TrialStore, check_trials_dir
 from .trial import TrialInputs, TrialResult, TrialSpec
 
@@ -119,10 +119,6 @@ def example_losses(model: nn.Module, rows: list[dict], batch_size: int) -> tuple
             per.append(el.per_example.double().cpu())
             weights.append(el.weight.double().cpu())
     return torch.cat(per).numpy(), torch.cat(weights).numpy()
-
-
-def _weighted(per: np.ndarray, weight: np.ndarray) -> float:
-    return float((per * weight).sum() / max(weight.sum(), 1.0))
 
 
 def _tracker_settings(cfg: CompareConfig, name: str | None = None) -> dict:
@@ -279,7 +275,7 @@ def compare_plans(
                          "retention": len(rows["retention"] or [])},
     }  # fmt: skip
     if sweep.store is not None and sweep.store.trains:  # the record with which the folder alone rebuilds this comparison
-        _record(sweep.store, cfg, arms, sweep.inputs.original, documents, extra)
+        sweep.store.save_sweep(cfg, arms, sweep.inputs.original, documents, extra)
     trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, sweep.inputs, sweep.engine, forgetting=rows["retention"] is not None)
     extra["seconds"] = {"total": time.perf_counter() - started, "probe": probe_seconds, "original_losses": sweep.seconds}
     result = aggregate(arms, trials, sweep.inputs.original, cfg, grids=grids, extra=extra, documents=documents)
@@ -341,49 +337,6 @@ def prepare_sweep(model: nn.Module, cfg: CompareConfig, rows: dict, *, grow_kwar
     )  # fmt: skip
     store = TrialStore(trials_dir, inputs, resume=resume, trains=cfg.engine != "stored") if trials_dir is not None else None
     return Sweep(inputs, engine_for(cfg, store), seconds, store)
-
-
-def _record(store: TrialStore, cfg: CompareConfig, arms: list[Arm], original: dict, documents: dict, extra: dict) -> None:
-    meta = {"written": time.time(), "config": cfg.to_dict(), "arms": [a.to_dict() for a in arms], "heldout": original["heldout"],
-            "documents": documents, **extra}  # fmt: skip
-    arrays = {"test": original["test"], **({"retention": original["retention"]} if "retention" in original else {})}
-    tensors = {f"{name}{part}": torch.from_numpy(np.array(a[i], dtype=np.float64)) for name, a in arrays.items() for i, part in enumerate(("", "_weight"))}
-    store.save_sweep(meta, tensors)
-
-
-def gather_comparison(trials_dir) -> CompareResult:
-    """The comparison whose trials `trials_dir` holds, rebuilt from that folder alone: no model, no data, nothing trained.
-
-    `compare_plans(..., trials_dir=...)` records there, beside its trials, what aggregating them needs (its config
-    and arms, the original's per-example losses, the documents, the sizes); this reads the record (the latest where
-    several comparisons share the folder), then every trial through the same grid steps as the run that stored
-    them, each verified against its digest: the same `CompareResult`, with engine `stored`. A trial not stored is
-    one `ValueError` naming it.
-
-    Example:
-        ```python
-        >>> result = gather_comparison("runs/sweep-trials")
-        >>> print(result.verdict)
-        ```
-    """
-    from dataclasses import fields
-
-    from ..utils import json_number
-
-    store, meta, tensors = TrialStore.sweep_in(trials_dir)
-    names = {f.name for f in fields(CompareConfig)}
-    settings = {k: json_number(v) for k, v in meta["config"].items() if k in names}
-    # Where the trials ran is not part of the result: read here, with none of Ray's settings.
-    settings.update(engine="stored", ray_address=None, max_concurrent_trials=None, resources_per_trial=1, workers_per_trial=1, accelerate_config=None)
-    cfg = CompareConfig(**settings)
-    arms = [Arm.from_dict(a) for a in meta["arms"]]
-    original = {"heldout": json_number(meta["heldout"])}
-    for name in ("test", "retention"):
-        if name in tensors:
-            original[name] = (tensors[name].numpy(), tensors[f"{name}_weight"].numpy())
-    trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, None, engine_for(cfg, store), forgetting="retention" in original)
-    extra = {"probe": meta["probe"], "num_examples": meta["num_examples"], "seconds": {}}
-    return aggregate(arms, trials, original, cfg, grids=grids, extra=extra, documents=meta["documents"])
 
 
 def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result, trials_dir):

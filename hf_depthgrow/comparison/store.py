@@ -19,7 +19,7 @@ uninterrupted trial; `resume` where nothing of the sweep is stored or checkpoint
 
 Beside its trials a comparison records under `sweeps/<key>/` what aggregating them needs (its config and arms,
 the original's per-example losses, the documents; `save_sweep`), keyed by both and by the store's fingerprints,
-so that `runner.gather_comparison` rebuilds it from the folder alone.
+so that `gather.gather_comparison` rebuilds it from the folder alone.
 
 A write that fails (a full disk, a read-only folder, a file where the folder should be) warns once, naming the
 folder and why, and the sweep goes on: what it could not store trains again on a rerun, and a trial whose result
@@ -144,10 +144,15 @@ class TrialStore(EvidenceCache):
         meta, tensors = _result_entry(result)
         return self.store(KIND, self._parts(result.spec), meta, tensors)
 
-    def save_sweep(self, meta: dict, tensors: dict) -> str | None:
-        """Store a comparison's own record beside its trials (`runner.gather_comparison` reads it back): `meta` holds its
-        `config` and `arms` (with the store's fingerprints, its key), `tensors` the original's per-example losses."""
-        meta = json_safe(meta)
+    def save_sweep(self, cfg, arms: list, original: dict, documents: dict, extra: dict) -> str | None:
+        """Store a comparison's own record beside its trials (`gather.gather_comparison` reads it back): its config and
+        arms (with the store's fingerprints, its key), the original's losses, the documents, `extra` (sizes, probe)."""
+        import time
+
+        meta = json_safe({"written": time.time(), "config": cfg.to_dict(), "arms": [a.to_dict() for a in arms], "heldout": original["heldout"],
+                          "documents": documents, **extra})  # fmt: skip
+        arrays = {k: original[k] for k in ("test", "retention") if k in original}
+        tensors = {f"{k}{part}": torch.from_numpy(np.array(a[i], dtype=np.float64)) for k, a in arrays.items() for i, part in enumerate(("", "_weight"))}
         return self.store(SWEEPS, {"context": self.context, "config": meta["config"], "arms": meta["arms"]}, meta, tensors)
 
     @classmethod
