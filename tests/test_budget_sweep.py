@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import warnings
 
@@ -100,6 +101,27 @@ def test_a_trial_scored_at_several_budgets_equals_one_trial_per_budget(setting):
         assert a.heldout_loss == b.heldout_loss and a.selected == b.selected
         np.testing.assert_array_equal(a.test, b.test)
         np.testing.assert_array_equal(a.retention, b.retention)
+
+
+def test_a_trial_writes_nothing_into_its_inputs_and_hands_the_originals_losses_back(setting):
+    """A trial is pure: the original's losses its trainer takes come back on the result, and a later trial given
+    them reuses them (skipping their passes over the data) with the same numbers as one that takes its own."""
+    from hf_depthgrow.training import OriginalLosses
+
+    base, rows = setting
+    arm = build_arms(base, ["at:2"], [])[1]
+    inputs = _inputs(base, rows)
+    before = dict(inputs.original)
+    spec = TrialSpec(arm, 5e-3, 0, (4,))
+    first = run_trial(spec, inputs)
+    assert inputs.original.keys() == before.keys() and all(inputs.original[k] is before[k] for k in before)
+    assert isinstance(first.original_losses, OriginalLosses) and first.original_losses.train is not None
+    reused = run_trial(spec, inputs, original_losses=(first.original_losses,))
+    assert reused.original_losses == first.original_losses
+    assert reused.scores[4].train_losses == first.scores[4].train_losses
+    np.testing.assert_array_equal(reused.scores[4].test, first.scores[4].test)
+    elsewhere = dataclasses.replace(first.original_losses, train=123.0, key={**first.original_losses.key, "train": "other rows"})
+    assert run_trial(spec, inputs, original_losses=(elsewhere,)).original_losses == first.original_losses  # not its rows: ignored
 
 
 def test_serial_halving_keeps_what_the_full_grid_replayed_would_keep(setting):

@@ -26,13 +26,12 @@ import numpy as np
 from ..evaluation.checks import cluster_labels
 from ..evaluation.decisions import corrected_intervals
 from . import frontier as fr
+from .arms import TRAINED_CONTROLS as CONTROLS
 from .arms import matched_control
 from .fresh_data import DataPlan
 from .grids import best_rate, halving_survivor
 from .result import ArmResult, BudgetView, CompareResult
 from .trial import HALVING_RUNGS, TrialResult
-
-CONTROLS = ("layers", "lora", "full")
 
 
 def rungs_of(budget: int) -> list[int]:

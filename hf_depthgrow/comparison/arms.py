@@ -29,7 +29,29 @@ from ..growth.engine import new_block_parameters
 from ..growth.towers import resolve_family
 from ..growth.placement import PlacementEntry, check_placement, resolve_positions
 
-CONTROL_KINDS = ("layers", "lora", "full", "original")
+
+
+@dataclass(frozen=True)
+class ArmKind:
+    """One kind of arm, the one place it is spelled: what it trains (`TrainConfig.trainable`; `None`: nothing),
+    its default learning-rate grid (`CompareConfig.<name>_learning_rates`, see `comparison.grids`), and whether
+    it is a control (an arm that adds no depth)."""
+
+    name: str
+    trainable: str | None
+    grid: tuple[float, ...]
+    control: bool
+
+
+ARM_KINDS = {kind.name: kind for kind in (
+    ArmKind("growth", "new", (1e-3, 3e-3, 1e-2), control=False),
+    ArmKind("layers", "layers", (1e-4, 3e-4, 1e-3), control=True),
+    ArmKind("lora", "lora", (1e-3, 3e-3, 1e-2), control=True),
+    ArmKind("full", "full", (3e-5, 1e-4, 3e-4), control=True),
+    ArmKind("original", None, (), control=True),
+)}  # fmt: skip
+CONTROL_KINDS = tuple(k.name for k in ARM_KINDS.values() if k.control)  # what `controls=` may name
+TRAINED_CONTROLS = tuple(k for k in CONTROL_KINDS if ARM_KINDS[k].trainable is not None)
 _OWN_PRESETS = ("bottom", "random", "at")
 
 
@@ -60,6 +82,15 @@ class Arm:
     @property
     def positions(self) -> list[int]:
         return [e.at for e in self.placement]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Arm":
+        """The arm `to_dict` wrote (its spec as given aside, which `to_dict` leaves out)."""
+        positions = data.get("positions") or []
+        inits = data.get("init") or [None] * len(positions)
+        placement = [PlacementEntry(at=k, copy_from=j, init=i) for k, j, i in zip(positions, data.get("copy_from") or [], inits)]
+        return cls(data["name"], data["kind"], placement=placement, layers=data.get("layers"), lora_r=data.get("lora_r"),
+                   trainable_parameters=data.get("trainable_parameters") or 0, matched_to=data.get("matched_to"))  # fmt: skip
 
     def to_dict(self) -> dict:
         """The arm as JSON: every field that changes what it trains (it is part of each trial's store key)."""

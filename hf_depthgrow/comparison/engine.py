@@ -8,24 +8,33 @@ held-out loss; a stopped trial is a prefix of the full one, so the survivor is w
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 
 from .trial import TrialInputs, TrialResult, TrialSpec, run_trial, trial_steps
 
-__all__ = ["run_serial"]
+__all__ = ["engine_for", "run_serial"]
 
 
 def _finite(x) -> float:
     return x if x is not None and math.isfinite(x) else math.inf
 
 
-def _halving(specs: list[TrialSpec], inputs: TrialInputs) -> list[TrialResult]:
+def _learn(known: list, result: TrialResult) -> TrialResult:
+    """Keep the original's losses `result` took, for the next trial on the same rows."""
+    taken = result.original_losses
+    if taken is not None and all(k.key != taken.key for k in known):
+        known.append(taken)
+    return result
+
+
+def _halving(specs: list[TrialSpec], inputs: TrialInputs, known: list) -> list[TrialResult]:
     """An arm's rates in step; at each rung the better half (held-out loss; ties: the smaller rate) goes on."""
     by_name = {s.name: s for s in specs}
     done, paused = {}, OrderedDict()
     for spec in specs:
-        steps = trial_steps(spec, inputs)
+        steps = trial_steps(spec, inputs, original_losses=tuple(known))
         try:
             paused[spec.name] = (steps, next(steps))
         except StopIteration as end:
@@ -40,14 +49,16 @@ def _halving(specs: list[TrialSpec], inputs: TrialInputs) -> list[TrialResult]:
             except StopIteration as end:
                 done[name] = end.value
         paused = going
-    return [done[s.name] for s in specs]
+    return [_learn(known, done[s.name]) for s in specs]
 
 
-def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = False, bar=None, checkpoints=None) -> list[TrialResult]:
+def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = False, bar=None, checkpoints=None,
+               known: list | None = None) -> list[TrialResult]:  # fmt: skip
     """Run `specs` in this process, in order (with `halving`, each arm's rates in step); results in the specs' order.
 
     `checkpoints` (a `TrialStore`, without halving): each trial is checkpointed there and continues from its
-    latest checkpoint where the store resumes (`TrialStore.hooks`).
+    latest checkpoint where the store resumes (`TrialStore.hooks`). `known`: the `OriginalLosses` earlier trials
+    of the sweep took (each trial reuses the one on its rows), extended with those these trials take.
 
     Example:
         ```python
@@ -56,12 +67,14 @@ def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = F
         [0.001, 0.003]
         ```
     """
+    known = [] if known is None else known
     if not halving:
         out = []
         for spec in specs:
             if bar is not None:
                 bar.set_postfix_str(spec.name)
-            out.append(run_trial(spec, inputs, **(checkpoints.hooks(spec) if checkpoints is not None else {})))
+            hooks = checkpoints.hooks(spec) if checkpoints is not None else {}
+            out.append(_learn(known, run_trial(spec, inputs, original_losses=tuple(known), **hooks)))
             if bar is not None:
                 bar.update(1)
         return out
@@ -70,8 +83,28 @@ def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = F
         by_arm.setdefault(spec.arm.name, []).append(spec)
     results = {}
     for group in by_arm.values():
-        for spec, result in zip(group, _halving(group, inputs)):
+        for spec, result in zip(group, _halving(group, inputs, known)):
             results[spec.name] = result
             if bar is not None:
                 bar.update(1)
     return [results[s.name] for s in specs]
+
+
+def engine_for(cfg, store=None):
+    """The engine `cfg.engine` names, with the trial store `store` (or `None`): `serial` (here, each trial stored as it
+    finishes), `ray` (`comparison.ray_engine`) or `stored` (every trial read from the store, none trained)."""
+    if cfg.engine == "ray":
+        from .ray_engine import run_ray
+
+        return functools.partial(run_ray, address=cfg.ray_address, max_concurrent_trials=cfg.max_concurrent_trials, store=store,
+                                 resources_per_trial=cfg.resources_per_trial, workers_per_trial=cfg.workers_per_trial,
+                                 accelerate_config=cfg.accelerate_config)  # fmt: skip
+    from .store import stored, stored_or_run
+
+    if cfg.engine == "stored":
+        if store is None or not store.enabled:
+            raise ValueError("engine 'stored' trains nothing and reads every trial from trials_dir: set trials_dir (or use compare --gather DIR)")
+        return lambda specs, inputs, *, halving=False, bar=None: stored_or_run(store, specs, None, bar=bar)
+
+    # One list for the whole sweep: the original's losses the first trial takes serve every later trial on its rows.
+    return stored(functools.partial(run_serial, known=[]), store)

@@ -4,36 +4,24 @@ A sweep whose trials ran elsewhere (earlier runs, other machines, a Ray cluster 
 aggregated by running the same command with `--gather DIR`: `compare_plans` runs as usual, with the engine
 `stored`, which reads every trial from the `TrialStore` under DIR (each verified against its digest and keyed
 by spec, model, data and settings) and refuses to train: a trial not stored, or stored for another model,
-data or settings, is one line naming the missing trials.
+data or settings, is one line naming the missing trials. `gather_comparison(DIR)` needs neither: it reads
+the record `compare_plans` keeps beside the trials (config, arms, the original's losses, documents).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
-__all__ = ["gathering", "stored_only"]
+from ..utils import json_number
+from .aggregate import aggregate
+from .arms import Arm
+from .config import CompareConfig
+from .engine import engine_for
+from .runner import _train_arms
+from .store import TrialStore
 
-_NAMED = 4  # missing trials named in the message; the rest counted
-
-
-def stored_only(store):
-    """An engine that returns the stored result of every spec and trains nothing (a missing trial: `ValueError`)."""
-    if store is None or not store.enabled:
-        raise ValueError("engine 'stored' trains nothing and reads every trial from trials_dir: set trials_dir (or use compare --gather DIR)")
-
-    def run(specs, inputs, *, halving=False, bar=None):
-        found = {s.name: store.load(s) for s in specs}
-        missing = [name for name, result in found.items() if result is None]
-        if missing:
-            names = ", ".join(missing[:_NAMED]) + (f" and {len(missing) - _NAMED} more" if len(missing) > _NAMED else "")
-            raise ValueError(f"{len(missing)} of {len(specs)} trials are not stored in {store.root} for this model, data and "
-                             f"settings: {names} (run the command without --gather to train them)")  # fmt: skip
-        if bar is not None:
-            bar.update(len(specs))
-        return [found[s.name] for s in specs]
-
-    return run
+__all__ = ["gather_comparison", "gathering"]
 
 
 def gathering(script, cfg):
@@ -48,3 +36,34 @@ def gathering(script, cfg):
     if cfg.engine != "serial":
         raise ValueError(f"gather trains nothing, so engine {cfg.engine!r} has nothing to run: drop --engine")
     return replace(script, trials_dir=script.gather), replace(cfg, engine="stored")
+
+
+def gather_comparison(trials_dir):
+    """The `CompareResult` whose trials `trials_dir` holds, rebuilt from that folder alone: no model, no data, nothing trained.
+
+    `compare_plans(..., trials_dir=...)` records there, beside its trials, what aggregating them needs (its config
+    and arms, the original's per-example losses, the documents, the sizes); this reads the record (the latest where
+    several comparisons share the folder), then every trial through the same grid steps as the run that stored
+    them, each verified against its digest: the same `CompareResult`, with engine `stored`. A trial not stored is
+    one `ValueError` naming it.
+
+    Example:
+        ```python
+        >>> result = gather_comparison("runs/sweep-trials")
+        >>> print(result.verdict)
+        ```
+    """
+    store, meta, tensors = TrialStore.sweep_in(trials_dir)
+    names = {f.name for f in fields(CompareConfig)}
+    settings = {k: json_number(v) for k, v in meta["config"].items() if k in names}
+    # Where the trials ran is not part of the result: read here, with none of Ray's settings.
+    settings.update(engine="stored", ray_address=None, max_concurrent_trials=None, resources_per_trial=1, workers_per_trial=1, accelerate_config=None)
+    cfg = CompareConfig(**settings)
+    arms = [Arm.from_dict(a) for a in meta["arms"]]
+    original = {"heldout": json_number(meta["heldout"])}
+    for name in ("test", "retention"):
+        if name in tensors:
+            original[name] = (tensors[name].numpy(), tensors[f"{name}_weight"].numpy())
+    trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, None, engine_for(cfg, store), forgetting="retention" in original)
+    extra = {"probe": meta["probe"], "num_examples": meta["num_examples"], "seconds": {}}
+    return aggregate(arms, trials, original, cfg, grids=grids, extra=extra, documents=meta["documents"])

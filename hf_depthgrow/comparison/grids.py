@@ -17,12 +17,9 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-DEFAULT_GRIDS = {
-    "growth": (1e-3, 3e-3, 1e-2),
-    "lora": (1e-3, 3e-3, 1e-2),
-    "layers": (1e-4, 3e-4, 1e-3),
-    "full": (3e-5, 1e-4, 3e-4),
-}
+from .arms import ARM_KINDS
+
+DEFAULT_GRIDS = {name: kind.grid for name, kind in ARM_KINDS.items() if kind.trainable is not None}  # per kind that trains
 EXTENSION_FACTOR = 3.0
 
 

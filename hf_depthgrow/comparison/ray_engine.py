@@ -10,7 +10,7 @@ dies is run again from its last checkpoint (from its start before the first) (`F
 and ends bit-identical to the uninterrupted trial on CPU fp32. With a store the driver also keeps each
 trial's latest checkpoint under `trials_dir` (`TrialStore.save_checkpoint`), so that `compare --resume` after
 the driver itself died continues the unfinished trials from there. With a `TrialStore` each trial is stored on the driver as it
-finishes, and stored trials are not run again (resume), as `store.stored` does for the serial engine.
+finishes, and stored trials are not run again (resume): the serial engine's step, `store.stored_or_run`.
 
 Successive halving stays serial-only: Ray's ASHA decides a trial at a rung against the trials that reached
 that rung before it, so its choice depends on which trial finishes first; the serial halving ranks all of an
@@ -31,12 +31,15 @@ import os
 import socket
 import tempfile
 import uuid
+import warnings
 
 import torch
 
 from .trial import TrialInputs, TrialResult, TrialSpec, run_trial
 
-__all__ = ["ENGINES", "RAY_EXTRA", "check_engine", "quiet_fit", "ray_cluster", "ray_engine", "run_ray"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["ENGINES", "RAY_EXTRA", "check_engine", "quiet_fit", "ray_cluster", "run_ray", "trial_process", "tune_units"]
 
 ENGINES = ("serial", "ray", "stored")
 RAY_EXTRA = 'pip install "hf_depthgrow[ray]"'
@@ -76,15 +79,6 @@ def check_engine(cfg) -> None:
             raise ValueError(f"engine 'ray' needs Ray, which is not installed: {RAY_EXTRA}")
         if getattr(cfg, "successive_halving", False):  # the scaling study has no halving
             raise ValueError(HALVING_REFUSED)
-
-
-def ray_engine(cfg, store=None):
-    """The engine `compare_plans` runs with `engine='ray'`: `run_ray` with `cfg`'s Ray settings and the trial store."""
-    import functools
-
-    return functools.partial(run_ray, address=cfg.ray_address, max_concurrent_trials=cfg.max_concurrent_trials,
-                             resources_per_trial=cfg.resources_per_trial, workers_per_trial=getattr(cfg, "workers_per_trial", 1), store=store,
-                             accelerate_config=getattr(cfg, "accelerate_config", None))  # fmt: skip
 
 
 def run_ray(
@@ -133,23 +127,17 @@ def run_ray(
         raise ValueError(HALVING_REFUSED)
     if accelerate_config is not None and workers_per_trial < 2:
         raise ValueError(f"accelerate_config {accelerate_config} sets up the workers of a multi-process trial: it needs workers_per_trial >= 2")
-    resources = _resources(resources_per_trial)
-    use_store = store is not None and store.enabled
-    if use_store:
-        store.check_resume(specs)
-    found: dict[str, TrialResult | None] = {s.name: store.load(s) if use_store else None for s in specs}
-    todo = [s for s in specs if found[s.name] is None]
-    if bar is not None:
-        bar.update(len(specs) - len(todo))
-    if use_store:
-        from .store import warn_unresumed
+    from .store import stored_or_run
 
-        warn_unresumed(store, todo)
-    if todo:
+    resources = _resources(resources_per_trial)
+    use_store = store if store is not None and store.enabled else None
+
+    def tune(todo):
         with ray_cluster(address, resources):
-            found.update(_tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, store if use_store else None, bar,
-                               workers_per_trial, accelerate_config))  # fmt: skip
-    return [found[s.name] for s in specs]
+            return _tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, use_store, bar, workers_per_trial,
+                         accelerate_config).values()  # fmt: skip
+
+    return stored_or_run(use_store, specs, tune, bar=bar)
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -207,7 +195,7 @@ def ray_cluster(address: str | None, resources_per_trial=None):
     resources = _resources(resources_per_trial)
     started = _connect(ray, address)
     try:
-        _check_resources(ray, resources)
+        check_resources(ray, resources)
         yield resources
     finally:
         if started:
@@ -229,13 +217,15 @@ def _resources(resources_per_trial) -> dict:
     return out
 
 
-def _check_resources(ray, resources: dict) -> None:
-    """A trial the cluster cannot place would wait forever: refused up front, naming what is missing."""
+def check_resources(ray, resources: dict, workers: int = 1) -> None:
+    """A trial (of `workers` processes of `resources` each) the cluster cannot place would wait forever: refused up
+    front, naming what is missing."""
     have = ray.cluster_resources()
     for k, v in resources.items():
-        total = have.get(k.upper(), 0)
-        if v > total:
-            raise ValueError(f"resources_per_trial asks {v:g} {k.upper()} per trial, but the Ray cluster has {total:g}")
+        total, what = have.get(k.upper(), 0), k.upper()
+        if v * workers > total:
+            ask = f"asks {v:g} {what} per trial" if workers == 1 else f"{workers} workers per trial with {v:g} {what} each need {v * workers:g} {what}"
+            raise ValueError(f"{'resources_per_trial ' if workers == 1 else ''}{ask}, but the Ray cluster has {total:g}")
 
 
 # --------------------------------------------------------------------------- the trials
@@ -248,17 +238,13 @@ def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, thread
     """
     from ray import tune
 
-    from .ray_results import pack
+    from .store import result_text
 
-    torch.set_num_threads(threads)
-    if not gpus:
-        # Ray leaves CUDA_VISIBLE_DEVICES alone for a trial that asked for no GPU: it would train on GPU 0,
-        # beside every other such trial. Hidden before the trial touches CUDA, so it trains on its CPUs.
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    trial_process(threads, gpus)
     spec = specs[config["index"]]
     start = _tune_checkpoint(tune) or (resume or {}).get(spec.name)
     result = run_trial(spec, inputs, checkpoint=functools.partial(_report_checkpoint, tune), resume=start)
-    tune.report({"trial": pack(result), "seconds": result.seconds, "resumed_from": start.step if start is not None else 0})
+    tune.report({"trial": result_text(result), "seconds": result.seconds, "resumed_from": start.step if start is not None else 0})
 
 
 def _tune_checkpoint(tune):
@@ -311,9 +297,8 @@ def _compact(rows):
 def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar, workers=1, accelerate_config=None) -> dict[str, TrialResult]:
     from ray import tune
 
-    from .ray_results import collector, unpack
+    from .store import result_from_text
 
-    collect = collector(specs, store, bar)
     if workers > 1:  # each trial a Ray Train TorchTrainer of `workers` processes (comparison.ray_workers)
         from .ray_workers import worker_trainable
 
@@ -323,31 +308,117 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
         resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}
         trainable = tune.with_parameters(_trainable, specs=specs, inputs=_shippable(inputs), threads=max(1, int(resources["cpu"])),
                                          gpus=resources.get("gpu", 0), resume=resume)
+
+    def keep(index, reported):
+        spec = specs[index]
+        done = result_from_text(spec, reported["trial"])
+        if reported.get("resumed_from"):
+            logger.info("trial %s continued from its checkpoint at step %d", spec.name, reported["resumed_from"])
+        if store is not None:
+            store.keep(done)
+        if bar is not None:
+            bar.set_postfix_str(spec.name)
+            bar.update(1)
+        return done
+
+    def checkpointed(index, checkpoint):
+        if store is None:
+            return
+        from .trial_checkpoint import TrialCheckpoint
+
+        try:  # kept beside the stored trials, for --resume; a failure here must not stop Tune registering it
+            with checkpoint.as_directory() as folder:
+                store.save_checkpoint(specs[index], TrialCheckpoint.load(folder))
+        except Exception as err:  # noqa: BLE001
+            warnings.warn(f"trial {specs[index].name}: its checkpoint was not kept under {store.root} ({err}); --resume would start it over", stacklevel=2)
+
+    done = tune_units(trainable, resources, [s.name for s in specs], what="trial", keep=keep, max_concurrent=max_concurrent, storage=storage,
+                      max_failures=max_failures, on_checkpoint=checkpointed)  # fmt: skip
+    return {specs[i].name: result for i, result in done.items()}
+
+
+def tune_units(trainable, resources: dict, names: list[str], *, what: str, keep, max_concurrent=None, storage=None, max_failures=2,
+               on_checkpoint=None) -> dict:
+    """Every sweep's Tune driver (compare's trials, the scaling study's cells): one Tune trial per unit, each running
+    `trainable(config)` on unit `config["index"]` with `resources` and reporting its result under the key `what`.
+
+    On the driver, `keep(index, metrics)` takes each unit's final report as it arrives (storing it, so an interrupted
+    sweep keeps every finished unit) and `on_checkpoint(index, checkpoint)` each checkpoint a unit reports; a unit
+    whose process dies runs again from its last checkpoint (its start before one), at most `max_failures` times.
+    Trial processes are reused from unit to unit; Tune's tables go to stderr. Returns `{index: what keep returned}`;
+    a unit that failed every retry is a `RuntimeError` naming it.
+    """
+    from ray import tune
+
+    collect = _collector(names, what, keep, on_checkpoint)
     with tempfile.TemporaryDirectory(prefix="hf_depthgrow-ray-") as tmp:
         tuner = tune.Tuner(
             tune.with_resources(trainable, resources),
-            param_space={"index": tune.grid_search(list(range(len(specs))))},
-            # A trial process spends ~15 s importing torch and transformers: reused for the next trial, not restarted.
+            param_space={"index": tune.grid_search(list(range(len(names))))},
+            # A trial process spends ~15 s importing torch and transformers: reused for the next unit, not restarted.
             tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True),
             run_config=tune.RunConfig(
-                name=f"hf_depthgrow-{uuid.uuid4().hex[:8]}", storage_path=os.path.abspath(storage) if storage and "://" not in storage else (storage or tmp),
+                name=f"hf_depthgrow-{uuid.uuid4().hex[:8]}", storage_path=_storage(storage) or tmp,
                 failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0, callbacks=[collect],
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # a retry needs only the latest
             ),
         )  # fmt: skip
         grid = quiet_fit(tuner.fit)
-    results = collect.results
+    done = collect.done
     for r in grid:
-        spec = specs[r.config["index"]]
-        if spec.name not in results:
-            if r.error is not None:
-                first = (str(r.error).strip().splitlines() or [type(r.error).__name__])[-1]
-                raise RuntimeError(f"trial {spec.name} failed under Ray ({max_failures} retries): {first}") from r.error
-            results[spec.name] = unpack(spec, r.metrics["trial"])
-    missing = [s.name for s in specs if s.name not in results]
+        index = r.config["index"]
+        if index not in done and r.error is not None:
+            first = (str(r.error).strip().splitlines() or [type(r.error).__name__])[-1]
+            raise RuntimeError(f"{what} {names[index]} failed under Ray ({max_failures} retries): {first}") from r.error
+        if index not in done and what in (r.metrics or {}):
+            done[index] = keep(index, r.metrics)
+    missing = [n for i, n in enumerate(names) if i not in done]
     if missing:
         raise RuntimeError(f"Ray returned no result for {', '.join(missing)}")
-    return results
+    return done
+
+
+def _storage(storage: str | None) -> str | None:
+    """Tune's `storage_path`: a local folder made absolute (Tune wants one), a URI (`s3://...`) as it is."""
+    return os.path.abspath(storage) if storage and "://" not in storage else storage
+
+
+def trial_process(threads: int, gpus: float) -> None:
+    """What every Tune trial does first: `threads` torch threads (the serial engine's count: a reduction over other
+    threads rounds differently), and, without a GPU asked for, CUDA hidden: Ray leaves CUDA_VISIBLE_DEVICES alone
+    for such a trial, which would then train on GPU 0 beside every other one."""
+    torch.set_num_threads(threads)
+    if not gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def _collector(names: list[str], what: str, keep, on_checkpoint=None):
+    """`tune_units`' Tune callback on the driver: each unit's final report handed to `keep` as it arrives."""
+    from ray.tune import Callback
+
+    class Collect(Callback):
+        def __init__(self):
+            self.done: dict = {}
+            self.checkpointed: dict[int, int] = {}  # the step of each unit's latest checkpoint
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            index = trial.config["index"]
+            step = self.checkpointed.get(index)
+            where = f"its checkpoint at step {step}" if step is not None else "its start"
+            warnings.warn(f"{what} {names[index]} failed ({trial.num_failures} time(s)): Ray runs it again from {where}", stacklevel=2)
+
+        def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+            if on_checkpoint is not None and trial.config["index"] not in self.done:
+                on_checkpoint(trial.config["index"], checkpoint)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            index = trial.config["index"]
+            if result.get("checkpoint_step") is not None:
+                self.checkpointed[index] = result["checkpoint_step"]
+            if what in result and index not in self.done:
+                self.done[index] = keep(index, result)
+
+    return Collect()
 
 
 def quiet_fit(fit):

@@ -30,7 +30,7 @@ import torch
 
 from .trial import TrialInputs, TrialSpec, run_trial
 
-__all__ = ["check_workers", "check_worker_resources", "worker_trainable"]
+__all__ = ["check_workers", "worker_trainable"]
 
 # The Tune trial itself only waits for its TorchTrainer, so it asks for no CPU: N workers of one CPU each then fit
 # on N CPUs (any CPU share for it would leave the workers one short). A placement group bundle may not be empty,
@@ -106,15 +106,6 @@ def launch_env(path, workers: int) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(("ACCELERATE_", "FSDP_")) and os.environ.get(k) != v and k != "ACCELERATE_USE_CPU"}
 
 
-def check_worker_resources(ray, resources: dict, workers: int) -> None:
-    """N workers of `resources` each must fit in the cluster at once; refused up front, naming what is missing."""
-    have = ray.cluster_resources()
-    for k, v in resources.items():
-        total = have.get(k.upper(), 0)
-        if v * workers > total:
-            raise ValueError(f"{workers} workers per trial with {v:g} {k.upper()} each need {v * workers:g} {k.upper()}, but the Ray cluster has {total:g}")
-
-
 def worker_trainable(specs: list[TrialSpec], inputs: TrialInputs, resources: dict, workers: int, accelerate_config=None):
     """`(trainable, trial resources)` for Tune: a trial that runs `specs[config["index"]]` as a TorchTrainer of `workers` processes.
 
@@ -124,7 +115,9 @@ def worker_trainable(specs: list[TrialSpec], inputs: TrialInputs, resources: dic
     import ray
     from ray import tune
 
-    check_worker_resources(ray, resources, workers)
+    from .ray_engine import check_resources
+
+    check_resources(ray, resources, workers)
     # In a list, so that Tune hands the trial the reference and not the model: only the workers read it.
     shipped = [ray.put(inputs)]
     launch = launch_env(accelerate_config, workers) if accelerate_config is not None else {}
@@ -196,7 +189,7 @@ def _worker(config: dict) -> None:
     import ray
     from ray import train
 
-    from .ray_results import pack
+    from .store import result_text
 
     torch.set_num_threads(config["threads"])
     context = train.get_context()
@@ -215,4 +208,4 @@ def _worker(config: dict) -> None:
     if config["sharding"] is not None and config["sharding"] != ran:  # e.g. accelerate running DDP for an FSDP plugin on CPU
         raise RuntimeError(f"the trial's accelerate_config asks for {config['sharding']}, but its workers ran {ran}")
     if rank == 0:  # every rank holds the same trained model and scores; rank 0's is the trial's
-        ray.get(config["mailbox"].put.remote(pack(result)))
+        ray.get(config["mailbox"].put.remote(result_text(result)))

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..evaluation.formatting import data_parts_text, format_value
 from ..utils import atomic_write_text, json_safe, write_json
-from .sweep_report import family_delta, family_text, frontier_sentence, matched_sentence, overall_sentence, sweep_markdown, view_dict
+from .sweep_report import _span, family_delta, family_text, frontier_sentence, matched_sentence, overall_sentence, sweep_markdown, view_dict
 
 
 @dataclass
@@ -282,10 +282,6 @@ def write_outputs(folder, stem: str, result, plot) -> dict[str, str]:
     atomic_write_text(paths["markdown"], result.to_markdown())
     plot(result, paths["plot"])
     return {k: str(v) for k, v in paths.items()}
-
-
-def _span(row: dict) -> str:
-    return f"{format_value(row['mean'])} [{format_value(row['low'])}, {format_value(row['high'])}]"
 
 
 def _cell(row: dict | None) -> str:

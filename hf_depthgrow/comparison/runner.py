@@ -10,12 +10,18 @@ rate, scored at every budget) run by an engine (`comparison.engine`; stored and 
 sits at an edge (`comparison.grids`). One aggregation (`comparison.aggregate`) turns the trials into a
 `CompareResult`: per budget, each arm's rate chosen on held-out (the test set never chooses), intervals
 corrected for the number of arms (`evaluation.decisions`), the gain x forgetting frontier.
+
+Compare and the oracle sweep share one set-up (`read_sets`, then `prepare_sweep`: the original's losses, the
+`TrialInputs`, the store, the engine). With `trials_dir` the comparison also records there what aggregating needs
+besides its trials, so that `gather.gather_comparison(trials_dir)` rebuilds it from the folder alone.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -31,11 +37,11 @@ from ..training.data_order import training_rows
 from .aggregate import aggregate, rungs_of
 from .arms import Arm, build_arms
 from .config import CompareConfig
-from .engine import run_serial
+from .engine import engine_for
 from .fresh_data import data_plan
 from .grids import best_rate, edge, extension
-from .result import CompareResult
-from .store import TrialStore, check_trials_dir, stored
+from .result import CompareResult, _weighted
+from .store import TrialStore, check_trials_dir
 from .trial import TrialInputs, TrialResult, TrialSpec
 
 
@@ -115,10 +121,6 @@ def example_losses(model: nn.Module, rows: list[dict], batch_size: int) -> tuple
     return torch.cat(per).numpy(), torch.cat(weights).numpy()
 
 
-def _weighted(per: np.ndarray, weight: np.ndarray) -> float:
-    return float((per * weight).sum() / max(weight.sum(), 1.0))
-
-
 def _tracker_settings(cfg: CompareConfig, name: str | None = None) -> dict:
     """Where a run of the comparison logs (`report_to`); the seed is in the name, as the probe validation reruns per seed."""
     out = {"report_to": cfg.report_to, "logging_dir": cfg.logging_dir, "project_name": cfg.project_name}
@@ -141,11 +143,13 @@ def _grid_state(trials: list[TrialResult], budgets: list[int]) -> tuple[list[flo
     return rates, edges
 
 
-def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs, engine) -> tuple[list[TrialResult], dict]:
-    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap."""
+def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs | None, engine, *, forgetting: bool) -> tuple[list[TrialResult], dict]:
+    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap.
+
+    With `forgetting` (a retention set) each grid also reaches below its lowest rate: those rates trace each kind's
+    forgetting curve."""
     from tqdm.auto import tqdm
 
-    forgetting = inputs.retention_rows is not None  # lower rates trace each kind's forgetting curve
     specs = [_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind, retention=forgetting)]
     grids = {arm.name: {"grid": cfg.grid(arm.kind, retention=forgetting), "below": cfg.forgetting_rates if forgetting else 0,
                         "added": [], "stopped": None} for arm in trained}  # fmt: skip
@@ -171,11 +175,11 @@ def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs, eng
     return trials, grids
 
 
-def fresh_data_check(cfg: CompareConfig, num_blocks: int):
+def fresh_data_check(cfg: CompareConfig, num_blocks: int, *, stacklevel: int = 3):
     """Refuse a largest budget that would repeat training blocks (unless allowed), or say up front that it will."""
     plan = data_plan(cfg, num_blocks)
     if plan.repeats:
-        warnings.warn(plan.warning(), stacklevel=3)
+        warnings.warn(plan.warning(), stacklevel=stacklevel)
     return plan
 
 
@@ -253,66 +257,111 @@ def compare_plans(
     if resume and trials_dir is None:
         raise ValueError("resume continues the trials stored in trials_dir: set trials_dir (compare --trials-dir)")
     check_trials_dir(trials_dir, inputs={"model": getattr(model, "name_or_path", None)})
-    tracking.check_available(cfg.report_to)
-    tracking.check_logging_dir(cfg.report_to, cfg.logging_dir, "logging_dir is not set (hf-depthgrow compare defaults it to <output_dir>/logs)")
+    _check_trackers(cfg)
     started = time.perf_counter()
-    train_rows = training_rows(train_data, "train_data", model=model)
-    fresh_data_check(cfg, len(train_rows))
-    eval_rows = training_rows(eval_data, "eval_data", model=model)
-    test_rows = _checked_rows(model, test_data, "test_data", cfg.batch_size)
-    retention_rows = _checked_rows(model, retention_data, "retention_data", cfg.batch_size) if retention_data is not None else None
-    documents = set_documents({"train": train_rows, "heldout": eval_rows, "test": test_rows, "retention": retention_rows}, cfg.cluster_key)
-    _check_documents(documents, retention_rows, cfg)
-    probe_result, probe_seconds = _probe_if_needed(model, cfg, train_rows, probe_result, probe_max_batches)
+    data = {"train": train_data, "eval": eval_data, "test": test_data, "retention": retention_data}
+    rows, documents = read_sets(model, cfg, data)
+    probe_result, probe_seconds = _probe_if_needed(model, cfg, rows["train"], probe_result, probe_max_batches)
     arms = build_arms(
         model, cfg.growth, cfg.controls, reference=cfg.reference, probe_result=probe_result, seed=cfg.seed,
         lora_target_modules=cfg.lora_target_modules, grow_kwargs=grow_kwargs, matched=cfg.matched_controls,
     )  # fmt: skip
     if probe_result is not None:
         tracking.log_probe_run(probe_result, **_tracker_settings(cfg, "probe"))
-    result = _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs,
-                       probe_result=probe_result, probe_seconds=probe_seconds, started=started, trials_dir=trials_dir, resume=resume,
-                       documents=documents)  # fmt: skip
-    logged = tracking.tracking_run(config=cfg.to_dict(), **_tracker_settings(cfg, "compare"))
-    logged.log_comparison(result, cfg.max_steps)
-    logged.finish()
+    sweep = prepare_sweep(model, cfg, rows, grow_kwargs=grow_kwargs, trials_dir=trials_dir, resume=resume)
+    extra = {
+        "probe": _probe_summary(probe_result),
+        "num_examples": {"train": len(rows["train"]), "heldout": len(rows["eval"]), "test": len(rows["test"]),
+                         "retention": len(rows["retention"] or [])},
+    }  # fmt: skip
+    if sweep.store is not None and sweep.store.trains:  # the record with which the folder alone rebuilds this comparison
+        sweep.store.save_sweep(cfg, arms, sweep.inputs.original, documents, extra)
+    trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, sweep.inputs, sweep.engine, forgetting=rows["retention"] is not None)
+    extra["seconds"] = {"total": time.perf_counter() - started, "probe": probe_seconds, "original_losses": sweep.seconds}
+    result = aggregate(arms, trials, sweep.inputs.original, cfg, grids=grids, extra=extra, documents=documents)
+    _log_comparison(result, cfg)
     return result
 
 
-def _run_arms(model, arms, cfg, train_rows, eval_rows, test_rows, retention_rows, grow_kwargs, *, probe_result, probe_seconds, started, trials_dir,
-              resume=False, documents=None):
+def _check_trackers(cfg: CompareConfig) -> None:
+    tracking.check_available(cfg.report_to)
+    tracking.check_logging_dir(cfg.report_to, cfg.logging_dir, "logging_dir is not set (hf-depthgrow compare defaults it to <output_dir>/logs)")
+
+
+def _log_comparison(result: CompareResult, cfg: CompareConfig) -> None:
+    logged = tracking.tracking_run(config=cfg.to_dict(), **_tracker_settings(cfg, "compare"))
+    logged.log_comparison(result, cfg.max_steps)
+    logged.finish()
+
+
+def read_sets(model: nn.Module, cfg: CompareConfig, data: dict, *, fresh: bool = True) -> tuple[dict, dict]:
+    """`(rows, documents)` of a sweep's sets (`data`: `train`, `eval`, `test`, `retention` or `None`), each read and
+    checked against the model before any work; with `fresh`, the largest budget against the training blocks first."""
+    rows = {"train": training_rows(data["train"], "train_data", model=model)}
+    if fresh:
+        fresh_data_check(cfg, len(rows["train"]), stacklevel=4)
+    rows["eval"] = training_rows(data["eval"], "eval_data", model=model)
+    rows["test"] = _checked_rows(model, data["test"], "test_data", cfg.batch_size)
+    given = data.get("retention")
+    rows["retention"] = _checked_rows(model, given, "retention_data", cfg.batch_size) if given is not None else None
+    documents = set_documents({"train": rows["train"], "heldout": rows["eval"], "test": rows["test"], "retention": rows["retention"]},
+                              cfg.cluster_key)  # fmt: skip
+    _check_documents(documents, rows["retention"], cfg)
+    return rows, documents
+
+
+@dataclass
+class Sweep:
+    """What every trial of a sweep shares, built once (`prepare_sweep`): its inputs, the engine that runs its trials,
+    the seconds the original's losses took, and the trial store (or `None`)."""
+
+    inputs: TrialInputs
+    engine: Callable
+    seconds: float
+    store: TrialStore | None = None
+
+
+def prepare_sweep(model: nn.Module, cfg: CompareConfig, rows: dict, *, grow_kwargs=None, trials_dir=None, resume: bool = False) -> Sweep:
+    """The set-up of every sweep (compare, the oracle): the original's losses on `rows` (as `read_sets` gives them),
+    the `TrialInputs`, the trial store under `trials_dir`, and the engine `cfg.engine` names (`engine.engine_for`)."""
     t0 = time.perf_counter()
-    original = {"test": example_losses(model, test_rows, cfg.batch_size)}
-    if retention_rows is not None:
-        original["retention"] = example_losses(model, retention_rows, cfg.batch_size)
-    original["heldout"] = _weighted(*example_losses(model, eval_rows, cfg.batch_size))
-    shared_seconds = time.perf_counter() - t0
+    original = {"test": example_losses(model, rows["test"], cfg.batch_size)}
+    if rows["retention"] is not None:
+        original["retention"] = example_losses(model, rows["retention"], cfg.batch_size)
+    original["heldout"] = _weighted(*example_losses(model, rows["eval"], cfg.batch_size))
+    seconds = time.perf_counter() - t0
     inputs = TrialInputs(
-        base=model, train_rows=train_rows, eval_rows=eval_rows, test_rows=test_rows, retention_rows=retention_rows,
+        base=model, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=rows["retention"],
         batch_size=cfg.batch_size, selection_max_examples=cfg.selection_max_examples, lora_target_modules=cfg.lora_target_modules,
-        grow_kwargs=grow_kwargs, original=original, tracking=_tracker_settings(cfg),
-        gradient_checkpointing=cfg.gradient_checkpointing,
+        grow_kwargs=grow_kwargs, original=original, tracking=_tracker_settings(cfg), gradient_checkpointing=cfg.gradient_checkpointing,
     )  # fmt: skip
-    trained = [a for a in arms if a.kind != "original"]
     store = TrialStore(trials_dir, inputs, resume=resume, trains=cfg.engine != "stored") if trials_dir is not None else None
-    if cfg.engine == "ray":  # comparison.ray_engine: Ray Tune trials, each stored as it finishes
-        from .ray_engine import ray_engine
+    return Sweep(inputs, engine_for(cfg, store), seconds, store)
 
-        engine = ray_engine(cfg, store)
-    elif cfg.engine == "stored":  # comparison.gather: every trial read from the store, none trained
-        from .gather import stored_only
 
-        engine = stored_only(store)
-    else:
-        engine = stored(run_serial, store)
-    trials, grids = _train_arms(trained, cfg, inputs, engine)
-    extra = {
-        "probe": _probe_summary(probe_result),
-        "seconds": {"total": time.perf_counter() - started, "probe": probe_seconds, "original_losses": shared_seconds},
-        "num_examples": {"train": len(train_rows), "heldout": len(eval_rows), "test": len(test_rows),
-                         "retention": len(retention_rows) if retention_rows is not None else 0},
-    }  # fmt: skip
-    return aggregate(arms, trials, original, cfg, grids=grids, extra=extra, documents=documents)
+def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result, trials_dir):
+    """The oracle sweep's trials (`names` at every seed of `cfgs`, `{seed: CompareConfig}`) in one engine call, so that
+    Ray runs them at once; then `(one CompareResult per seed, as compare_plans would give, the trials, the original's losses)`."""
+    from tqdm.auto import tqdm
+
+    cfg = next(iter(cfgs.values()))
+    _check_trackers(cfg)
+    rows, documents = read_sets(model, cfg, data, fresh=False)  # validate_probe checked the budget before its probe
+    arms = build_arms(model, names, [], reference=None, probe_result=probe_result, seed=cfg.seed, lora_target_modules=cfg.lora_target_modules,
+                      matched=False)  # the oracle trains positions only
+    sweep = prepare_sweep(model, cfg, rows, trials_dir=trials_dir)
+    trained = [a for a in arms if a.kind != "original"]
+    specs = [_spec(arm, lr, c) for c in cfgs.values() for arm in trained for lr in c.grid(arm.kind)]
+    with tqdm(total=len(specs), desc="oracle trials", disable=not cfg.progress, unit="trial") as bar:
+        trials = sweep.engine(specs, sweep.inputs, halving=False, bar=bar)
+    results = {}
+    for seed, c in cfgs.items():
+        grids = {a.name: {"grid": c.grid(a.kind), "added": [], "stopped": "interior"} for a in trained}
+        extra = {"probe": None, "seconds": {}, "num_examples": {"train": len(rows["train"])}}
+        results[seed] = aggregate(arms, [t for t in trials if t.spec.seed == seed], sweep.inputs.original, c, grids=grids, documents=documents,
+                                  extra=extra)  # fmt: skip
+        _log_comparison(results[seed], c)
+    return results, trials, sweep.inputs.original
 
 
 def _probe_summary(probe_result) -> dict | None:

@@ -17,6 +17,10 @@ and the trial starts over. A plain rerun leaves them unused, with a warning: eac
 With `resume` (`compare --resume`) it continues from its checkpoint, which ends bit-identical to the
 uninterrupted trial; `resume` where nothing of the sweep is stored or checkpointed is refused.
 
+Beside its trials a comparison records under `sweeps/<key>/` what aggregating them needs (its config and arms,
+the original's per-example losses, the documents; `save_sweep`), keyed by both and by the store's fingerprints,
+so that `gather.gather_comparison` rebuilds it from the folder alone.
+
 A write that fails (a full disk, a read-only folder, a file where the folder should be) warns once, naming the
 folder and why, and the sweep goes on: what it could not store trains again on a rerun, and a trial whose result
 could not be stored keeps its checkpoint. Nothing half-written is ever read: every entry and checkpoint is
@@ -37,11 +41,12 @@ import numpy as np
 import torch
 
 from ..storage import ENTRY_FILE, EntryStore, is_whole, rows_fingerprint, set_aside, sha256_of, weights_fingerprint
-from ..utils import package_version
+from ..utils import json_safe, package_version
 from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, block_seed
 
 KIND = "trials"
 CHECKPOINTS = "checkpoints"  # <root>/checkpoints/<trial key>/<events done>/: the latest checkpoint of an unfinished trial
+SWEEPS = "sweeps"  # <root>/sweeps/<key>/: a comparison's own record, which with its trials rebuilds it (`runner.gather_comparison`)
 _ARRAYS = ("test", "test_weight", "retention", "retention_weight")
 
 
@@ -80,6 +85,7 @@ class TrialStore(EntryStore):
         inputs: The sweep's `TrialInputs` (their model, rows and settings are part of every key).
         resume: Continue unfinished trials from their checkpoints (`compare --resume`).
         trains: Whether a trial not stored is trained (`False` for `compare --gather`: its warnings say so).
+        context: Instead of `inputs`, the fingerprints of the model, rows and settings (a stored comparison's).
 
     Example:
         ```python
@@ -91,10 +97,10 @@ class TrialStore(EntryStore):
 
     label = "trial store"
 
-    def __init__(self, root, inputs: TrialInputs, *, resume: bool = False, trains: bool = True):
+    def __init__(self, root, inputs: TrialInputs | None = None, *, resume: bool = False, trains: bool = True, context: dict | None = None):
         super().__init__(root)
         self.resume, self.trains, self._resume_checked = resume, trains, False
-        self.context = {
+        self.context = context if inputs is None else {
             "model": weights_fingerprint(inputs.base),
             "rows": {k: rows_fingerprint(getattr(inputs, f"{k}_rows")) if getattr(inputs, f"{k}_rows") is not None else None
                      for k in ("train", "eval", "test", "retention")},
@@ -142,6 +148,41 @@ class TrialStore(EntryStore):
         """Store `result` atomically (digest written last); returns its key (`None` if it could not be written)."""
         meta, tensors = _result_entry(result)
         return self.store(KIND, self._parts(result.spec), meta, tensors)
+
+    def save_sweep(self, cfg, arms: list, original: dict, documents: dict, extra: dict) -> str | None:
+        """Store a comparison's own record beside its trials (`gather.gather_comparison` reads it back): its config and
+        arms (with the store's fingerprints, its key), the original's losses, the documents, `extra` (sizes, probe)."""
+        import time
+
+        meta = json_safe({"written": time.time(), "config": cfg.to_dict(), "arms": [a.to_dict() for a in arms], "heldout": original["heldout"],
+                          "documents": documents, **extra})  # fmt: skip
+        arrays = {k: original[k] for k in ("test", "retention") if k in original}
+        tensors = {f"{k}{part}": torch.from_numpy(np.array(a[i], dtype=np.float64)) for k, a in arrays.items() for i, part in enumerate(("", "_weight"))}
+        return self.store(SWEEPS, {"context": self.context, "config": meta["config"], "arms": meta["arms"]}, meta, tensors)
+
+    @classmethod
+    def sweep_in(cls, root) -> tuple["TrialStore", dict, dict]:
+        """`(store, meta, tensors)` of the comparison last recorded under `root` (`save_sweep`), each record verified
+        against its digest; `ValueError` where `root` holds none that this version wrote."""
+        found = []
+        for header in sorted(Path(root, SWEEPS).glob(f"*/{ENTRY_FILE}")):
+            try:
+                parts = json.loads(header.read_text(encoding="utf-8"))["parts"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # names no comparison; never read as one
+            store = cls(root, context=parts["context"], trains=False)
+            if (entry := EntryStore.load(store, SWEEPS, parts, name=f"stored comparison {header.parent.name[:12]}")) is not None:
+                found.append((entry.meta["written"], store, entry))
+        if not found:
+            raise ValueError(f"gather: {root} holds no comparison this version recorded (compare --trials-dir records one beside "
+                             "its trials; a folder written by another version is read by that version)")  # fmt: skip
+        _, store, entry = max(found, key=lambda f: f[0])
+        return store, entry.meta, entry.tensors
+
+    def keep(self, result: TrialResult) -> None:
+        """Store a finished trial and drop its checkpoints; one that could not be written keeps them, for `--resume`."""
+        if self.save(result) is not None:
+            self.drop_checkpoints(result.spec)
 
     # ------------------------------------------------------------------ checkpoints of unfinished trials
 
@@ -252,14 +293,27 @@ def _result_entry(result: TrialResult) -> tuple[dict, dict]:
             if value is not None:
                 # A copy: budgets that kept the original share one array, and safetensors refuses shared memory.
                 tensors[f"{b}.{name}"] = torch.from_numpy(np.array(value, dtype=np.float64))
-    return _finite_json(meta), tensors
+    return json_safe(meta), tensors  # non-finite losses (a diverged run) as strings: the entry's JSON is strict
 
 
-def _finite_json(meta: dict) -> dict:
-    """Non-finite losses (a diverged run) as strings: the entry's JSON is strict."""
-    from ..utils import json_safe
+def result_text(result: TrialResult) -> str:
+    """A result as one JSON text, as a Ray trial reports it to the driver: the stored entry's meta and arrays, every
+    float written by `repr` and read back by `result_from_text` bit for bit.
 
-    return json_safe(meta)
+    Example:
+        ```python
+        >>> result_from_text(result.spec, result_text(result)).scores[8].heldout_loss == result.scores[8].heldout_loss
+        True
+        ```
+    """
+    meta, tensors = _result_entry(result)
+    return json.dumps({"meta": meta, "arrays": {name: t.tolist() for name, t in tensors.items()}})
+
+
+def result_from_text(spec: TrialSpec, text: str) -> TrialResult:
+    """The `TrialResult` of `spec` that `result_text` wrote."""
+    data = json.loads(text)
+    return _rebuild(spec, data["meta"], {name: torch.tensor(v, dtype=torch.float64) for name, v in data["arrays"].items()})
 
 
 def _float(x) -> float:
@@ -279,38 +333,61 @@ def _rebuild(spec: TrialSpec, meta: dict, tensors: dict, *, partial: bool = Fals
                        int(meta["trainable_parameters"]), float(meta["seconds"]))  # fmt: skip
 
 
+_NAMED = 4  # trials named in the message on trials not stored; the rest counted
+
+
+def stored_or_run(store: TrialStore | None, specs: list[TrialSpec], run, *, halving: bool = False, bar=None) -> list[TrialResult]:
+    """Every spec's result in the specs' order: its stored one where `store` holds it, else one of `run(todo)`.
+
+    The one "stored or run" step of every engine (serial, Ray, `stored`). `run` takes the specs not stored and
+    returns their results (any order), storing each as it finishes (`TrialStore.keep`: a killed sweep keeps every
+    trial it completed); `run=None` trains nothing, and a spec not stored is a `ValueError` naming it. With
+    `halving` an arm's rates are decided together, so its group is reused only when all of it is stored. With
+    the store's `resume`, the first call refuses a folder that holds none of `specs`.
+    """
+    use = store is not None and store.enabled
+    if use:
+        store.check_resume(specs)
+    found = {s.name: store.load(s) if use else None for s in specs}
+    if halving:
+        for arm in {s.arm.name for s in specs}:
+            group = [s.name for s in specs if s.arm.name == arm]
+            if any(found[n] is None for n in group):
+                found.update({n: None for n in group})
+    todo = [s for s in specs if found[s.name] is None]
+    if todo and run is None:
+        names = ", ".join(s.name for s in todo[:_NAMED]) + (f" and {len(todo) - _NAMED} more" if len(todo) > _NAMED else "")
+        raise ValueError(f"{len(todo)} of {len(specs)} trials are not stored in {store.root} for this model, data and "
+                         f"settings: {names} (run the command without --gather to train them)")  # fmt: skip
+    if bar is not None:
+        bar.update(len(specs) - len(todo))
+    if use:
+        warn_unresumed(store, todo)
+    if todo:
+        found.update({r.spec.name: r for r in run(todo)})
+    return [found[s.name] for s in specs]
+
+
 def stored(engine, store: TrialStore | None):
-    """`engine` that first reads each spec's stored result and stores every result it computes.
+    """`engine` (`run_serial`'s contract) behind `stored_or_run`: stored trials reused, each new one stored as it finishes.
 
     Each trial run without halving is checkpointed under the store after every budget (and rung) it scores; with
     the store's `resume` it continues from its latest checkpoint (`hooks`; the engine must take `checkpoints=`).
-    With successive halving an arm's rates are decided together: its group is reused only when all of it is
-    stored, and its trials take no checkpoints (halving runs them in step from their start).
+    With successive halving an arm's rates run together, as one group, and take no checkpoints (halving runs them
+    in step from their start).
     """
     if store is None or not store.enabled:
         return engine
 
     def run(specs, inputs, *, halving=False, bar=None):
-        store.check_resume(specs)
-        found = {s.name: store.load(s) for s in specs}
-        if halving:
-            for arm in {s.arm.name for s in specs}:
-                group = [s.name for s in specs if s.arm.name == arm]
-                if any(found[n] is None for n in group):
-                    found.update({n: None for n in group})
-        todo = [s for s in specs if found[s.name] is None]
-        if bar is not None:
-            bar.update(len(specs) - len(todo))
-        warn_unresumed(store, todo)
-        # Stored as each finishes (an arm's group with halving): a killed sweep keeps every trial it completed.
-        groups = [[s for s in todo if s.arm.name == n] for n in dict.fromkeys(s.arm.name for s in todo)] if halving else [[s] for s in todo]
-        for group in groups:
-            extra = {} if halving else {"checkpoints": store}
-            for spec, result in zip(group, engine(group, inputs, halving=halving, bar=bar, **extra)):
-                if store.save(result) is not None:  # a result it could not write keeps its checkpoint for --resume
-                    store.drop_checkpoints(spec)
-                found[spec.name] = result
-        return [found[s.name] for s in specs]
+        def train(todo):
+            groups = [[s for s in todo if s.arm.name == n] for n in dict.fromkeys(s.arm.name for s in todo)] if halving else [[s] for s in todo]
+            for group in groups:
+                for result in engine(group, inputs, halving=halving, bar=bar, **({} if halving else {"checkpoints": store})):
+                    store.keep(result)
+                    yield result
+
+        return stored_or_run(store, specs, train, halving=halving, bar=bar)
 
     return run
 

@@ -16,6 +16,9 @@ sending `False` stops the trial there (successive halving), anything else contin
 hands a `TrialCheckpoint` to that callable after each budget and rung (not after the last budget: the result
 follows), and with `resume=` one of them it continues from there (`comparison.trial_checkpoint`): a trial
 retried after its process died, or resumed after its sweep's, ends as it would have, bit for bit on CPU fp32.
+
+A trial writes into nothing it is given: the original's losses its trainer takes before the first step come back
+on the result (`TrialResult.original_losses`), and the engine hands them to the next trial on the same rows.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 from torch import nn
 
 from ..utils import json_safe
-from .arms import Arm, check_growth_count, grow_arm
+from .arms import ARM_KINDS, Arm, check_growth_count, grow_arm
 
 HALVING_RUNGS = (0.25, 0.5)  # shares of a budget where the held-out loss is recorded (and halving may stop a rate)
 
@@ -93,6 +96,9 @@ class TrialResult:
     stopped_at: int | None = None
     trainable_parameters: int = 0
     seconds: float = 0.0
+    # What the trainer took of the original before its first step (`OriginalLosses`): the engine hands it to the
+    # next trial on the same rows, which then skips those passes. Not stored: a stored trial has `None`.
+    original_losses: object = field(default=None, compare=False, repr=False)
 
     def heldout_at(self, step: int) -> float:
         """The held-out loss recorded at `step` (a rung or a budget's end); `nan` if it was not recorded."""
@@ -107,7 +113,7 @@ class TrialInputs:
     """What every trial of a comparison shares: the base model, the rows, the settings, the original's losses.
 
     `original` holds the original's per-example test (and retention) losses and held-out loss (what a budget
-    where the fallback rule kept the original scores), and `losses`, the `OriginalLosses` every trainer reuses.
+    where the fallback rule kept the original scores); trials only read it.
     """
 
     base: nn.Module
@@ -129,7 +135,7 @@ def train_config(spec: TrialSpec, inputs: TrialInputs):
     from ..training.config import TrainConfig
 
     arm = spec.arm
-    mode = {"growth": "new", "layers": "layers", "lora": "lora", "full": "full"}[arm.kind]
+    mode = ARM_KINDS[arm.kind].trainable
     extra = {"trainable_layers": arm.layers} if arm.kind == "layers" else {}
     if arm.kind == "lora":
         extra.update(lora_r=arm.lora_r, lora_alpha=2 * arm.lora_r, lora_target_modules=inputs.lora_target_modules)
@@ -172,10 +178,11 @@ def _events(spec: TrialSpec) -> list[tuple[int, str, int]]:
     return sorted(events, key=lambda e: (e[0], order[e[1]], e[2]))
 
 
-def trial_steps(spec: TrialSpec, inputs: TrialInputs, *, checkpoint=None, resume=None):
+def trial_steps(spec: TrialSpec, inputs: TrialInputs, *, original_losses=(), checkpoint=None, resume=None):
     """The trial as a generator: yields `(step, held-out loss)` at each rung, returns the `TrialResult`.
 
     Send `False` at a rung to stop the trial there (it returns with `stopped_at` set and no scores).
+    `original_losses`: `OriginalLosses` of earlier trials; the one taken on this trial's rows is reused.
     `checkpoint`: called with a `TrialCheckpoint` after each event but the last; `resume`: a `TrialCheckpoint`
     of this spec to continue from (its earlier rungs are not yielded again).
     """
@@ -187,14 +194,14 @@ def trial_steps(spec: TrialSpec, inputs: TrialInputs, *, checkpoint=None, resume
     started = time.perf_counter() - (resume.seconds if resume is not None else 0.0)
     if len(spec.budgets) > 1 and spec.scheduler != "wsd":
         raise ValueError(f"a trial scored at several budgets needs lr_scheduler='wsd', not {spec.scheduler!r}")
-    trainer = GrownTrainer(fresh_model(inputs.base, spec.arm, inputs.grow_kwargs, spec.seed), train_config(spec, inputs),
-                           inputs.train_rows, inputs.eval_rows, original_losses=inputs.original.get("losses"))  # fmt: skip
+    trainer = GrownTrainer(fresh_model(inputs.base, spec.arm, inputs.grow_kwargs, spec.seed), train_config(spec, inputs), inputs.train_rows, inputs.eval_rows)
+    # Every trial starts from the original: its held-out loss and L_S(f_old) on the same rows are the same for all.
+    trainer.reuse_original_losses(next((o for o in original_losses if o.key == trainer.losses_key), None))
     result = TrialResult(spec)
     try:
         trainer.begin()
         result.trainable_parameters = trainer.num_trainable
-        # Every trial starts from the original: its held-out loss and L_S(f_old) are taken once, by the first trial.
-        inputs.original.setdefault("losses", trainer.taken_original_losses())
+        result.original_losses = trainer.taken_original_losses()
         events, first = _events(spec), 0
         if resume is not None:
             _check_resume(spec, events, resume)
@@ -228,8 +235,8 @@ def trial_steps(spec: TrialSpec, inputs: TrialInputs, *, checkpoint=None, resume
     return result
 
 
-def run_trial(spec: TrialSpec, inputs: TrialInputs, *, checkpoint=None, resume=None) -> TrialResult:
-    """Run a trial to its end (no early stop) and return its `TrialResult` (`checkpoint`, `resume`: as `trial_steps`).
+def run_trial(spec: TrialSpec, inputs: TrialInputs, *, original_losses=(), checkpoint=None, resume=None) -> TrialResult:
+    """Run a trial to its end (no early stop) and return its `TrialResult` (the rest: as `trial_steps`).
 
     Example:
         ```python
@@ -238,7 +245,7 @@ def run_trial(spec: TrialSpec, inputs: TrialInputs, *, checkpoint=None, resume=N
         ([8, 16], 'new')
         ```
     """
-    steps = trial_steps(spec, inputs, checkpoint=checkpoint, resume=resume)
+    steps = trial_steps(spec, inputs, original_losses=original_losses, checkpoint=checkpoint, resume=resume)
     try:
         next(steps)
         while True:

@@ -328,7 +328,7 @@ def validate_probe(
         probe_result = probe(model, train_data, positions=positions, batch_size=cfg.batch_size, progress=cfg.progress)
     probe_seconds = time.perf_counter() - started
     data = {"train": train_data, "eval": eval_data, "test": test_data, "retention": retention_data}
-    from .oracle import oracle_trials
+    from .runner import oracle_trials
 
     results, trials, original = oracle_trials(model, data, names, cfgs, probe_result, trials_dir)
     sweep_seconds = time.perf_counter() - started - probe_seconds
