@@ -17,11 +17,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_depthgrow"
 
-# Subpackages whose modules still import each other in a circle, and why. Cycles inside them are allowed by
-# `test_no_import_cycle` and reported by the strict xfail below, which fails once they are gone: then the entry goes.
-PENDING = {
-    "hf_depthgrow.comparison": "the runner, the trial, the store and the Ray engines call each other; the engine refactor removes it",
-}
 
 
 def module_files(package: Path = PACKAGE) -> dict[str, tuple[Path, bool]]:
@@ -134,12 +129,8 @@ def _shown(found: tuple[frozenset[str], list[str]]) -> str:
     return " -> ".join(m.removeprefix("hf_depthgrow.") for m in cycle) + more
 
 
-def _pending(component: frozenset[str]) -> bool:
-    return len({_unit(m) for m in component}) == 1 and _unit(next(iter(component))) in PENDING
-
-
 def test_no_import_cycle():
-    found = [c for c in cycles(_package_graph()[0]) if not _pending(c[0])]
+    found = cycles(_package_graph()[0])
     assert not found, "import cycles (function-level imports count):\n" + "\n".join(map(_shown, found))
 
 
@@ -150,13 +141,6 @@ def test_subpackages_import_each_other_one_way():
         units.setdefault(_unit(module), set()).update(_unit(t) for t in targets if _unit(t) != _unit(module))
     found = cycles(units)
     assert not found, "subpackages that import each other:\n" + "\n".join(map(_shown, found))
-
-
-@pytest.mark.parametrize("unit", sorted(PENDING))
-@pytest.mark.xfail(strict=True, reason="a pending cycle (see PENDING); this fails once it is gone: remove the entry")
-def test_pending_cycles_are_still_there(unit):
-    found = [c for c in cycles(_package_graph()[0]) if _pending(c[0]) and _unit(c[1][0]) == unit]
-    assert not found, "\n".join(map(_shown, found))
 
 
 def test_no_private_name_crosses_a_subpackage():

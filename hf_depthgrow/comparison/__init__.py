@@ -5,7 +5,8 @@ from .arms import CONTROL_KINDS, Arm, build_arms, lora_rank_for, matched_layers,
 from .config import CompareConfig
 from .crossover import fit_learning_curve, predict_crossover, validate_fit
 from .result import ArmResult, BudgetView, CompareResult
-from .runner import compare_plans, example_losses
+from .runner import compare_plans
+from .trial import example_losses
 from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, run_trial
 from .validation import ProbeValidation, validate_probe
 

@@ -195,6 +195,8 @@ def ray_cluster(address: str | None, resources_per_trial=None):
     resources = _resources(resources_per_trial)
     started = _connect(ray, address)
     try:
+        from .ray_workers import check_resources
+
         check_resources(ray, resources)
         yield resources
     finally:
@@ -217,17 +219,6 @@ def _resources(resources_per_trial) -> dict:
     return out
 
 
-def check_resources(ray, resources: dict, workers: int = 1) -> None:
-    """A trial (of `workers` processes of `resources` each) the cluster cannot place would wait forever: refused up
-    front, naming what is missing."""
-    have = ray.cluster_resources()
-    for k, v in resources.items():
-        total, what = have.get(k.upper(), 0), k.upper()
-        if v * workers > total:
-            ask = f"asks {v:g} {what} per trial" if workers == 1 else f"{workers} workers per trial with {v:g} {what} each need {v * workers:g} {what}"
-            raise ValueError(f"{'resources_per_trial ' if workers == 1 else ''}{ask}, but the Ray cluster has {total:g}")
-
-
 # --------------------------------------------------------------------------- the trials
 
 
@@ -238,7 +229,7 @@ def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, thread
     """
     from ray import tune
 
-    from .store import result_text
+    from .trial import result_text
 
     trial_process(threads, gpus)
     spec = specs[config["index"]]
@@ -297,7 +288,7 @@ def _compact(rows):
 def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar, workers=1, accelerate_config=None) -> dict[str, TrialResult]:
     from ray import tune
 
-    from .store import result_from_text
+    from .trial import result_from_text
 
     if workers > 1:  # each trial a Ray Train TorchTrainer of `workers` processes (comparison.ray_workers)
         from .ray_workers import worker_trainable

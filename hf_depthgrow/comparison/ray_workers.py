@@ -115,8 +115,6 @@ def worker_trainable(specs: list[TrialSpec], inputs: TrialInputs, resources: dic
     import ray
     from ray import tune
 
-    from .ray_engine import check_resources
-
     check_resources(ray, resources, workers)
     # In a list, so that Tune hands the trial the reference and not the model: only the workers read it.
     shipped = [ray.put(inputs)]
@@ -189,7 +187,7 @@ def _worker(config: dict) -> None:
     import ray
     from ray import train
 
-    from .store import result_text
+    from .trial import result_text
 
     torch.set_num_threads(config["threads"])
     context = train.get_context()
@@ -209,3 +207,14 @@ def _worker(config: dict) -> None:
         raise RuntimeError(f"the trial's accelerate_config asks for {config['sharding']}, but its workers ran {ran}")
     if rank == 0:  # every rank holds the same trained model and scores; rank 0's is the trial's
         ray.get(config["mailbox"].put.remote(result_text(result)))
+
+
+def check_resources(ray, resources: dict, workers: int = 1) -> None:
+    """A trial (of `workers` processes of `resources` each) the cluster cannot place would wait forever: refused up
+    front, naming what is missing."""
+    have = ray.cluster_resources()
+    for k, v in resources.items():
+        total, what = have.get(k.upper(), 0), k.upper()
+        if v * workers > total:
+            ask = f"asks {v:g} {what} per trial" if workers == 1 else f"{workers} workers per trial with {v:g} {what} each need {v * workers:g} {what}"
+            raise ValueError(f"{'resources_per_trial ' if workers == 1 else ''}{ask}, but the Ray cluster has {total:g}")

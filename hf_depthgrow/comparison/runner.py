@@ -23,14 +23,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-import torch
 from torch import nn
 
-from ..data.batches import as_batches, as_rows, documents_of, to_device
-from ..evaluation.checks import prepare_batches, resolve_cluster_key, split_batch
-from ..evaluation.paired import eval_mode
-from ..chunked_loss import batch_example_losses
+from ..data.batches import as_rows, documents_of
+from ..evaluation.checks import prepare_batches, resolve_cluster_key
 from ..probe.signal import ProbeResult
 from ..training import tracking
 from ..training.data_order import training_rows
@@ -42,7 +38,7 @@ from .fresh_data import data_plan
 from .grids import best_rate, edge, extension
 from .result import CompareResult, _weighted
 from .store import TrialStore, check_trials_dir
-from .trial import TrialInputs, TrialResult, TrialSpec
+from .trial import TrialInputs, TrialResult, TrialSpec, example_losses
 
 
 def _checked_rows(model: nn.Module, data, name: str, batch_size: int) -> list[dict]:
@@ -97,28 +93,6 @@ def _check_documents(documents: dict, retention_rows, cfg: CompareConfig) -> Non
                              "nothing to resample (use auto or none)")  # fmt: skip
     if retention_rows is not None:
         retention_parts(len(retention_rows), cfg.retention_selection_fraction, cfg.seed, cluster_labels(documents["retention"], cfg.cluster_key))
-
-
-@torch.no_grad()
-def example_losses(model: nn.Module, rows: list[dict], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(per-example loss, per-example weight)` of `model` on `rows` (weight: supervised tokens, or 1).
-
-    Example:
-        ```python
-        >>> per_example, weight = example_losses(model, test_rows, 8)
-        >>> float((per_example * weight).sum() / weight.sum())  # the token-weighted data-set loss
-        4.83
-        ```
-    """
-    device = next(model.parameters()).device
-    per, weights = [], []
-    with eval_mode(model):
-        for batch in as_batches(rows, batch_size=batch_size):
-            batch = to_device(split_batch(batch)[0], device)
-            el = batch_example_losses(model, batch)
-            per.append(el.per_example.double().cpu())
-            weights.append(el.weight.double().cpu())
-    return torch.cat(per).numpy(), torch.cat(weights).numpy()
 
 
 def _tracker_settings(cfg: CompareConfig, name: str | None = None) -> dict:

@@ -42,12 +42,11 @@ import torch
 
 from ..storage import ENTRY_FILE, EntryStore, is_whole, rows_fingerprint, set_aside, sha256_of, weights_fingerprint
 from ..utils import json_safe, package_version
-from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, block_seed
+from .trial import TrialInputs, TrialResult, TrialSpec, block_seed, rebuild_result, result_entry
 
 KIND = "trials"
 CHECKPOINTS = "checkpoints"  # <root>/checkpoints/<trial key>/<events done>/: the latest checkpoint of an unfinished trial
 SWEEPS = "sweeps"  # <root>/sweeps/<key>/: a comparison's own record, which with its trials rebuilds it (`runner.gather_comparison`)
-_ARRAYS = ("test", "test_weight", "retention", "retention_weight")
 
 
 def check_trials_dir(trials_dir, *, inputs: dict | None = None) -> None:
@@ -139,14 +138,14 @@ class TrialStore(EntryStore):
         if entry is None:
             return None
         try:
-            return _rebuild(spec, entry.meta, entry.tensors)
+            return rebuild_result(spec, entry.meta, entry.tensors)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             self.reject(KIND, entry.key, f"ignoring the unreadable stored trial {spec.name} ({err})")
             return None
 
     def save(self, result: TrialResult) -> str | None:
         """Store `result` atomically (digest written last); returns its key (`None` if it could not be written)."""
-        meta, tensors = _result_entry(result)
+        meta, tensors = result_entry(result)
         return self.store(KIND, self._parts(result.spec), meta, tensors)
 
     def save_sweep(self, cfg, arms: list, original: dict, documents: dict, extra: dict) -> str | None:
@@ -276,61 +275,6 @@ class TrialStore(EntryStore):
 def _ours(path: Path) -> bool:
     """Whether `path`, in a trial's checkpoint folder, is what this store writes there: a checkpoint or its temporary folder."""
     return path.is_dir() and (path.name.isdigit() or path.name.startswith(".tmp-"))
-
-
-def _result_entry(result: TrialResult) -> tuple[dict, dict]:
-    """A result as JSON-safe meta and its per-example arrays as float64 tensors named `<budget>.<array>`."""
-    meta = {
-        "name": result.spec.name, "stopped_at": result.stopped_at, "trainable_parameters": result.trainable_parameters,
-        "seconds": result.seconds, "heldout_curve": [[int(s), float(v)] for s, v in result.heldout_curve],
-        "scores": {str(b): {"units_seen": s.units_seen, "heldout_loss": s.heldout_loss, "selected": s.selected,
-                            "train_losses": s.train_losses, "seconds": s.seconds} for b, s in result.scores.items()},
-    }  # fmt: skip
-    tensors = {}
-    for b, s in result.scores.items():
-        for name in _ARRAYS:
-            value = getattr(s, name)
-            if value is not None:
-                # A copy: budgets that kept the original share one array, and safetensors refuses shared memory.
-                tensors[f"{b}.{name}"] = torch.from_numpy(np.array(value, dtype=np.float64))
-    return json_safe(meta), tensors  # non-finite losses (a diverged run) as strings: the entry's JSON is strict
-
-
-def result_text(result: TrialResult) -> str:
-    """A result as one JSON text, as a Ray trial reports it to the driver: the stored entry's meta and arrays, every
-    float written by `repr` and read back by `result_from_text` bit for bit.
-
-    Example:
-        ```python
-        >>> result_from_text(result.spec, result_text(result)).scores[8].heldout_loss == result.scores[8].heldout_loss
-        True
-        ```
-    """
-    meta, tensors = _result_entry(result)
-    return json.dumps({"meta": meta, "arrays": {name: t.tolist() for name, t in tensors.items()}})
-
-
-def result_from_text(spec: TrialSpec, text: str) -> TrialResult:
-    """The `TrialResult` of `spec` that `result_text` wrote."""
-    data = json.loads(text)
-    return _rebuild(spec, data["meta"], {name: torch.tensor(v, dtype=torch.float64) for name, v in data["arrays"].items()})
-
-
-def _float(x) -> float:
-    return float(x) if not isinstance(x, str) else float(x.replace("Infinity", "inf").replace("NaN", "nan"))
-
-
-def _rebuild(spec: TrialSpec, meta: dict, tensors: dict, *, partial: bool = False) -> TrialResult:
-    scores = {}
-    for b, s in meta["scores"].items():
-        arrays = {n: tensors[f"{b}.{n}"].numpy() if f"{b}.{n}" in tensors else None for n in _ARRAYS}
-        scores[int(b)] = BudgetScore(steps=int(b), units_seen=int(s["units_seen"]), heldout_loss=_float(s["heldout_loss"]),
-                                     selected=s["selected"], train_losses={k: _float(v) for k, v in s["train_losses"].items()},
-                                     seconds=float(s["seconds"]), **arrays)  # fmt: skip
-    if sorted(scores) != sorted(spec.budgets) and meta["stopped_at"] is None and not partial:
-        raise ValueError(f"it holds budgets {sorted(scores)}, not {list(spec.budgets)}")
-    return TrialResult(spec, scores, [(int(s), _float(v)) for s, v in meta["heldout_curve"]], meta["stopped_at"],
-                       int(meta["trainable_parameters"]), float(meta["seconds"]))  # fmt: skip
 
 
 _NAMED = 4  # trials named in the message on trials not stored; the rest counted

@@ -29,84 +29,20 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from torch import nn
 
-from ..utils import json_safe
 from .arms import ARM_KINDS, Arm, check_growth_count, grow_arm
-
-HALVING_RUNGS = (0.25, 0.5)  # shares of a budget where the held-out loss is recorded (and halving may stop a rate)
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    """One trial: an arm, a learning rate, a seed (the data order) and the budgets (optimizer steps) it is scored at.
-
-    Example:
-        ```python
-        >>> TrialSpec(arm, 1e-3, seed=0, budgets=(20, 40, 80)).name
-        'probe:1@lr0.001@seed0'
-        ```
-    """
-
-    arm: Arm
-    learning_rate: float
-    seed: int
-    budgets: tuple[int, ...]
-    warmup_steps: int = 0
-    scheduler: str = "cosine"
-    decay_ratio: float = 0.2
-    rungs: tuple[int, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return f"{self.arm.name}@lr{self.learning_rate:g}@seed{self.seed}"
-
-    def to_dict(self) -> dict:
-        return json_safe({"arm": self.arm.to_dict(), "learning_rate": self.learning_rate, "seed": self.seed,
-                          "budgets": list(self.budgets), "warmup_steps": self.warmup_steps, "scheduler": self.scheduler,
-                          "decay_ratio": self.decay_ratio, "rungs": list(self.rungs)})  # fmt: skip
-
-
-@dataclass
-class BudgetScore:
-    """A trial at one budget: what the fallback rule picked and its losses (per-example on test and retention)."""
-
-    steps: int
-    units_seen: int
-    heldout_loss: float
-    selected: str
-    train_losses: dict
-    test: np.ndarray
-    test_weight: np.ndarray
-    retention: np.ndarray | None
-    retention_weight: np.ndarray | None
-    seconds: float
-
-
-@dataclass
-class TrialResult:
-    """What a trial returns: a `BudgetScore` per budget reached, the held-out curve, and the cost.
-
-    `stopped_at` is the rung where successive halving stopped the trial (then `scores` is empty).
-    """
-
-    spec: TrialSpec
-    scores: dict[int, BudgetScore] = field(default_factory=dict)
-    heldout_curve: list[tuple[int, float]] = field(default_factory=list)
-    stopped_at: int | None = None
-    trainable_parameters: int = 0
-    seconds: float = 0.0
-    # What the trainer took of the original before its first step (`OriginalLosses`): the engine hands it to the
-    # next trial on the same rows, which then skips those passes. Not stored: a stored trial has `None`.
-    original_losses: object = field(default=None, compare=False, repr=False)
-
-    def heldout_at(self, step: int) -> float:
-        """The held-out loss recorded at `step` (a rung or a budget's end); `nan` if it was not recorded."""
-        for s, loss in self.heldout_curve:
-            if s == step:
-                return loss
-        return math.nan
-
+from .trial_record import (  # noqa: F401 - the trial's types, imported from here by the sweep's modules
+    HALVING_RUNGS,
+    BudgetScore,
+    TrialResult,
+    TrialSpec,
+    rebuild_result,
+    result_entry,
+    result_from_text,
+    result_text,
+)
 
 @dataclass
 class TrialInputs:
@@ -262,7 +198,6 @@ def _check_resume(spec: TrialSpec, events: list, resume) -> None:
 def _score(trainer, budget: int, inputs: TrialInputs, started: float, result: TrialResult) -> BudgetScore:
     """The fallback rule's pick at this budget, and its held-out, test and retention losses."""
     from ..training.selection import pick
-    from .runner import example_losses
 
     old = trainer.baseline["old"]
     new = math.nan if trainer.nonfinite is not None else trainer.selection_loss()
@@ -292,3 +227,33 @@ def _planned_units(trainer, budget: int) -> int:
     accum, world = trainer.config.gradient_accumulation_steps, trainer.accelerator.num_processes
     return sum(input_count(fetch(trainer.train_dataset, trainer.order.local_indices(p, r)), trainer.causal)
                for p in range(budget * accum) for r in range(world))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- scoring
+
+
+@torch.no_grad()
+def example_losses(model: nn.Module, rows: list[dict], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(per-example loss, per-example weight)` of `model` on `rows` (weight: supervised tokens, or 1).
+
+    Example:
+        ```python
+        >>> per_example, weight = example_losses(model, test_rows, 8)
+        >>> float((per_example * weight).sum() / weight.sum())  # the token-weighted data-set loss
+        4.83
+        ```
+    """
+    from ..chunked_loss import batch_example_losses
+    from ..data.batches import as_batches, to_device
+    from ..evaluation.checks import split_batch
+    from ..evaluation.paired import eval_mode
+
+    device = next(model.parameters()).device
+    per, weights = [], []
+    with eval_mode(model):
+        for batch in as_batches(rows, batch_size=batch_size):
+            batch = to_device(split_batch(batch)[0], device)
+            el = batch_example_losses(model, batch)
+            per.append(el.per_example.double().cpu())
+            weights.append(el.weight.double().cpu())
+    return torch.cat(per).numpy(), torch.cat(weights).numpy()

@@ -57,7 +57,7 @@ class TrialCheckpoint:
     def restore(self, trainer, result) -> None:
         """Put a freshly begun trainer (`trainer.begin()` ran) and an empty result where this checkpoint was taken."""
         from ..training.checkpoints import set_rng_state
-        from .store import _rebuild
+        from .trial_record import rebuild_result
 
         named = dict(trainer.trainable_named)
         saved = {k[len(_PARAM) :] for k in self.tensors if k.startswith(_PARAM)}
@@ -73,7 +73,7 @@ class TrialCheckpoint:
         set_rng_state({**rng, **s["rng"], **({"cuda": cuda} if cuda else {})})
         trainer._step, trainer.units_seen = self.step, s["units_seen"]
         scores = {k[len("score.") :]: v for k, v in self.tensors.items() if k.startswith("score.")}
-        partial = _rebuild(result.spec, s["result"], scores, partial=True)
+        partial = rebuild_result(result.spec, s["result"], scores, partial=True)
         result.scores, result.heldout_curve, result.trainable_parameters = partial.scores, partial.heldout_curve, partial.trainable_parameters
 
     @property
@@ -121,7 +121,7 @@ class TrialCheckpoint:
 def capture(trainer, result, events_done: int, seconds: float) -> TrialCheckpoint | None:
     """The trial now, on its trunk after `events_done` events; `None` where it cannot be taken (see the module docstring)."""
     from ..training.checkpoints import rng_state
-    from .store import _result_entry
+    from .trial_record import result_entry
 
     if getattr(trainer, "sharded", False) or trainer.accelerator.num_processes > 1 or trainer.stopped or trainer.nonfinite is not None:
         return None  # several processes: the state is per rank; a diverged trunk: the rerun is as short
@@ -136,7 +136,7 @@ def capture(trainer, result, events_done: int, seconds: float) -> TrialCheckpoin
                 scalars[f"{index}.{key}"] = value
     rng = rng_state()
     tensors.update({_RNG + k: v.clone() for k, v in rng.items() if torch.is_tensor(v)})
-    meta, scores = _result_entry(result)
+    meta, scores = result_entry(result)
     tensors.update({"score." + k: v for k, v in scores.items()})
     state = {
         "units_seen": trainer.units_seen, "seconds": seconds, "param_groups": optimizer["param_groups"], "optimizer_scalars": scalars,
