@@ -59,7 +59,7 @@ POLICIES = {
     "bottom": "nothing (the bottom of the stack)",
     "random": "nothing (a uniformly random position; expected regret)",
     "z": "nothing beyond the probe (its z-score)",
-    "signal": "nothing beyond the probe (its ||G||)",
+    "signal": "nothing beyond the probe (its signal norm)",
     "block_influence": "one forward pass per batch",
     "gradient_norm": "one forward and backward pass of the original per batch",
     "adept": "one retention-set forward pass per candidate layer, and a retention set",
@@ -231,13 +231,17 @@ def choose_default(rows: Sequence[dict]) -> dict:
 
 
 def track_record(tasks: Sequence[TaskOracle]) -> dict:
-    """`{"tasks": [...], "policies": policy_table(tasks), "default": choose_default(...)["policy"], "rule": str}`; each row
+    """`{"tasks": [...], "task_gains": {task: best and worst position and gain, range}, "policies": policy_table(tasks),
+    "default": choose_default(...)["policy"], "rule": str}`; each row
     also says whether it `could_win` (measured on fewer tasks, with a measured worst case below the default's)."""
     rows = policy_table(tasks)
     default = choose_default(rows)
     for row in rows:
         row["could_win"] = could_win(row, default)  # not measured everywhere, and its measured worst case is below the default's
-    return {"tasks": [t.name for t in tasks], "policies": rows, "default": default["policy"],
+    ranges = {t.name: {"positions": t.positions, "best_position": t.positions[int(np.argmax(t.realized))], "best_gain": max(t.realized),
+                       "worst_position": t.positions[int(np.argmin(t.realized))], "worst_gain": min(t.realized),
+                       "range": max(t.realized) - min(t.realized)} for t in tasks}  # fmt: skip
+    return {"tasks": [t.name for t in tasks], "task_gains": ranges, "policies": rows, "default": default["policy"],
             "rule": "smallest worst-case relative regret (regret / the task's best-minus-worst range) among policies measured on "
                     "every task; ties: smaller mean relative regret, higher mean Spearman, then cost"}  # fmt: skip
 
