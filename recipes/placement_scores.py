@@ -85,7 +85,7 @@ def _regime_inputs(base_dir: str):
     return model, train, retention, cfg.batch_size, base
 
 
-def _midas_only(task: str, folder: Path, layers: int) -> dict:
+def _midas_only(folder: Path, layers: int) -> dict:
     from hf_depthgrow.probe.placement_rules import midas_rule
 
     positions = json.loads((folder / "probe_validation.json").read_text())["positions"]
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         record["base_made_by"] = BASES[args.task]
     started = time.perf_counter()
     if args.layers is not None:
-        out = _midas_only(args.task, folder, args.layers)
+        out = _midas_only(folder, args.layers)
         record["model"] = f"none loaded: MIDAS from the base's {args.layers} layers"
     else:
         from hf_depthgrow.probe.baselines import predictor_scores
@@ -128,8 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         record["same_model_check"] = {"block_influence_max_abs_diff": diff, "block_influence": check}
         record["retention_examples"] = len(retention) if retention is not None else None
         record["train_examples"] = len(train)
-    if out["positions"] != committed["positions"]:
-        raise SystemExit(f"positions {out['positions']} differ from the committed oracle's {committed['positions']}")
     record.update(positions=out["positions"], scores=out["scores"], seconds=out["seconds"], total_seconds=time.perf_counter() - started)
     path = folder / "placement_scores.json"
     from hf_depthgrow.evaluation.formatting import scrub_paths

@@ -49,7 +49,11 @@ def _matches(a: dict, b: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_depthgrow.probe.placement_policy import DEFAULT_PLACEMENT, DEFAULT_TRACK_RECORD, track_record_markdown
+    from hf_depthgrow.probe.placement_policy import (
+        DEFAULT_PLACEMENT,
+        DEFAULT_TRACK_RECORD,
+        track_record_markdown,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="only compare the library's default with the committed record")

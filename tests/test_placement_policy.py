@@ -149,3 +149,16 @@ def test_the_run_summary_prints_the_track_record_when_the_default_placed_the_blo
     assert f"| placement policy | {track_record_line()} |" in summary_markdown(summary)
     assert placement_policy_summary(None) is None  # the user placed the blocks: no track record claimed
     assert "placement policy" not in summary_markdown({**summary, "placement_policy": None})
+
+
+def test_added_scores_sit_on_the_oracles_positions_and_say_how_they_were_made():
+    for name, folder in _script().TASKS.items():
+        path = folder / "placement_scores.json"
+        if not path.is_file():
+            continue
+        added = json.loads(path.read_text())
+        validation = json.loads((folder / "probe_validation.json").read_text())
+        assert added["positions"] == validation["positions"], name
+        assert added["command"].startswith("python recipes/placement_scores.py " + name), name
+        assert not set(added["scores"]) & set(validation["scores"]), name  # added, never a second version of a committed score
+        assert all(len(v) == len(validation["positions"]) for v in added["scores"].values()), name
