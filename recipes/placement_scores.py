@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-dir", default="runs/regime_study", help="regime-study: where its base is trained or reused")
     parser.add_argument("--layers", type=int, help="score MIDAS only, from the base's layer count (no model is loaded)")
     parser.add_argument("--predictors", nargs="+", help="default: what the task lacks")
+    parser.add_argument("--output", help="where the JSON goes (default: placement_scores.json beside the oracle's)")
     args = parser.parse_args(argv)
     folder = TASKS[args.task]
     committed = json.loads((folder / "probe_validation.json").read_text())
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         record["retention_examples"] = len(retention) if retention is not None else None
         record["train_examples"] = len(train)
     record.update(positions=out["positions"], scores=out["scores"], seconds=out["seconds"], total_seconds=time.perf_counter() - started)
-    path = folder / "placement_scores.json"
+    path = Path(args.output) if args.output else folder / "placement_scores.json"
     from hf_depthgrow.evaluation.formatting import scrub_paths
     from hf_depthgrow.utils import write_json
 
