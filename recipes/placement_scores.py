@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         if diff > 1e-4:  # float noise is ~1e-9 (SmolLM2); a re-trained base differs by ~1e-2
             print(f"warning: block influence differs from the committed oracle's by up to {diff:.3g}: this is not the oracle's "
                   "model (or not its data); the scores are of a re-created one")  # fmt: skip
+        import torch
+
+        record["torch_threads"] = torch.get_num_threads()  # the regime base's plateau step depends on it
         record["retention_examples"] = len(retention) if retention is not None else None
         record["train_examples"] = len(train)
     record.update(positions=out["positions"], scores=out["scores"], seconds=out["seconds"], total_seconds=time.perf_counter() - started)
