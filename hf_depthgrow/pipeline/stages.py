@@ -182,7 +182,7 @@ def _choose_positions(run: _Run) -> bool:
         ranked = recommendation.get("positions") or [int(max(range(len(result.signal)), key=result.signal.__getitem__))]
         run.positions = sorted(ranked[: cfg.num_blocks])
         run.why = recommendation.get("reason", "") + (" (forced)" if not recommendation.get("grow") else "")
-        run.placement_policy = recommendation.get("policy")
+        run.placement_policy = recommendation.get("policy", "z")  # a stored probe result without the key ranked by z
         return True
     return False
 
