@@ -24,7 +24,7 @@ Example:
     ...                   scores={"z": [0.0, 3.0, 1.0, 2.0], "depth": [0.0, 1.0, 2.0, 3.0]})
     >>> rows = policy_table([task])
     >>> [r["policy"] for r in rows], choose_default(rows)["policy"]
-    (['z', 'depth', 'bottom', 'random'], 'z')
+    (['z', 'random', 'depth', 'bottom'], 'z')
     ```
 """
 
@@ -279,12 +279,12 @@ def track_record_line(row: dict | None = None) -> str:
 
     Example:
         ```python
-        >>> track_record_line()[:24]
-        'placement policy: z (the'
+        >>> track_record_line()[:21]
+        'placement policy: z, '
         ```
     """
     row = DEFAULT_TRACK_RECORD if row is None else row
-    return (f"placement policy: {row['policy']} ({POLICIES[row['policy']]}), chosen for the smallest worst-case regret on "
+    return (f"placement policy: {row['policy']}, chosen for the smallest worst-case regret on "
             f"{row['measured']} committed oracle tasks: at worst {row['worst_relative_regret']:.2f} of a task's best-worst range "
             f"({row['worst_task']}), at worst {row['worst_regret']:.3g} nats ({row['worst_regret_task']}); mean Spearman "
-            f"{row['mean_spearman']:.2f} (docs/decisions.md, 'Where to place a block')")  # fmt: skip
+            f"{row['mean_spearman']:.2f}; it costs {POLICIES[row['policy']]} (docs/decisions.md, 'Where to place a block')")  # fmt: skip
