@@ -299,3 +299,12 @@ def test_population_stone_is_measured_then_freed_before_training(workdir, tmp_pa
     terms = report["routes"]["terms"]
     assert terms["delta_r"] == pytest.approx(seen["delta_r"], rel=1e-9, abs=1e-12)
     assert terms["sources"]["delta_r"].startswith("measured here")
+
+
+def test_summary_names_the_placement_policy_and_its_track_record(run):
+    from hf_depthgrow.probe.placement_policy import DEFAULT_PLACEMENT, track_record_line
+
+    cfg, result = run
+    assert result.summary["placement_policy"]["policy"] == DEFAULT_PLACEMENT
+    assert result.summary["probe"]["recommendation"]["policy"] == DEFAULT_PLACEMENT
+    assert f"| placement policy | {track_record_line()} |" in (Path(cfg.output_dir) / "summary.md").read_text()

@@ -61,6 +61,7 @@ class _Run:
     positions: list = field(default_factory=list)
     placement: list = field(default_factory=list)  # PlacementEntry per new block, when cfg.placement is set
     why: str = ""
+    placement_policy: str | None = None  # the policy that placed the blocks, when the probe's recommendation did
     stones: dict = field(default_factory=dict)
     stone_model: object = None
     margin: tuple | None = None  # (Delta_R, how it was measured): f~_pop against the original on the held-out split
@@ -181,6 +182,7 @@ def _choose_positions(run: _Run) -> bool:
         ranked = recommendation.get("positions") or [int(max(range(len(result.signal)), key=result.signal.__getitem__))]
         run.positions = sorted(ranked[: cfg.num_blocks])
         run.why = recommendation.get("reason", "") + (" (forced)" if not recommendation.get("grow") else "")
+        run.placement_policy = recommendation.get("policy", "z")  # a stored probe result without the key ranked by z
         return True
     return False
 

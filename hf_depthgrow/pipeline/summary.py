@@ -25,6 +25,27 @@ def probe_summary(result) -> dict:
     }
 
 
+def placement_policy_summary(policy: str | None) -> dict | None:
+    """The placement policy that chose where to grow, with its track record when it is the default (else `None` when the
+    user placed the blocks).
+
+    Example:
+        ```python
+        >>> placement_policy_summary("z")["policy"]
+        'z'
+        ```
+    """
+    from ..probe.placement_policy import DEFAULT_TRACK_RECORD, track_record_line
+
+    if policy is None:
+        return None
+    if policy != DEFAULT_TRACK_RECORD["policy"]:
+        return {"policy": policy, "track_record": None, "line": f"placement policy: {policy} (not the validated default)"}
+    record = {k: DEFAULT_TRACK_RECORD[k] for k in ("worst_relative_regret", "worst_task", "worst_regret", "worst_regret_task",
+                                                   "mean_spearman", "measured")}  # fmt: skip
+    return {"policy": policy, "track_record": record, "line": track_record_line()}
+
+
 def data_parts(run) -> dict:
     """Blocks and documents of each part of a run's data (`train`, `held_out`, `test`, `retention`); for the test part
     and the retention set, `resampled` says whether their bootstrap drew documents or blocks (the evaluation's
@@ -51,6 +72,7 @@ def grown_summary(run) -> dict:
         "data": public_name(run.cfg.data),
         "positions": run.positions,
         "why": run.why,
+        "placement_policy": placement_policy_summary(run.placement_policy),
         "probe": probe_summary(run.probe_result),
         "stepping_stones": stones,
         "selected": train_result.selected,
@@ -154,6 +176,7 @@ def summary_markdown(summary: dict) -> str:
     test, probe = summary["test"], summary["probe"]
     rows = [
         ("grew at", f"k = {summary['positions']} ({summary['why']})"),
+        *([("placement policy", summary["placement_policy"]["line"])] if summary.get("placement_policy") else []),
         ("probe", f"best k = {probe['best']}, signal {_fmt(probe['best_signal'])}, z = {_fmt(probe['best_z'], 1)}; "
                   f"{probe['num_improvable']} of {probe['num_positions']} positions improvable"),
         ("selected (fallback rule)", f"{summary['selected']}, Delta_ERM = {_fmt(summary['delta_erm'])}"),

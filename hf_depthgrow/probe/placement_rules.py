@@ -35,7 +35,7 @@ from ..growth.record import growth_record
 from ..growth.towers import resolve_target
 from ..chunked_loss import batch_example_losses
 
-__all__ = ["PLACEMENT_RULES", "adept_scores", "midas_scores", "skipped_layer_losses"]
+__all__ = ["PLACEMENT_RULES", "adept_scores", "midas_rule", "midas_scores", "skipped_layer_losses"]
 
 PLACEMENT_RULES = ("adept", "midas")
 
@@ -73,6 +73,20 @@ def midas_scores(model: nn.Module, positions: Iterable[int] | None = None) -> li
         ```
     """
     depth, positions = _positions(model, positions)
+    return midas_rule(depth, positions)
+
+
+def midas_rule(depth: int, positions: Iterable[int]) -> list[float]:
+    """`midas_scores` from the layer count alone, for a model that is not at hand (e.g. a committed run's base).
+
+    Example:
+        ```python
+        >>> midas_rule(6, [0, 3, 6])
+        [-3.0, 0.0, -3.0]
+        ```
+    """
+    positions = list(positions)
+    check_positions(positions, depth)
     return [0.0 - abs(k - depth / 2) for k in positions]  # 0.0 - : no -0.0 at the middle
 
 

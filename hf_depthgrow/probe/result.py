@@ -144,6 +144,10 @@ class ProbeResult:
             )
         lines.append(f"verdict: {threshold_note(self.z_threshold)}")
         lines.append(f"recommendation: {self.recommendation['reason']}")
+        from .placement_policy import DEFAULT_TRACK_RECORD, track_record_line
+
+        if self.recommendation.get("policy") == DEFAULT_TRACK_RECORD["policy"]:
+            lines.append(track_record_line())
         return "\n".join(lines)
 
 
@@ -165,8 +169,13 @@ def threshold_note(z_threshold: float) -> str:
     return f'"improvable" where z > {z_threshold:g}, the z_threshold of this probe (the calibrated default is {Z_THRESHOLD:g}; docs/probe.md).'
 
 
-def recommend(positions: list[int], z: list[float], improvable: list[bool], top: int = 3) -> dict:
-    """The `recommendation` of a probe: grow at the (up to `top`) improvable positions, best z first.
+def recommend(positions: list[int], z: list[float], improvable: list[bool], top: int = 3, *, policy: str | None = None,
+              signal: list[float] | None = None, num_layers: int | None = None) -> dict:
+    """The `recommendation` of a probe: grow at the (up to `top`) improvable positions, best first by the placement policy.
+
+    Whether to grow is the probe's verdict (some position improvable); where is `policy` (default
+    `placement_policy.DEFAULT_PLACEMENT`, the policy with the smallest worst-case regret on the committed oracle
+    sweeps), ties to the lower position. The dict's `policy` names it.
 
     Example:
         ```python
@@ -174,7 +183,11 @@ def recommend(positions: list[int], z: list[float], improvable: list[bool], top:
         [1, 2]
         ```
     """
-    ranked = sorted((i for i in range(len(positions)) if improvable[i]), key=lambda i: -z[i])
+    from .placement_policy import DEFAULT_PLACEMENT, probe_policy_scores
+
+    policy = DEFAULT_PLACEMENT if policy is None else policy
+    scores = probe_policy_scores(policy, positions, z=z, signal=signal, num_layers=num_layers)
+    ranked = sorted((i for i in range(len(positions)) if improvable[i]), key=lambda i: (-scores[i], positions[i]))
     if not ranked:
         return {
             "grow": False,
@@ -185,9 +198,11 @@ def recommend(positions: list[int], z: list[float], improvable: list[bool], top:
         }
     best = positions[ranked[0]]
     chosen = [positions[i] for i in ranked[:top]]
+    why = f"largest z-score, z={z[ranked[0]]:.2f}" if policy == "z" else f"placement policy {policy}; z={z[ranked[0]]:.2f}"
     return {
         "grow": True,
         "positions": chosen,
         "best": best,
-        "reason": f"grow at k={best} (largest z-score, z={z[ranked[0]]:.2f}); improvable positions by z: {chosen}",
+        "policy": policy,
+        "reason": f"grow at k={best} ({why}); improvable positions by {policy}: {chosen}",
     }

@@ -229,7 +229,8 @@ class _Stop:
             return False
         pops = [st.population() for st in plan.stats]
         zs = [_z_score(*pop) for pop in pops]
-        rec = recommend(list(plan.positions), zs, [not math.isnan(z) and z > self.z_threshold for z in zs])
+        rec = recommend(list(plan.positions), zs, [not math.isnan(z) and z > self.z_threshold for z in zs],
+                        num_layers=plan.model.config.num_hidden_layers)
         now = (rec["grow"], tuple(rec["positions"]))
         ses = sorted(se for _, se in pops if math.isfinite(se))
         self.trace.append({"batches": plan.batches, "grow": now[0], "positions": list(now[1]),
@@ -306,7 +307,8 @@ def _assemble(plan: _Plan, num_splits: int, z_threshold: float, norm_factor: flo
         num_splits=num_splits,
         z_threshold=z_threshold,
         norm_factor=norm_factor,
-        recommendation=recommend(list(plan.positions), rows["z"], rows["improvable"]),
+        recommendation=recommend(list(plan.positions), rows["z"], rows["improvable"], signal=rows["signal"],
+                                 num_layers=model.config.num_hidden_layers),
         **rows,
     )
 
