@@ -6,7 +6,8 @@ and the candidate blocks), `statistics` (streamed U-statistic, jackknife, covari
 against: layer gradient norms, block influence, depth; `predictor_scores` runs any set of them with its
 cost), `lookahead` (a few training steps of the new block at each position; the one-step first-order check), `plots`
 (the probe's figure), `line_search` (the stepping stones' step-size search), `placement_rules` (two placement
-rules from the literature, ADEPT and MIDAS, as predictors).
+rules from the literature, ADEPT and MIDAS, as predictors), `placement_policy` (every placement policy's regret on
+the committed oracle tasks, and the default: the smallest worst case).
 
 Note: the top-level package binds `hf_depthgrow.probe` to the *function*; import these modules as
 `from hf_depthgrow.probe.signal import probe`.

@@ -158,7 +158,10 @@ def _on_task(policy: str, task: TaskOracle) -> dict | None:
 
     gains = np.asarray(task.realized, dtype=float)
     spread = float(gains.max() - gains.min())
-    relative = lambda r: r / spread if spread > 0 else 0.0  # every position equal: nothing to lose
+
+    def relative(r: float) -> float:
+        return r / spread if spread > 0 else 0.0  # every position equal: nothing to lose
+
     if policy == "random":
         r = float(np.mean(gains.max() - gains))
         return {"pick": None, "regret": r, "relative_regret": relative(r), "spearman": 0.0}
