@@ -67,7 +67,7 @@ def _settings(args) -> dict:
     # The warm-up is fixed in steps, so every separate run warms up exactly as the sweep does. A timing: a repeated
     # block costs what a new one does, so the sizes may repeat training blocks.
     return {"growth": GROWTH, "controls": CONTROLS, "batch_size": args.batch_size, "warmup_steps": 1, "lr_scheduler": "wsd",
-            "progress": False, "n_bootstrap": 200, "lr_extensions": 0, "allow_repeated_data": True, **grids}  # fmt: skip
+            "progress": False, "n_bootstrap": 200, "lr_extensions": 0, "allow_repeated_data": True, **grids}
 
 
 def sweep(model, data, args) -> dict:
@@ -110,7 +110,7 @@ def section_text(m: dict, args, command: str, load: tuple) -> str:
     med = {k: statistics.median(v) for k, v in m["times"].items()}
     n_train, n_held, n_test, n_ret = m["sizes"]
     what = ("SmolLM2-135M-Instruct (fp32), Shakespeare blocks of 64 tokens, retention on Python docs" if args.model == "smollm2"
-            else "a random Llama (8 layers, d = 64, vocabulary 512), sequences of 32 random tokens")  # fmt: skip
+            else "a random Llama (8 layers, d = 64, vocabulary 512), sequences of 32 random tokens")
     steps_sep, steps_sweep = sum(args.budgets), max(args.budgets) + sum(-(-b // 5) for b in args.budgets[:-1])
     return "\n".join([
         section_heading(args.model), "",
@@ -126,7 +126,7 @@ def section_text(m: dict, args, command: str, load: tuple) -> str:
         "|---|---:|---:|---:|",
         *[f"| repeat {i + 1} | {a:.1f} | {b:.1f} | {b / a:.2f}x |" for i, (a, b) in enumerate(zip(m["times"]["separate"], m["times"]["sweep"]))],
         f"| **median** | **{med['separate']:.1f}** | **{med['sweep']:.1f}** | **{statistics.median(m['ratios']):.2f}x** |", "",
-    ])  # fmt: skip
+    ])
 
 
 def main(argv=None) -> dict:

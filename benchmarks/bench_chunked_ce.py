@@ -77,7 +77,7 @@ def build(config: str, seq: int):
 
         torch.manual_seed(0)
         cfg = tf.LlamaConfig(vocab_size=262144, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
+                             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
         model = tf.LlamaForCausalLM(cfg)
     model.float().train()
     ids = torch.randint(0, model.config.vocab_size, (1, seq), generator=torch.Generator().manual_seed(0))
@@ -123,7 +123,7 @@ def worker(config: str, variant: str, seq: int, steps: int, threads: int) -> dic
     return {"config": config, "variant": variant, "loss": loss, "base_mb": base / 1024, "peak_mb": peak / 1024,
             "step_mb": (peak - base) / 1024, "cpu_s": statistics.median(cpu[timed]), "wall_s": statistics.median(wall[timed]),
             "cpu_steps": [round(t, 3) for t in cpu],
-            "chunk": chunk if variant == "chunked" else None, "vocab": model.config.vocab_size}  # fmt: skip
+            "chunk": chunk if variant == "chunked" else None, "vocab": model.config.vocab_size}
 
 
 def run_all(args) -> list[dict]:
@@ -134,7 +134,7 @@ def run_all(args) -> list[dict]:
             order = VARIANTS[rep % 3 :] + VARIANTS[: rep % 3]  # interleaved, rotated each repeat
             for variant in order:
                 cmd = [sys.executable, __file__, "--worker", config, variant, "--seq", str(args.seq),
-                       "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+                       "--steps", str(args.steps), "--threads", str(args.threads)]
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
                 row = json.loads(out.strip().splitlines()[-1])
                 rows.append({**row, "rep": rep})
@@ -159,7 +159,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "head_ratio": head_chunked / head_plain if head_plain > 0 else float("nan"),
                     "peak_ratio": med["chunked"]["peak_mb"] / med["plain"]["peak_mb"],
                     "cpu_ratio": med["chunked"]["cpu_s"] / med["plain"]["cpu_s"],
-                    "wall_ratio": med["chunked"]["wall_s"] / med["plain"]["wall_s"]})  # fmt: skip
+                    "wall_ratio": med["chunked"]["wall_s"] / med["plain"]["wall_s"]})
     return out
 
 
@@ -184,7 +184,7 @@ def markdown(summary: list[dict], args) -> str:
              "size before the steps. 'head MB' = step MB minus that of `body` (the decoder alone with a head-free loss): "
              "the head's share. Time: process CPU s per step (wall s beside it).", "",
              "| model | chunk (tokens) | peak RSS plain / chunked MB | step MB plain / chunked / body | head MB plain / chunked | head ratio | CPU s plain / chunked | CPU ratio | wall ratio |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
         p, c, b = s["plain"], s["chunked"], s["body"]
         lines.append(
@@ -197,7 +197,7 @@ def markdown(summary: list[dict], args) -> str:
     lines.append("")
     for s in summary:
         lines.append(f"- {s['config']}: loss plain {s['plain']['loss']:.6f}, chunked {s['chunked']['loss']:.6f}; CPU s per run "
-                     f"plain {s['plain']['cpu_all']}, chunked {s['chunked']['cpu_all']}, body {s['body']['cpu_all']}.")  # fmt: skip
+                     f"plain {s['plain']['cpu_all']}, chunked {s['chunked']['cpu_all']}, body {s['body']['cpu_all']}.")
     return "\n".join(lines) + "\n"
 
 

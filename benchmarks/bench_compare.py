@@ -93,10 +93,10 @@ def _data(model, args):
 
 def _config(arm, lr, args) -> TrainConfig:
     extra = {"layers": {"trainable": "layers", "trainable_layers": arm.layers},
-             "lora": {"trainable": "lora", "lora_r": arm.lora_r, "lora_alpha": 2 * (arm.lora_r or 1)}}.get(arm.kind, {})  # fmt: skip
+             "lora": {"trainable": "lora", "lora_r": arm.lora_r, "lora_alpha": 2 * (arm.lora_r or 1)}}.get(arm.kind, {})
     return TrainConfig(learning_rate=lr, max_steps=args.max_steps, per_device_train_batch_size=args.batch_size, warmup_ratio=0.1,
                        selection_max_examples=32, save_final_model=False, progress_bar=False, logging_steps=args.max_steps,
-                       **extra)  # fmt: skip
+                       **extra)
 
 
 def naive(model, data, args) -> dict:
@@ -121,7 +121,7 @@ def shared(model, data, args) -> dict:
     result = compare_plans(model, train_rows, heldout, test, retention_data=retention, growth=GROWTH, controls=CONTROLS,
                            learning_rates=args.learning_rates, max_steps=args.max_steps, batch_size=args.batch_size,
                            selection_max_examples=32, progress=False, successive_halving=True, lr_extensions=0,
-                           allow_repeated_data=True)  # a timing, like the naive loop's: blocks may repeat  # fmt: skip
+                           allow_repeated_data=True)  # a timing, like the naive loop's: blocks may repeat
     return {a.name: a.learning_rate for a in result.arms if a.kind != "original"}
 
 
@@ -131,7 +131,7 @@ def _load_model(args):
 
         return load_model("smollm2")[0].eval()
     return tiny_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=512).eval()  # fmt: skip
+                      num_key_value_heads=2, vocab_size=512).eval()
 
 
 def measure(args) -> dict:
@@ -153,14 +153,14 @@ def measure(args) -> dict:
         agree.append(sum(chosen["naive"][k] == v for k, v in chosen["compare_plans"].items()) / len(chosen["compare_plans"]))
     ratios = [a / b for a, b in zip(times["naive"], times["compare_plans"])]
     return {"times": times, "ratios": ratios, "agree": agree, "arms": len(GROWTH) + len(CONTROLS),
-            "sizes": [len(d) for d in data]}  # fmt: skip
+            "sizes": [len(d) for d in data]}
 
 
 def section_text(m: dict, args, command: str, load: tuple) -> str:
     med = {k: statistics.median(v) for k, v in m["times"].items()}
     n_train, n_held, n_test, n_ret = m["sizes"]
     what = ("SmolLM2-135M-Instruct (fp32), Shakespeare blocks of 64 tokens, retention on Python docs" if args.model == "smollm2"
-            else "a random Llama (8 layers, d = 64, vocabulary 512), sequences of 32 random tokens")  # fmt: skip
+            else "a random Llama (8 layers, d = 64, vocabulary 512), sequences of 32 random tokens")
     fmt = ", ".join
     return "\n".join([
         section_heading(args.model), "",
@@ -177,7 +177,7 @@ def section_text(m: dict, args, command: str, load: tuple) -> str:
         f"(ratio of medians {med['naive'] / med['compare_plans']:.2f}x) |", "",
         f"Both chose the same learning rate for {statistics.mean(m['agree']):.0%} of the arms (successive halving can stop "
         "a rate that would have won at the full budget; where they differ, the naive loop's choice is the exact one).", "",
-    ])  # fmt: skip
+    ])
 
 
 def main(argv=None) -> dict:

@@ -63,7 +63,7 @@ DEFAULTS = {
                  batch=2, probe_seq=256, eval_seq=128, n_bootstrap=2000, warmup=1),
     "quick": dict(seqs=[16, 32, 64], positions=["1", "2", "all"], test_sizes=[4, 8, 16],
                   batch=2, probe_seq=16, eval_seq=16, n_bootstrap=200, warmup=0),
-}  # fmt: skip
+}
 ATTENTION_OPS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
 
 
@@ -152,7 +152,7 @@ def make_trainer(grown, rows: list[dict], batch: int):
     cfg = TrainConfig(
         trainable="new", prefix_cache="off", max_steps=1_000_000, per_device_train_batch_size=batch,
         learning_rate=1e-4, fallback=False, progress_bar=False, seed=0,
-    )  # fmt: skip
+    )
     trainer = GrownTrainer(grown, cfg, rows)
     trainer.setup()
     steps = itertools.count(1)
@@ -250,7 +250,7 @@ def measure(points: list[Point], args, device: torch.device) -> None:
         point.run()
         count_flops(point)
         print(f"[count {i + 1}/{len(points)}] ({point.sweep}) {point.work} {point.label}: {point.flops / 1e9:.3f} GFLOP",
-              file=sys.stderr, flush=True)  # fmt: skip
+              file=sys.stderr, flush=True)
     for w in range(args.warmup):
         for point in points:
             timed(point, device)
@@ -264,7 +264,7 @@ def measure(points: list[Point], args, device: torch.device) -> None:
             point.wall.append(wall)
             point.cpu.append(cpu)
             print(f"[repeat {r + 1}/{args.repeats}] ({point.sweep}) {point.work} {point.label}: {wall:.3f} s wall, {cpu:.3f} s CPU",
-                  file=sys.stderr, flush=True)  # fmt: skip
+                  file=sys.stderr, flush=True)
 
 
 SWEEPS = {"a": "(a) sequence length", "b": "(b) positions probed", "c": "(c) test-set size"}
@@ -303,7 +303,7 @@ def machine(device: torch.device) -> str:
     else:
         where = f"CPU {platform.processor() or platform.machine()}"
     return (f"{where}, {os.cpu_count()} CPU cores, {torch.get_num_threads()} torch thread(s), "
-            f"torch {torch.__version__}, Python {platform.python_version()}")  # fmt: skip
+            f"torch {torch.__version__}, Python {platform.python_version()}")
 
 
 def section_text(points: list[Point], args, base, device, command: str, load: tuple[float, float]) -> str:
@@ -337,7 +337,7 @@ def section_text(points: list[Point], args, base, device, command: str, load: tu
         "",
         *raw,
         "",
-    ])  # fmt: skip
+    ])
 
 
 def main(argv=None) -> list[dict]:
@@ -361,7 +361,7 @@ def main(argv=None) -> list[dict]:
         {"sweep": p.sweep, "work": p.work, "x": p.x, "label": p.label, "wall": p.wall, "cpu": p.cpu,
          "flops": p.flops, "attention_flops": p.attention_flops}
         for p in points
-    ]  # fmt: skip
+    ]
 
 
 if __name__ == "__main__":

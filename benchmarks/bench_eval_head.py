@@ -115,7 +115,7 @@ def measure(args) -> dict:
         order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]  # rotate, so drift in the machine's load hits all alike
         for variant in order:
             for kind, fn in (("whole pass", lambda v: whole_pass(model, batches, v, chunk)),
-                             ("head only", lambda v: head_only(model, hiddens, batches, v, chunk))):  # fmt: skip
+                             ("head only", lambda v: head_only(model, hiddens, batches, v, chunk))):
                 seconds, loss = fn(variant)
                 runs[kind, variant].append(seconds)
                 losses[kind, variant] = loss
@@ -138,13 +138,13 @@ def markdown(result: dict, args, command: str) -> str:
         f"of {args.repeats} interleaved repeats; every variant's loss equals the plain one within 1e-5.", "",
         "| pass | variant | median s | runs (s) | vs plain | vs chunked, weight gradient |",
         "|---|---|---:|---|---:|---:|",
-    ]  # fmt: skip
+    ]
     for kind in ("whole pass", "head only"):
         med = {v: statistics.median(runs[kind, v]) for v in VARIANTS}
         for v in VARIANTS:
             cells = ", ".join(f"{t:.3f}" for t in runs[kind, v])
             lines.append(f"| {kind} | {v} | {med[v]:.3f} | {cells} | {med['plain'] / med[v]:.2f}x | "
-                         f"{med['chunked, weight gradient'] / med[v]:.2f}x |")  # fmt: skip
+                         f"{med['chunked, weight gradient'] / med[v]:.2f}x |")
     lines += ["", "'vs X' is X's median time over this row's: above 1, this row is faster."]
     return "\n".join(lines) + "\n"
 

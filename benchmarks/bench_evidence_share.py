@@ -81,7 +81,7 @@ def one_run(args, out: Path) -> dict:
     return {
         **{p: float(summary["timings_s"][p]) for p in PHASES}, "minimal_evaluation": seconds, "wall": wall,
         "test_examples": minimal.num_examples, "intervals": shared, "positions": summary.get("positions"),
-    }  # fmt: skip
+    }
 
 
 def measure(args) -> dict:
@@ -127,7 +127,7 @@ def markdown(result: dict, args, command: str) -> str:
         f"- Evidence over training, as the run is: **{share:.2f}** ({', '.join(f'{v:.2f}' for v in result['share'])}).",
         f"- Floor, probe + the cheapest evaluation over training: **{floor:.2f}** "
         f"({', '.join(f'{v:.2f}' for v in result['floor'])}), against the target {TARGET:.2f}.",
-    ]  # fmt: skip
+    ]
     budget, floor_s = TARGET * med["train"], med["probe"] + med["minimal_evaluation"]
     lines.append(
         f"- At the target the evidence may cost {budget:.0f} s of this training's {med['train']:.0f} s. The probe and the "
@@ -135,7 +135,7 @@ def markdown(result: dict, args, command: str) -> str:
         f"stones, `Delta_R`, the stone's test losses and the route terms "
         f"({med['stepping_stones'] + med['evaluate'] - med['minimal_evaluation']:.0f} s now). For this run's evidence to be {TARGET:.0%} of it, the "
         f"training would have to be {share / TARGET:.1f}x longer."
-    )  # fmt: skip
+    )
     return "\n".join(lines) + "\n"
 
 

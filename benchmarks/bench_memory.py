@@ -43,7 +43,7 @@ LLAMA_1B = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
     num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=2048,
     rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, hidden_act="silu", bos_token_id=1, eos_token_id=2,
-)  # fmt: skip
+)
 
 
 def _status_kb(field: str) -> int:
@@ -88,11 +88,11 @@ def worker(args) -> dict:
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     rows = [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
-            for ids in torch.randint(2, vocab, (args.batch * (args.steps + 1), args.seq), generator=g)]  # fmt: skip
+            for ids in torch.randint(2, vocab, (args.batch * (args.steps + 1), args.seq), generator=g)]
     cfg = TrainConfig(
         trainable=args.trainable, max_steps=10_000, per_device_train_batch_size=args.batch, learning_rate=1e-4, fallback=False,
         prefix_cache="off", progress_bar=False, seed=0, gradient_checkpointing=args.gradient_checkpointing,
-    )  # fmt: skip
+    )
     trainer = GrownTrainer(model, cfg, rows)
     trainer.setup()
     _trim_heap()
@@ -121,7 +121,7 @@ ALLOCATORS = {"glibc default": {}, "mmap >= 64 KiB": {"MALLOC_MMAP_THRESHOLD_": 
 
 def _run_worker(args, model: str, positions: list[int], on: bool, batch: int, seq: int, allocator: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--model", model, "--positions", *map(str, positions), "--batch", str(batch),
-           "--seq", str(seq), "--steps", str(args.steps), "--threads", str(args.threads), "--trainable", args.trainable]  # fmt: skip
+           "--seq", str(seq), "--steps", str(args.steps), "--threads", str(args.threads), "--trainable", args.trainable]
     if on:
         cmd.append("--gradient-checkpointing")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS=str(args.threads))
@@ -149,9 +149,9 @@ def _measure(args, name: str, model: str, positions, batch: int, seq: int, repea
                 out = _run_worker(args, model, positions, on, batch, seq, alloc)
                 runs[f"{alloc}|{on}"].append(out)
                 print(f"{name} repeat {r} [{alloc}] checkpointing={'on' if on else 'off'}: peak - baseline {out['measured_mb']:.0f} MB, "
-                      f"{out['seconds_per_step']:.1f} s/step", flush=True)  # fmt: skip
+                      f"{out['seconds_per_step']:.1f} s/step", flush=True)
     return {"name": name, "model": model, "positions": list(positions), "batch": batch, "seq": seq, "runs": runs,
-            "plans": {str(k): v for k, v in plans.items()}}  # fmt: skip
+            "plans": {str(k): v for k, v in plans.items()}}
 
 
 def _torch_version() -> str:
@@ -175,7 +175,7 @@ def _ckpt_markdown(results: list[dict], args, command: str) -> str:
                 f"| {res['name']} | {alloc} | {res['positions']} | {res['batch']} x {res['seq']} | {len(off)} | {m_off:.0f} | {m_on:.0f} | "
                 f"**{m_on / m_off:.3f}** | {_median(off, 'peak_mb'):.0f} / {_median(on, 'peak_mb'):.0f} | "
                 f"{_median(off, 'seconds_per_step'):.1f} / {_median(on, 'seconds_per_step'):.1f} | {each} |"
-            )  # fmt: skip
+            )
     return "\n".join([
         SECTION_CKPT, "",
         f"Command: `{command}`", "",
@@ -193,7 +193,7 @@ def _ckpt_markdown(results: list[dict], args, command: str) -> str:
         "| model | allocator | positions | batch x seq | repeats | off: peak - baseline MiB | on: peak - baseline MiB | on / off | peak RSS off / on MiB | s/step off / on | each run off / on MiB |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
-    ])  # fmt: skip
+    ])
 
 
 def _plan_markdown(results: list[dict], command: str) -> str:
@@ -207,7 +207,7 @@ def _plan_markdown(results: list[dict], command: str) -> str:
                 f"| {res['name']} | {label} | {res['batch']} x {res['seq']} | {plan['parameters'] / 1e6:.1f}M / {plan['trainable_parameters'] / 1e6:.2f}M | "
                 f"{plan['parameter_bytes'] / MiB:.0f} | {plan['gradient_bytes'] / MiB:.0f} | {plan['optimizer_bytes'] / MiB:.0f} | "
                 f"{plan['activation_bytes'] / MiB:.0f} | **{pred:.0f}** | **{measured:.0f}** | **{pred / measured:.3f}** | {shipped:.0f} | {pred / shipped:.3f} |"
-            )  # fmt: skip
+            )
     return "\n".join([
         SECTION_PLAN, "",
         f"Command: `{command}` (the measured figures are the ones of the checkpointing section above, same run).", "",
@@ -222,7 +222,7 @@ def _plan_markdown(results: list[dict], command: str) -> str:
         "| model | checkpointing | batch x seq | parameters / trainable | params MiB | grads MiB | AdamW MiB | activations MiB | predicted MiB | measured MiB (mmap >= 64 KiB) | predicted / measured | measured MiB (glibc default) | predicted / measured |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
-    ])  # fmt: skip
+    ])
 
 
 def _replan(args, results: list[dict]) -> list[dict]:

@@ -104,7 +104,7 @@ def _trainer(args, mode: str):
         max_steps=10_000, per_device_train_batch_size=args.batch, learning_rate=1e-4, fallback=False,
         prefix_cache={"a": "off", "b": "memory", "c": "disk"}[mode], progress_bar=False, seed=0,
         prefix_cache_dir=tempfile.mkdtemp(prefix="bench-prefix-"),
-    )  # fmt: skip
+    )
     trainer = GrownTrainer(model, cfg, ds)
     trainer.setup()
     return trainer
@@ -216,7 +216,7 @@ HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "2000000000"}  # glibc: serve >32 MB buffe
 def _run_worker(kind: str, args, k: int, mode: str | None = None, allocator: str = "default") -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--k", str(k), "--seq", str(args.seq), "--batch", str(args.batch),
            "--steps", str(args.steps if kind == "time" else args.memory_steps), "--warmup", str(args.warmup),
-           "--threads", str(args.threads), "--examples", str(args.examples)]  # fmt: skip
+           "--threads", str(args.threads), "--examples", str(args.examples)]
     if mode:
         cmd += ["--mode", mode]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS=str(args.threads))
@@ -357,7 +357,7 @@ def main(argv=None) -> int:
         print(f"k={k}: (a) {t['median_a']:.3f} CPU s (b) {t['median_b']:.3f} CPU s measured {t['median_a'] / t['median_b']:.3f}x "
               f"predicted {t['flops']['predicted_speedup']:.3f}x (with the loss cost {_refined(t, args.batch):.3f}x); peak RSS (a) {r['mem_a']['peak_rss_during_steps_mb']:.0f} MB "
               f"(b) {r['mem_b']['peak_rss_during_steps_mb']:.0f} MB (b, disk cache) {r['mem_c']['peak_rss_during_steps_mb']:.0f} MB "
-              f"[{time.time() - t0:.0f}s]", flush=True)  # fmt: skip
+              f"[{time.time() - t0:.0f}s]", flush=True)
     text = _markdown(results, args, command.strip())
     print(text)
     if args.json:

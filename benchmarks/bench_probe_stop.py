@@ -104,7 +104,7 @@ def rows_for(trace, patiences, full_rec) -> list[dict]:
             "patience": p, "stop": b, "total": total, "saved": 1 - b / total,
             "same_grow": rec[0] == full_rec[0], "same_top": rec[1][:1] == full_rec[1][:1], "same_ranking": rec[1] == full_rec[1],
             "se_ratio": se / se_full if se_full else math.nan, "rec": rec,
-        })  # fmt: skip
+        })
     return out
 
 
@@ -117,17 +117,17 @@ def render(rows, trace, full_rec, seconds, what, argv) -> str:
         f"{platform.machine()} CPU, torch {torch.__version__}, {torch.get_num_threads()} threads; {date.today()}.", "",
         "| patience | stops at batch | probe time saved | same verdict | same top position | same ranking | z standard error at the stop / full |",
         "|---:|---:|---:|---|---|---|---:|",
-    ]  # fmt: skip
+    ]
     for r in rows:
         lines.append(
             f"| {r['patience']} | {r['stop']} of {r['total']} | {r['saved']:.0%} (~{r['saved'] * seconds:.0f} s) | "
             f"{'yes' if r['same_grow'] else 'no'} | {'yes' if r['same_top'] else 'no'} | {'yes' if r['same_ranking'] else 'no: ' + str(list(r['rec'][1]))} | "
             f"{r['se_ratio']:.2f}x |"
-        )  # fmt: skip
+        )
     tops = [rec[1][:1] for _, rec, _ in trace]
     last_change = next((trace[i][0] for i in range(len(tops) - 1, 0, -1) if tops[i] != tops[i - 1]), trace[0][0])
     lines += ["", f"The top position last changed at batch {last_change} of {trace[-1][0]}: a stop that waits for a stable "
-              "recommendation saves nothing where the ranking is still moving, and an earlier stop would have picked another position."]  # fmt: skip
+              "recommendation saves nothing where the ranking is still moving, and an earlier stop would have picked another position."]
     lines += ["", "The recommendation after each batch (what the stop watches; from 3 batches, the first with a standard error):", ""]
     lines += [f"- {b}: {'grow at' if rec[0] else 'do not grow;'} {list(rec[1])}" for b, rec, _ in trace]
     return "\n".join(lines) + "\n"

@@ -86,12 +86,12 @@ def variant(args) -> dict:
     rss_loaded, rss_file = _status_mib("VmRSS"), _status_mib("RssFile")
     held_out, train_rows = rows[: args.batch], rows[args.batch :]
     result = train(model, train_rows, eval_data=held_out, max_steps=args.steps, learning_rate=1e-3, fallback=False,
-                   per_device_train_batch_size=args.batch, progress_bar=False, prefix_cache="off")  # fmt: skip
+                   per_device_train_batch_size=args.batch, progress_bar=False, prefix_cache="off")
     return {
         "variant": args.variant, "base_bytes": base_bytes, "load_s": load_s, "peak_load_mib": peak_load,
         "rss_loaded_mib": rss_loaded, "rss_file_mib": rss_file, "peak_train_mib": _status_mib("VmHWM"), "trainable": result.num_trainable_parameters,
         "eval_before": result.eval_loss_before, "eval_after": result.eval_loss_after,
-    }  # fmt: skip
+    }
 
 
 def markdown(rows: list[dict], args, command: str) -> str:
@@ -110,7 +110,7 @@ def markdown(rows: list[dict], args, command: str) -> str:
         f"{bitsandbytes.__version__} (its CPU backend), Python {platform.python_version()}; {date.today().isoformat()}.", "",
         "| base | base weights MiB (ratio) | peak RSS while loading MiB (ratio) | RSS loaded and grown MiB (ratio) | of it file-backed MiB | peak RSS while training MiB (ratio) | trainable parameters | held-out loss before / after |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
-    ]  # fmt: skip
+    ]
 
     def cell(r, key, scale=1.0):
         return f"{r[key] * scale:.0f} ({r[key] / base[key]:.3f})"
@@ -128,7 +128,7 @@ def markdown(rows: list[dict], args, command: str) -> str:
             f"head, activations and the new blocks' optimizer state are not quantised), but "
             f"{r['peak_load_mib'] / base['peak_load_mib']:.1f}x its loading peak: transformers reads the full-precision weights "
             "to quantise them, where the float32 load only maps the file."
-        )]  # fmt: skip
+        )]
     lines += [
         "",
         "Base weights: every storage of the loaded base's state dict before growth, each once (a tied head shares the "
@@ -166,7 +166,7 @@ def main(argv=None) -> list[dict]:
         for name in ["float32", *[v for v in args.variants if v != "float32"]]:
             child = [sys.executable, __file__, "--variant", name, "--tmp", tmp, "--model", args.model, "--positions",
                      *map(str, args.positions), "--steps", str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq),
-                     "--examples", str(args.examples), "--threads", str(args.threads)]  # fmt: skip
+                     "--examples", str(args.examples), "--threads", str(args.threads)]
             out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
     publish(args, SECTION, markdown(rows, args, command_line("bench_quantized_base.py", argv)))

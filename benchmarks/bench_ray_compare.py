@@ -77,7 +77,7 @@ def _settings(args) -> dict:
     # 2 arms x 2 rates = 4 trials, one round (no extension): the engine is what differs (a timing: a repeated block costs
     # what a new one does, so the default 60 steps of 8 on 128 blocks may repeat them).
     return {"growth": ["top:1"], "controls": ["layers"], "learning_rates": [1e-3, 3e-3], "lr_extensions": 0, "max_steps": args.steps,
-            "batch_size": args.batch_size, "warmup_steps": 1, "progress": False, "n_bootstrap": 200, "allow_repeated_data": True}  # fmt: skip
+            "batch_size": args.batch_size, "warmup_steps": 1, "progress": False, "n_bootstrap": 200, "allow_repeated_data": True}
 
 
 def run(model, data, args, engine: str):
@@ -97,7 +97,7 @@ def _threads(n: int):
 def measure(args) -> dict:
     """Check Ray equals serial at one thread, then time both `--repeats` times, alternating."""
     model = tiny_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=512).eval()  # fmt: skip
+                       num_key_value_heads=2, vocab_size=512).eval()
     data = _data(model, args.examples)
     _threads(1)
     want = _losses(run(model, data, args, "serial"))
@@ -117,7 +117,7 @@ def measure(args) -> dict:
                 trial_seconds.append(sum(a.train_seconds for a in result.arms))
             print(f"repeat {r + 1}/{args.repeats}: {engine} {times[engine][-1]:.1f} s", file=sys.stderr)
     return {"times": times, "trial_seconds": trial_seconds, "sizes": [len(d) for d in data],
-            "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+            "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def section_text(m: dict, args, command: str, load: tuple) -> str:
@@ -143,7 +143,7 @@ def section_text(m: dict, args, command: str, load: tuple) -> str:
         f"The fixed cost is (Ray's wall x {args.concurrent} - the trials' own seconds) / {trials}: starting Ray, a process per "
         f"concurrent trial importing torch and transformers, shipping the inputs, Tune's bookkeeping. Peak memory of the "
         f"driver process: {m['driver_peak_mib']:.0f} MiB (the trial processes are not included).", "",
-    ])  # fmt: skip
+    ])
 
 
 def _ray_version() -> str:

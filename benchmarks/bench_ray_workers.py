@@ -100,7 +100,7 @@ def run_one(args, workers: int, fsdp: bool = False) -> dict:
 
     torch.set_num_threads(1)
     base = tiny_model("llama", hidden_size=args.hidden, intermediate_size=int(2.75 * args.hidden), num_hidden_layers=args.layers,
-                      num_attention_heads=8, num_key_value_heads=8, vocab_size=args.vocab)  # fmt: skip
+                      num_attention_heads=8, num_key_value_heads=8, vocab_size=args.vocab)
 
     def rows(n, seed):
         batch = tiny_inputs(base, batch=n, seq=32, seed=seed)
@@ -110,7 +110,7 @@ def run_one(args, workers: int, fsdp: bool = False) -> dict:
     train, heldout, test = rows(args.examples, 0), rows(8, 1), rows(8, 2)
     inputs = TrialInputs(base=base, train_rows=train, eval_rows=heldout, test_rows=test, retention_rows=None, batch_size=args.batch_size,
                          selection_max_examples=None, lora_target_modules=None, grow_kwargs=None,
-                         original={"test": example_losses(base, test, args.batch_size), "heldout": 9.0})  # fmt: skip
+                         original={"test": example_losses(base, test, args.batch_size), "heldout": 9.0})
     spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 3e-3, 0, (args.steps,), warmup_steps=1)
     config = None
     if fsdp:
@@ -133,7 +133,7 @@ def run_one(args, workers: int, fsdp: bool = False) -> dict:
         ray.shutdown()
     base_bytes = sum(t.numel() * t.element_size() for t in base.state_dict().values())
     return {"wall": wall, "heldout": result.scores[args.steps].heldout_loss, "base_mib": base_bytes / MIB,
-            "parameters": sum(p.numel() for p in base.parameters()), "peaks": list(sampler.peaks.values())}  # fmt: skip
+            "parameters": sum(p.numel() for p in base.parameters()), "peaks": list(sampler.peaks.values())}
 
 
 SETTINGS = {"1 process": (1, {}), "2 workers": (2, {}), "2 workers, zero-copy tensors": (2, {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}),
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "RSS counts the object store's shared pages a process maps; USS only its private memory. Under 2 workers the "
         "trial process only starts the TorchTrainer (it is handed a reference, not the model).",
-    ])  # fmt: skip
+    ])
     publish(args, SECTION, text)
     return 0
 

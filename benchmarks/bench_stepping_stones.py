@@ -60,7 +60,7 @@ def run_arm(arm: str, model, position: int, train, held_out, common: dict):
         stones = stepping_stones(model, position, train, held_out, **common)
     else:
         stones = {"train": stepping_stone(model, position, train, **common),
-                  "held_out": stepping_stone(model, position, train, direction_data=held_out, **common)}  # fmt: skip
+                  "held_out": stepping_stone(model, position, train, direction_data=held_out, **common)}
     return time.perf_counter() - start, stones
 
 
@@ -109,7 +109,7 @@ def markdown(result: dict, args, command: str) -> str:
         f"Median wall seconds of {args.repeats} interleaved repeats; both arms' stones are identical, bit for bit.", "",
         "| arm | median s | runs (s) | vs two calls |",
         "|---|---:|---|---:|",
-    ]  # fmt: skip
+    ]
     for arm in ARMS:
         cells = ", ".join(f"{t:.2f}" for t in runs[arm])
         lines.append(f"| {arm} | {med[arm]:.2f} | {cells} | {med[ARMS[0]] / med[arm]:.2f}x |")

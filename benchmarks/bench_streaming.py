@@ -93,7 +93,7 @@ def worker(mode: str, corpus: str, tokenizer_dir: str, blocks: str) -> dict:
         rows = load_data(corpus, model=model, tokenizer=tokenizer, block_size=BLOCK)
         start = time.process_time()
     train(model, rows, max_steps=n // BATCH, per_device_train_batch_size=BATCH, fallback=False, progress_bar=False,
-          prefix_cache="off", output_dir=tempfile.mkdtemp())  # fmt: skip
+          prefix_cache="off", output_dir=tempfile.mkdtemp())
     seconds = time.process_time() - start
     return {"blocks": n, "tokens_per_s": n * BLOCK / seconds, "seconds": seconds, "peak_mb": _peak_mb()}
 
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
         one, ten = results[(1, mode)], results[(10, mode)]
         rows.append(f"| {mode} | {one['blocks']:.0f} / {ten['blocks']:.0f} | {one['peak_mb']:.0f} | {ten['peak_mb']:.0f} | "
                     f"{ten['peak_mb'] / one['peak_mb']:.3f}x | {one['tokens_per_s']:.0f} | {ten['tokens_per_s']:.0f} | "
-                    f"{ten['tokens_per_s'] / one['tokens_per_s']:.3f}x |")  # fmt: skip
+                    f"{ten['tokens_per_s'] / one['tokens_per_s']:.3f}x |")
     import torch
 
     text = "\n".join([
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
         "| data | blocks 1x / 10x | peak RSS 1x MB | peak RSS 10x MB | 10x / 1x | tokens/s 1x | tokens/s 10x | 10x / 1x |",
         "|---|---|---|---|---|---|---|---|",
         *rows, "",
-    ])  # fmt: skip
+    ])
     print(text)
     if args.write_results:
         write_section(HERE / "RESULTS.md", SECTION, text)

@@ -88,7 +88,7 @@ SMOLLM2_135M = dict(
     num_key_value_heads=3, head_dim=64, hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=9.999999747378752e-06,
     tie_word_embeddings=True, rope_parameters={"rope_theta": 100000.0, "rope_type": "default"}, attention_bias=False,
     mlp_bias=False, pad_token_id=2, bos_token_id=1, eos_token_id=2,
-)  # fmt: skip
+)
 
 
 # Llama-3.2-1B's shape (rope scaling left at the default: the shapes, not the positions, set time and memory).
@@ -97,7 +97,7 @@ LLAMA_1B = dict(
     num_key_value_heads=8, head_dim=64, hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-05,
     tie_word_embeddings=True, rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}, attention_bias=False,
     mlp_bias=False, bos_token_id=128000, eos_token_id=128001,
-)  # fmt: skip
+)
 
 
 def load_base(args):
@@ -177,7 +177,7 @@ def planned_mb(base, variant: str, args, precision: str) -> float | None:
     trainable = "full" if variant == "full" else "new"
     settings = PlanSettings(positions=[args.k], trainable=trainable, seq=args.seq, batch=args.batch,
                             gradient_checkpointing=variant == "new+ckpt", quantize="4bit" if variant == "new+4bit" else None,
-                            dtype="bfloat16" if precision == "bf16" else "float32")  # fmt: skip
+                            dtype="bfloat16" if precision == "bf16" else "float32")
     return plan_memory(base.config, settings).total_bytes / 2**20
 
 
@@ -194,7 +194,7 @@ def make_trainer(base, rows, variant: str, args, precision: str):
         prefix_cache="memory" if variant == "new+cache" else "off", gradient_checkpointing=variant == "new+ckpt",
         max_steps=10_000, per_device_train_batch_size=args.batch, learning_rate=1e-4, fallback=False,
         mixed_precision=precision, progress_bar=False, seed=0, lora_r=8,
-    )  # fmt: skip
+    )
     trainer = GrownTrainer(model, cfg, rows)
     trainer.setup()
     return trainer

@@ -167,12 +167,12 @@ def check(doc: Path, everything: Pool):
     for start, lines in _sections(doc.read_text()):
         folders = sorted({m for line in lines for m in _LINK.findall(line)})
         files = [f for name in folders for f in _json_files(ROOT / "docs" / "decisions" / name)
-                 + _json_files(ROOT / "docs" / "decisions" / f"{name}-trials")]  # fmt: skip
+                 + _json_files(ROOT / "docs" / "decisions" / f"{name}-trials")]
         pool = Pool(files) if files and doc.name == "decisions.md" else everything
         for offset, line in enumerate(lines):
             own = {m.group(3) for m in _OF.finditer(line)
                    if abs(100 * int(m.group(1)) / int(m.group(2)) - float(m.group(3)))
-                   <= 0.5 * 10 ** -len((m.group(3).split(".") + [""])[1])}  # fmt: skip
+                   <= 0.5 * 10 ** -len((m.group(3).split(".") + [""])[1])}
             inside: set[str] = set()
             for match in _INTERVAL.finditer(line):
                 parts = [g for g in match.groups() if g is not None]
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     for doc in DOCS:
         for number, text, source in check(doc, results_pool(doc)):
             where = source if isinstance(source, str) and source.startswith("(") else (
-                Path(source).relative_to(ROOT) if source else "NOT FOUND")  # fmt: skip
+                Path(source).relative_to(ROOT) if source else "NOT FOUND")
             missing += source is None
             if args.list or source is None:
                 print(f"{doc.relative_to(ROOT)}:{number}: {text}  <- {where}")

@@ -80,14 +80,14 @@ def curve_table(before: str, now: str, arm: str) -> str:
     old, new = _compare(before)["budgets"], _compare(now)["budgets"]
     eps = new[0]["frontier_detail"].get("max_forgetting") or _compare(now)["config"]["max_forgetting"]
     head = (f"| steps | within {eps:g} nats: before | within {eps:g} nats now (test gain, forgetting) | {arm} against the curve: before "
-            f"| {arm} against every control point now |")  # fmt: skip
+            f"| {arm} against every control point now |")
     lines = [head, "|---|---|---|---|---|"]
     for o, n in zip(old, new, strict=True):
         if o["steps"] != n["steps"]:
             raise SystemExit(f"docs/generate.py: {before} and {now} differ in budgets ({o['steps']} vs {n['steps']})")
         oc, nc = o["frontier_detail"]["control_curve"]["arms"], n["frontier_detail"]["control_curve"]["arms"]
         lines.append(f"| {n['steps']} | {_within(o['frontier_detail'])} | {_within(n['frontier_detail'])} "
-                     f"| {_status(oc.get(arm), old=True)} | {_status(nc.get(arm), old=False)} |")  # fmt: skip
+                     f"| {_status(oc.get(arm), old=True)} | {_status(nc.get(arm), old=False)} |")
     return "\n".join(lines) + "\n"
 
 

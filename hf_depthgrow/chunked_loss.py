@@ -195,7 +195,7 @@ class _ChunkedHeadCE(torch.autograd.Function):
             if need_b:
                 grad_b += d.sum(0).float()
         return (grad_h, None, grad_w.to(weight.dtype) if need_w else None,
-                grad_b.to(bias.dtype) if need_b else None, None, None)  # fmt: skip
+                grad_b.to(bias.dtype) if need_b else None, None, None)
 
 
 def chunked_token_losses(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Linear, transform=None, *, chunk: int) -> torch.Tensor:
@@ -326,12 +326,12 @@ def _decide(model: nn.Module, inputs: dict, shifted: torch.Tensor, mask: torch.T
     _DECISIONS[model] = reason
     if reason:
         warnings.warn(f"chunked cross-entropy is off for this {type(model).__name__}: {reason}. Using the plain loss "
-                      "(full logits).", stacklevel=4)  # fmt: skip
+                      "(full logits).", stacklevel=4)
     return reason
 
 
 def model_example_losses(model: nn.Module, inputs: dict, labels: torch.Tensor, *, causal: bool, chunk_size="auto",
-                         module: nn.Module | None = None) -> ExampleLosses:  # fmt: skip
+                         module: nn.Module | None = None) -> ExampleLosses:
     """Per-example losses of `model` on `inputs` (no labels) and `labels`, chunked over tokens where that pays.
 
     The same `ExampleLosses` as `example_losses(model(**inputs).logits, labels, causal=causal)`, values and

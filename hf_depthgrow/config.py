@@ -49,7 +49,7 @@ from pathlib import Path
 __all__ = [
     "TORCH_DTYPES", "ConfigError", "ConfigParser", "FlagDeprecation", "ScriptArguments", "flag_words", "load_config", "option_name",
     "parse_args", "shared_field",
-]  # fmt: skip
+]
 
 _BOOL_WORDS = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False, "off": False}
 _NONE_WORDS = ("none", "null")
@@ -249,7 +249,7 @@ class ConfigParser(argparse.ArgumentParser):
             return
         metavar = spec.name.upper()
         self.add_argument(*names, dest=spec.name, type=self._caster(spec), nargs="+" if spec.is_list else None,
-                          default=argparse.SUPPRESS, metavar=metavar, help=help_)  # fmt: skip
+                          default=argparse.SUPPRESS, metavar=metavar, help=help_)
         self._add_old_spellings(spec)
 
     def _add_old_spellings(self, spec: _Spec) -> None:
@@ -263,10 +263,10 @@ class ConfigParser(argparse.ArgumentParser):
                 self.deprecated["--no-" + old[2:]] = "--no-" + _flag(spec)[2:]
                 continue
             self.add_argument(old, dest=spec.name, type=self._caster(spec), nargs="+" if spec.is_list else None,
-                              default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # fmt: skip
+                              default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         if spec.metadata.get("deprecated_positional"):
             self.add_argument(f"{spec.name}__positional", nargs="?", type=self._caster(spec), default=argparse.SUPPRESS,
-                              help=argparse.SUPPRESS)  # fmt: skip
+                              help=argparse.SUPPRESS)
 
     @staticmethod
     def _caster(spec: _Spec):
@@ -318,7 +318,7 @@ class ConfigParser(argparse.ArgumentParser):
             i += 1
         if renamed:
             warnings.warn(f"{', '.join(renamed)}: snake_case flags are deprecated; use {', '.join(r.replace('_', '-') for r in renamed)}",
-                          FlagDeprecation, stacklevel=3)  # fmt: skip
+                          FlagDeprecation, stacklevel=3)
         for name in dict.fromkeys(old):
             warnings.warn(f"{name} is deprecated, use {self.deprecated[name]}", FlagDeprecation, stacklevel=3)
         return out

@@ -52,10 +52,10 @@ def training_figure(train_result, *, title: str | None = None, control=None, con
     for name, result, style, colour in runs:
         if result.history:
             ax.plot([h["step"] for h in result.history], [h["loss"] for h in result.history], style, color=colour, alpha=0.6,
-                    lw=1, label=f"{name}: train loss")  # fmt: skip
+                    lw=1, label=f"{name}: train loss")
         if result.eval_history:
             ax.plot([h["step"] for h in result.eval_history], [h["eval_loss"] for h in result.eval_history], "o" + style,
-                    color=colour, label=f"{name}: held-out loss")  # fmt: skip
+                    color=colour, label=f"{name}: held-out loss")
     ax.set_title(title or ("training: grown model against the control" if control is not None else "training of the grown model"), fontsize=10)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")

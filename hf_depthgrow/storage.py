@@ -49,7 +49,7 @@ from .utils import package_version
 __all__ = [
     "ENTRY_FILE", "Entry", "EntryStore", "TENSORS_FILE", "UnverifiedEntryError", "code_fingerprint", "environment", "is_whole",
     "read_verified", "rows_fingerprint", "set_aside", "sha256_of", "weights_fingerprint", "write_digest",
-]  # fmt: skip
+]
 
 FORMAT = 2  # 2: entries carry digest.json
 ENTRY_FILE, TENSORS_FILE, _DIGEST = "entry.json", "tensors.safetensors", "digest.json"
@@ -337,14 +337,14 @@ class EntryStore:
 
                 save_file({n: tensors[n].detach().to("cpu").contiguous() for n in names}, str(tmp / TENSORS_FILE))
             header = {"format": FORMAT, "kind": kind, "key": key, "written_by": f"hf_depthgrow {package_version()}",
-                      "parts": parts, "tensors": names, "meta": meta}  # fmt: skip
+                      "parts": parts, "tensors": names, "meta": meta}
             (tmp / ENTRY_FILE).write_text(json.dumps(header, indent=1, sort_keys=True, allow_nan=False), encoding="utf-8")
             write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
             if final.exists() and not _in_place(final, kind, key):  # an entry `load` did not move aside: out of the way
                 why = "fails its digest" if not is_whole(final) else "was written for another key"
                 if aside := set_aside(final, key):
                     warnings.warn(f"{self.label}: the {kind} entry {key[:12]} in place {why}; replacing it "
-                                  f"(the entry in place is moved aside to {aside})", stacklevel=2)  # fmt: skip
+                                  f"(the entry in place is moved aside to {aside})", stacklevel=2)
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -363,5 +363,5 @@ class EntryStore:
         """A write under `root` failed: warn the first time, naming the folder and why (the run goes on)."""
         if not self.write_failed:
             warnings.warn(f"{self.label}: could not write under {self.root} ({_why_unwritable(self.root, err)}): {self.unstored()}; "
-                          "the run goes on", stacklevel=3)  # fmt: skip
+                          "the run goes on", stacklevel=3)
         self.write_failed = True

@@ -43,7 +43,7 @@ class RecipeArguments:
         default=1_000_000_000,
         metadata={"help": "Turn gradient checkpointing on for a grown model with at least this many parameters; none: only "
                           "--gradient-checkpointing decides."},
-    )  # fmt: skip
+    )
 
 
 def parse(argv: list[str] | None = None):

@@ -62,7 +62,7 @@ def build_base(base: BaseArguments):
         image_size=base.vit_image_size, patch_size=base.vit_patch_size, num_channels=1, hidden_size=base.vit_hidden_size,
         num_hidden_layers=base.vit_layers, num_attention_heads=base.vit_heads, intermediate_size=4 * base.vit_hidden_size,
         num_labels=base.num_labels, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
+    )
     torch.manual_seed(base.vit_seed)
     return ViTForImageClassification(config), False
 

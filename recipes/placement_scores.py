@@ -117,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
             record["compare_arguments"] = compare_argv
         positions = committed["positions"]
         out = predictor_scores(model, train, positions, which=(*which, "block_influence"), batch_size=batch_size,
-                               **({"retention_data": retention} if "adept" in which else {}))  # fmt: skip
+                               **({"retention_data": retention} if "adept" in which else {}))
         check = out["scores"].pop("block_influence")
         out["seconds"].pop("block_influence")
         diff = max(abs(a - b) for a, b in zip(check, committed["scores"]["block_influence"]))
         record["same_model_check"] = {"block_influence_max_abs_diff": diff, "block_influence": check}
         if diff > 1e-4:  # float noise is ~1e-9 (SmolLM2); a re-trained base differs by ~1e-2
             print(f"warning: block influence differs from the committed oracle's by up to {diff:.3g}: this is not the oracle's "
-                  "model (or not its data); the scores are of a re-created one")  # fmt: skip
+                  "model (or not its data); the scores are of a re-created one")
         import torch
 
         record["torch_threads"] = torch.get_num_threads()  # the regime base's plateau step depends on it

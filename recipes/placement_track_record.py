@@ -34,7 +34,7 @@ def committed_record() -> dict:
 
     record = track_record([load_task(folder, name) for name, folder in TASKS.items()])
     record["sources"] = {name: [str(p.relative_to(REPO)) for p in sorted(folder.glob("*.json")) if p.name in ("probe_validation.json", "placement_scores.json")]
-                         for name, folder in TASKS.items()}  # fmt: skip
+                         for name, folder in TASKS.items()}
     return record
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     same = record["default"] == DEFAULT_PLACEMENT and _matches(row, DEFAULT_TRACK_RECORD)
     if args.check:
         print("the library's default matches the committed track record" if same else
-              f"the library's default ({DEFAULT_PLACEMENT}) differs from the committed record's: {json.dumps(row)}")  # fmt: skip
+              f"the library's default ({DEFAULT_PLACEMENT}) differs from the committed record's: {json.dumps(row)}")
         return 0 if same else 1
     from hf_depthgrow.utils import atomic_write_text, write_json
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(OUTPUT / "track_record.json", record)
     table = track_record_markdown(record)
     atomic_write_text(OUTPUT / "track_record.md", f"# Placement policies on the committed oracle sweeps\n\nRule: {record['rule']}.\n"
-                      f"Default: **{record['default']}**.\n\n{table}")  # fmt: skip
+                      f"Default: **{record['default']}**.\n\n{table}")
     print(table)
     print(f"default: {record['default']}; wrote {OUTPUT / 'track_record.json'} and .md")
     if not same:

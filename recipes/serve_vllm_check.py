@@ -45,13 +45,13 @@ def prepare(out: Path) -> None:
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, sliding_window=8, max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+    )
     gemma = transformers.Gemma3ForCausalLM(config).eval()
     save_pretrained(gemma, out / "gemma3-original", tokenizer=tokenizer)
     grow_depth(gemma, [{"at": 6, "copy_from": i} for i in range(6)])
     save_pretrained(gemma, out / "gemma3-period6", tokenizer=tokenizer)
     print(json.dumps({name: json.loads((out / name / "config.json").read_text())["num_hidden_layers"]
-                      for pair in PAIRS.values() for name in pair}))  # fmt: skip
+                      for pair in PAIRS.values() for name in pair}))
 
 
 def check(out: Path) -> int:
@@ -62,7 +62,7 @@ def check(out: Path) -> int:
     for pair in PAIRS.values():
         for name in pair:
             llm = LLM(model=str(out / name), dtype="float32", gpu_memory_utilization=0.15, max_model_len=512,
-                      enforce_eager=True, trust_remote_code=False)  # fmt: skip
+                      enforce_eager=True, trust_remote_code=False)
             ids[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy)]
             del llm
     report = {}

@@ -75,7 +75,7 @@ class SFTArguments:
 
         # pin_memory only helps a copy to a GPU (and warns without one)
         return SFTConfig(**values, **saving, max_length=max_length, packing=False, report_to="none",
-                         dataloader_pin_memory=torch.cuda.is_available())  # fmt: skip
+                         dataloader_pin_memory=torch.cuda.is_available())
 
 
 def parse(argv: list[str] | None = None):
@@ -110,7 +110,7 @@ def run(args: ScriptArguments, sft: SFTArguments) -> dict:
     trainable = prepare_grown_model(model)
     callback = FallbackCallback(held_out, batch_size=sft.per_device_eval_batch_size) if sft.fallback else None
     trainer = trl.SFTTrainer(model=model, args=sft.sft_config(args.block_size), train_dataset=train_ds.with_format(None),
-                             processing_class=tokenizer, callbacks=[callback] if callback else None)  # fmt: skip
+                             processing_class=tokenizer, callbacks=[callback] if callback else None)
     trainer.train()
     out = Path(sft.output_dir)
     trainer.save_model(str(out / "model"))  # keeps the growth record (and adapter blocks: prepare_grown_model)

@@ -78,7 +78,7 @@ def test_ctrl_c_during_run_is_one_line_exit_130_and_the_old_output_stays(saved, 
 
     monkeypatch.setattr(stages, "_probe", interrupted)
     code = main(["run", "--model", str(saved / "model"), "--data", str(saved / "data.txt"), "--output-dir", str(out), "--overwrite",
-                 "--block-size", "16", "--max-examples", "16", "--no-progress", "--evidence-cache", "none"])  # fmt: skip
+                 "--block-size", "16", "--max-examples", "16", "--no-progress", "--evidence-cache", "none"])
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
     assert _last_line(err) == f"hf-depthgrow run: interrupted by SIGINT (Ctrl-C) during the run; {out} was not changed; the same command starts the run again"
@@ -97,11 +97,11 @@ def test_sigterm_during_compare_is_exit_143_with_the_resume_hint(saved, tmp_path
     previous = signal.getsignal(signal.SIGTERM)
     out, trials = tmp_path / "cmp", tmp_path / "trials"
     code = main(["compare", "--model", str(saved / "model"), "--data", str(saved / "data.txt"), "--retention-data", "none",
-                 "--block-size", "16", "--max-examples", "40", "--allow-repeated-data", "--output-dir", str(out), "--trials-dir", str(trials)])  # fmt: skip
+                 "--block-size", "16", "--max-examples", "40", "--allow-repeated-data", "--output-dir", str(out), "--trials-dir", str(trials)])
     err = capsys.readouterr().err
     assert code == 143 and "Traceback" not in err
     assert _last_line(err) == (f"hf-depthgrow compare: interrupted by SIGTERM during the comparison; {out} was not changed; the finished "
-                               f"trials are in {trials}: the same command with --resume continues")  # fmt: skip
+                               f"trials are in {trials}: the same command with --resume continues")
     assert not out.exists() and signal.getsignal(signal.SIGTERM) == previous  # the handler is the command's only
 
 
@@ -116,11 +116,11 @@ def test_ctrl_c_during_the_oracle_sweep_keeps_the_comparison_and_says_how_to_rer
     code = main(["compare", "--model", str(saved / "model"), "--data", str(saved / "data.txt"), "--retention-data", "none",
                  "--block-size", "16", "--max-examples", "40", "--growth", "top:1", "--controls", "layers", "--max-steps", "2",
                  "--batch-size", "4", "--learning-rates", "1e-3", "--n-bootstrap", "20", "--no-progress",
-                 "--oracle-positions", "0", "1", "2", "3", "--oracle-seeds", "0", "--output-dir", str(out)])  # fmt: skip
+                 "--oracle-positions", "0", "1", "2", "3", "--oracle-seeds", "0", "--output-dir", str(out)])
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
     assert _last_line(err) == (f"hf-depthgrow compare: interrupted by SIGINT (Ctrl-C) during the oracle sweep; the comparison is saved "
-                               f"in {out}; the same command with --overwrite runs the oracle sweep again")  # fmt: skip
+                               f"in {out}; the same command with --overwrite runs the oracle sweep again")
     assert (out / "compare.json").is_file() and (out / "compare.md").is_file()
     assert "compare.json" in json.loads((out / MARKER).read_text())["files"]  # the tool's: --overwrite may replace it
 
@@ -130,7 +130,7 @@ def test_a_real_sigterm_stops_train_with_143_and_resume_continues(saved, tmp_pat
     argv = [sys.executable, "-m", "hf_depthgrow.cli.train", "--model", str(saved / "model"), "--positions", "1",
             "--data", str(saved / "data.txt"), "--block-size", "16", "--max-examples", "24", "--eval-fraction", "0",
             "--max-steps", "40", "--save-steps", "1", "--batch-size", "2",
-            "--output-dir", str(out), "--no-progress", "--no-fallback"]  # fmt: skip
+            "--output-dir", str(out), "--no-progress", "--no-fallback"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 240
@@ -161,7 +161,7 @@ def test_ctrl_c_in_the_regime_study_is_130_and_the_folder_is_resumable(tmp_path,
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
     assert _last_line(err) == (f"recipes/regime_study.py: interrupted by SIGINT (Ctrl-C) during the base; the base and the finished "
-                               f"trials are kept: the same command with --resume continues ({out})")  # fmt: skip
+                               f"trials are kept: the same command with --resume continues ({out})")
     assert [p.name for p in out.iterdir()] == [MARKER]
     claim_output_dir(out, resume=False, overwrite=False, what="a regime study")  # nothing written yet: a fresh start is fine too
 
@@ -174,7 +174,7 @@ def test_the_trainer_surfaces_a_missing_checkpoint_not_an_attribute_error(tmp_pa
 
     model = grow_depth(tiny_model("llama"), [2])
     config = TrainConfig(max_steps=2, per_device_train_batch_size=2, progress_bar=False, output_dir=str(tmp_path / "t"),
-                         resume_from_checkpoint="/nonexistent", save_final_model=False)  # fmt: skip
+                         resume_from_checkpoint="/nonexistent", save_final_model=False)
     trainer = GrownTrainer(model, config, tiny_rows(model, 8, 0))
     with pytest.raises(FileNotFoundError, match=r"^resume_from_checkpoint /nonexistent: no such checkpoint folder$"):
         try:
@@ -195,7 +195,7 @@ def test_ctrl_c_while_the_prefix_cache_is_built_surfaces_as_the_interrupt(monkey
     monkeypatch.setattr(trainer_module, "build_caches", interrupted)
     model = grow_depth(tiny_model("llama"), [2])
     trainer = trainer_module.GrownTrainer(model, TrainConfig(max_steps=2, per_device_train_batch_size=2, progress_bar=False),
-                                          tiny_rows(model, 8, 0))  # fmt: skip
+                                          tiny_rows(model, 8, 0))
     with pytest.raises(KeyboardInterrupt):
         try:
             trainer.begin()
@@ -238,7 +238,7 @@ def test_a_full_disk_in_the_cli_is_one_line_naming_the_path_exit_1(saved, tmp_pa
     _full_disk(monkeypatch, "probe.json")
     out = tmp_path / "p"
     code = main(["probe", "--model", str(saved / "model"), "--data", str(saved / "data.txt"), "--block-size", "16",
-                 "--max-examples", "8", "--max-batches", "2", "--no-progress", "--output-dir", str(out)])  # fmt: skip
+                 "--max-examples", "8", "--max-batches", "2", "--no-progress", "--output-dir", str(out)])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err and "[Errno" not in err
     assert _last_line(err) == f"hf-depthgrow probe: cannot write {out}: No space left on device ({out} is unchanged)"
@@ -299,7 +299,7 @@ def test_a_bad_accelerate_config_is_one_line_exit_2_and_nothing_written(tmp_path
     (b"train_steps: 3\n# caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 20); expected a mapping of option names to values"),
     (b"- train_steps\n- 3\n", "expected a mapping of option names to values, got a list"),
     (b"train_steps\n", "expected a mapping of option names to values, got a string"),
-])  # fmt: skip
+])
 def test_a_config_file_of_the_wrong_shape_or_encoding_names_the_file(tmp_path, monkeypatch, capsys, content, words):
     monkeypatch.chdir(tmp_path)
     Path("run.yaml").write_bytes(content)
@@ -315,7 +315,7 @@ def test_a_config_file_of_the_wrong_shape_or_encoding_names_the_file(tmp_path, m
     ('[{"at": 1}, 3]', "but entry 1 is a number"),
     ('{"at": 1}', "got a mapping with keys ['at']"),
     ("", "got nothing (an empty file)"),
-])  # fmt: skip
+])
 def test_a_plan_file_of_the_wrong_shape_names_the_file(saved, tmp_path, monkeypatch, capsys, content, got):
     monkeypatch.chdir(tmp_path)
     Path("plan.json").write_text(content)
@@ -414,7 +414,7 @@ def test_the_regime_study_refuses_a_users_folder_and_keeps_its_files(tmp_path, c
         code = recipe.main(["--smoke", "--output-dir", str(out), *flags])
         err = capsys.readouterr().err
         assert code == 2 and err.strip() == (f"error: will not write into {out}: it was not written by hf-depthgrow (no {MARKER} file); "
-                                             "choose another output folder")  # fmt: skip
+                                             "choose another output folder")
     assert _tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["study"]
 
 

@@ -33,7 +33,7 @@ from hf_depthgrow.testing import tiny_model, tiny_rows
 
 DISK_FULL = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
 KW = dict(growth=["top:1"], controls=["layers"], budgets=[2, 4], learning_rates=[3e-3], lr_extensions=0, forgetting_rates=0, matched_controls=False, batch_size=4, allow_repeated_data=True,
-          progress=False, n_bootstrap=50)  # fmt: skip
+          progress=False, n_bootstrap=50)
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_a_digest_valid_but_unreadable_trial_is_moved_aside_and_replaced(setting
     (folder / "entry.json").write_text(json.dumps(entry))
     write_digest(folder)
     with pytest.warns(UserWarning, match=r"ignoring the unreadable stored trial at:2@lr0\.005@seed0 \(it holds budgets \[2\], not \[2, 4\]\); "
-                                         "running the trial again .*moved aside"):  # fmt: skip
+                                         "running the trial again .*moved aside"):
         assert store.load(spec) is None
     (result,) = stored(run_serial, store)([spec], inputs)
     with warnings.catch_warnings():
@@ -230,13 +230,13 @@ def test_every_field_of_an_arm_a_spec_and_the_inputs_changes_the_key(setting, tm
         TrialInputs: ({"base": tiny_model("llama", seed=1), "train_rows": rows["test"], "eval_rows": rows["train"],
                        "test_rows": rows["eval"], "retention_rows": None, "batch_size": 2, "selection_max_examples": 2,
                        "lora_target_modules": ["q_proj"], "grow_kwargs": {"init": "random"}}, None),
-    }  # fmt: skip
+    }
     not_in_key = {
         Arm: {"spec": "resolved into `placement`, which is in the key"},
         TrialInputs: {"original": "computed from the model, rows and batch size, all in the key",
                       "tracking": "where the trackers log, not what trains",
                       "gradient_checkpointing": "recomputes the same activations: the same gradients, up to float rounding"},
-    }  # fmt: skip
+    }
     before = key()
     for cls, (values, make) in changed.items():
         names = {f.name for f in fields(cls)}
@@ -260,7 +260,7 @@ def test_a_checkpoint_of_another_sweep_is_set_aside_and_the_trial_starts_over(se
     theirs = TrialStore(tmp_path, _other_sweep(setting), resume=True)
     shutil.copytree(mine._checkpoints(spec), theirs._checkpoints(spec))  # a copy into the other sweep's key
     with pytest.warns(UserWarning, match=r"not resuming at:2@lr0\.005@seed0 .*written for another trial: another model, data, "
-                                         r"settings or spec\); it starts over"):  # fmt: skip
+                                         r"settings or spec\); it starts over"):
         assert theirs.resume_point(spec) is None
     assert len(list((tmp_path / "checkpoints").glob(".rejected-*"))) == 1 and not any(theirs._checkpoints(spec).iterdir())
     with pytest.raises(ValueError, match="resume: nothing to resume in"):
@@ -306,7 +306,7 @@ def test_only_this_trials_own_checkpoints_are_announced_and_the_warning_allows_a
         shutil.copytree(mine._checkpoints(spec), theirs._checkpoints(spec))
         warn_unresumed(theirs, [spec])  # a copy of the other sweep's: not a checkpoint of this trial
     with pytest.warns(UserWarning, match=r"1 trial\(s\) to run \(at:2@lr0\.005@seed0\) have a checkpoint under .* from a run that "
-                                         r"did not finish them \(interrupted, or still running elsewhere\): they start over here"):  # fmt: skip
+                                         r"did not finish them \(interrupted, or still running elsewhere\): they start over here"):
         warn_unresumed(mine, [spec])
 
 
@@ -433,7 +433,7 @@ def test_trials_dir_at_root_home_or_an_input_folder_is_refused_before_any_work(s
     monkeypatch.setattr(trial_module, "trial_steps", lambda *a, **k: pytest.fail("a trial trained before the refusal"))
     monkeypatch.setattr("hf_depthgrow.cli.compare._load", lambda *a: pytest.fail("the model was loaded before the refusal"))
     cases = (("/", "is the root folder"), (str(Path.home()), "is the home folder"), (str(model_dir), "inside the input model folder"),
-             (str(model_dir / "sub"), "inside the input model folder"), (str(data / "t"), "inside the input data folder"))  # fmt: skip
+             (str(model_dir / "sub"), "inside the input model folder"), (str(data / "t"), "inside the input data folder"))
     out = tmp_path / "out"
     for trials_dir, message in cases:
         argv = ["compare", "--model", str(model_dir), "--data", str(data), "--output-dir", str(out), "--trials-dir", trials_dir]

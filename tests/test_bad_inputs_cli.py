@@ -103,7 +103,7 @@ CASES = [
     (["train", "--model", "./gone", "--data", "data.txt"], "hf-depthgrow train: no such model folder: ./gone"),
     (["demo", "--positions", "-1"], "hf-depthgrow demo: --positions must be >= 0, got -1"),
     (["demo", "--output-dir", "foreign"], "hf-depthgrow demo: foreign exists and is not empty, and --overwrite would not replace it: it was not written by hf-depthgrow (no .hf_depthgrow_run file); choose another output folder"),
-]  # fmt: skip
+]
 
 
 def _forbid_loading(monkeypatch):

@@ -211,7 +211,7 @@ def test_load_data_refuses_a_tokenizer_larger_than_the_embedding(tmp_path, model
         (tmp_path / "a.csv").write_text("text,label\n" + "".join(f"{w} w1,{i % 3}\n" for i, w in enumerate(words)), encoding="utf-8")
         path = tmp_path / "a.csv"
     message = (rf"the data '{re.escape(str(path))}' tokenized by \w+: token ids outside the vocabulary: "
-               r"max id 41, min id \d+, but the model embeds 16 in examples \[\d+(, \d+)*\]: the tokenizer does not match the model")  # fmt: skip
+               r"max id 41, min id \d+, but the model embeds 16 in examples \[\d+(, \d+)*\]: the tokenizer does not match the model")
     with pytest.raises(ValueError, match=message):
         load_data(str(path), model=model, tokenizer=_tokenizer(words), block_size=8)
     assert_unchanged(model, before)

@@ -190,7 +190,7 @@ def test_resume_may_change_logging_and_saving(tmp_path, outside):
     finished_run(out, lm_rows(16), max_steps=6, stop_after_step=None)
     # Same run, other logging/saving settings: accepted (nothing to do after the last step but finish).
     result = train(grown(), lm_rows(16), config=quick(max_steps=6, output_dir=str(out), save_steps=3, logging_steps=2,
-                                                     save_final_model=False, resume_from_checkpoint="latest"))  # fmt: skip
+                                                     save_final_model=False, resume_from_checkpoint="latest"))
     assert result.resumed_from == str(out / "checkpoint-6")
 
 
@@ -296,7 +296,7 @@ def test_pruning_never_deletes_checkpoints_of_another_run(tmp_path, outside):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     for step in (2, 3):
         save_checkpoint(Accelerator(cpu=True), tmp_path, step, sharded=False, named=[("w", weight)], optimizer=optimizer,
-                        scheduler=scheduler, trainer_state={"global_step": step, "fingerprint": {"run": "a"}}, save_total_limit=1)  # fmt: skip
+                        scheduler=scheduler, trainer_state={"global_step": step, "fingerprint": {"run": "a"}}, save_total_limit=1)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-3"]
     assert tree(foreign) == before
 

@@ -17,7 +17,7 @@ def test_eval_head_times_every_variant_and_writes_its_section(bench, tmp_path):
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text("# Benchmark results\n\n## Other\n\nkept\n")
     result = bench.main(["--model", "tiny", "--repeats", "2", "--batches", "2", "--batch", "2", "--seq", "16",
-                         "--write-results", "--results", str(results_md)])  # fmt: skip
+                         "--write-results", "--results", str(results_md)])
     assert set(result["runs"]) == {(k, v) for k in ("whole pass", "head only") for v in bench.VARIANTS}
     assert all(len(times) == 2 and min(times) > 0 for times in result["runs"].values())
     text = results_md.read_text()

@@ -8,7 +8,7 @@ from tiny_lm import make_tiny_lm
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_evidence_share.py"
 SMALL = ["block_size=32", "max_examples=96", "batch_size=8", "train_steps=4", "eval_steps=2", "stone_max_batches=2",
-         "probe_max_batches=2", "learning_rate=3e-3", "loss_bound=10.0", "force=true"]  # fmt: skip
+         "probe_max_batches=2", "learning_rate=3e-3", "loss_bound=10.0", "force=true"]
 
 
 @pytest.fixture(scope="module")

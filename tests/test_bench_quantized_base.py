@@ -23,7 +23,7 @@ def test_each_variant_trains_and_the_section_has_a_row_per_variant(bench, tmp_pa
         warnings.simplefilter("ignore")  # bitsandbytes' notes on casting inputs for 8-bit matmuls
         for name in bench.VARIANTS:  # in this process: the script runs each in a fresh one
             args = argparse.Namespace(variant=name, model="tiny", tmp=str(tmp_path), positions=[2], steps=1, batch=2, seq=8,
-                                      examples=6, threads=1)  # fmt: skip
+                                      examples=6, threads=1)
             rows.append(bench.variant(args))
     by_name = {r["variant"]: r for r in rows}
     # The quantised bases hold fewer bytes; the trained set is the same new block in each.

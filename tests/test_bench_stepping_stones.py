@@ -17,7 +17,7 @@ def test_stepping_stones_bench_times_both_arms_and_writes_its_section(bench, tmp
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text("# Benchmark results\n\n## Other\n\nkept\n")
     result = bench.main(["--model", "tiny", "--repeats", "2", "--batches", "2", "--batch", "2", "--seq", "16", "--position", "2",
-                         "--write-results", "--results", str(results_md)])  # fmt: skip
+                         "--write-results", "--results", str(results_md)])
     assert set(result["runs"]) == set(bench.ARMS)
     assert all(len(times) == 2 and min(times) > 0 for times in result["runs"].values())
     assert result["position"] == 2 and min(result["evaluations"].values()) >= 2

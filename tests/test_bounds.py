@@ -129,7 +129,7 @@ def test_bootstrap_is_scipys_percentile_interval_and_one_example_is_a_point():
 
     d = _diffs(m=256)
     scipy_ci = bootstrap((d,), np.mean, n_resamples=2000, vectorized=True, method="percentile", confidence_level=1 - DELTA,
-                         rng=np.random.default_rng(11)).confidence_interval  # fmt: skip
+                         rng=np.random.default_rng(11)).confidence_interval
     assert bootstrap_interval(d, DELTA, n_bootstrap=2000, seed=11) == pytest.approx(tuple(scipy_ci), abs=1e-12)
     # scipy refuses a single observation; every resample of one pair is that pair.
     assert bootstrap_interval([0.3], DELTA, n_bootstrap=50) == (0.3, 0.3)

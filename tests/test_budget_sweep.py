@@ -37,7 +37,7 @@ def setting():
 
 def _wsd(total: int, trainable: str = "new") -> TrainConfig:
     return TrainConfig(trainable=trainable, learning_rate=5e-3, max_steps=total, per_device_train_batch_size=4, lr_scheduler="wsd",
-                       warmup_steps=2, progress_bar=False, save_final_model=False)  # fmt: skip
+                       warmup_steps=2, progress_bar=False, save_final_model=False)
 
 
 def _weights(trainer) -> list[torch.Tensor]:
@@ -86,7 +86,7 @@ def _inputs(base, rows, **kw) -> TrialInputs:
     per, weight = example_losses(base, rows["eval"], 4)
     original["heldout"] = float(np.average(per, weights=weight))
     return TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=rows["ret"],
-                       batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=original, **kw)  # fmt: skip
+                       batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=original, **kw)
 
 
 def test_a_trial_scored_at_several_budgets_equals_one_trial_per_budget(setting):
@@ -133,7 +133,7 @@ def test_serial_halving_keeps_what_the_full_grid_replayed_would_keep(setting):
     assert [t.stopped_at for t in halved].count(None) == 1  # 3 -> 2 at step 2 -> 1 at step 4
     survivor = next(t for t in halved if t.stopped_at is None)
     replay = halving_survivor([{t.spec.learning_rate: t.heldout_at(r) for t in full} for r in (2, 4)],
-                              {t.spec.learning_rate: t.scores[8].heldout_loss for t in full})  # fmt: skip
+                              {t.spec.learning_rate: t.scores[8].heldout_loss for t in full})
     assert survivor.spec.learning_rate == replay
     twin = next(t for t in full if t.spec.learning_rate == replay)
     np.testing.assert_array_equal(survivor.scores[8].test, twin.scores[8].test)  # the survivor is the run trained alone
@@ -168,9 +168,9 @@ def test_off_curve_detects_an_arm_that_forgets_less_at_matched_gain():
     rng = np.random.default_rng(0)
     n = 400
     gain = {"lora": 0.8 + 0.1 * rng.standard_normal(n), "lora:2": 0.4 + 0.1 * rng.standard_normal(n),
-            "good": 0.6 + 0.1 * rng.standard_normal(n), "bad": 0.6 + 0.1 * rng.standard_normal(n)}  # fmt: skip
+            "good": 0.6 + 0.1 * rng.standard_normal(n), "bad": 0.6 + 0.1 * rng.standard_normal(n)}
     forget = {"lora": 0.4 + 0.05 * rng.standard_normal(n), "lora:2": 0.2 + 0.05 * rng.standard_normal(n),
-              "good": 0.0 + 0.05 * rng.standard_normal(n), "bad": 0.6 + 0.05 * rng.standard_normal(n)}  # fmt: skip
+              "good": 0.0 + 0.05 * rng.standard_normal(n), "bad": 0.6 + 0.05 * rng.standard_normal(n)}
     out = fr.off_curve(gain, forget, ["lora", "lora:2"], ["good", "bad"], n_bootstrap=300)
     assert out["arms"]["good"]["status"] == "off the curve"
     assert out["arms"]["good"]["margin"]["mean"] == pytest.approx(0.3, abs=0.03)  # the curve is at 0.3 at gain 0.6
@@ -190,7 +190,7 @@ def swept(setting):
         controls=["layers", "lora", "lora:4"], budgets=[2, 4, 6, 8], growth_learning_rates=[1e-5, 3e-5], lr_extensions=1,
         batch_size=4, progress=False, n_bootstrap=200, max_forgetting=0.5, allow_repeated_data=True,  # 32 blocks of 24
         forgetting_rates=1,
-    )  # fmt: skip
+    )
     return base, before, result
 
 
@@ -290,7 +290,7 @@ def test_stored_trials_resume_without_training_and_a_tampered_one_is_rerun(setti
     base, rows = setting
     kw = dict(retention_data=rows["ret"], growth=["top:1"], controls=["layers"], budgets=[4, 8], learning_rates=[1e-3, 3e-3],
               lr_extensions=0, forgetting_rates=0, batch_size=4, progress=False, n_bootstrap=100, trials_dir=tmp_path / "trials",
-              allow_repeated_data=True)  # fmt: skip
+              allow_repeated_data=True)
     first = compare_plans(base, rows["train"], rows["eval"], rows["test"], **kw)
     entries = sorted((tmp_path / "trials" / "trials").iterdir())
     assert len(entries) == 4 and all((e / "digest.json").is_file() for e in entries)
@@ -322,7 +322,7 @@ def test_cli_refuses_bad_budgets_and_a_trials_dir_inside_the_output(tmp_path, ca
     out = tmp_path / "out"
     for extra, message in ((["--budgets", "20", "10"], "strictly increasing"), (["--max-forgetting", "-1"], "--max-forgetting must be"),
                            (["--growth-learning-rates", "1e-3", "--max-learning-rate", "1e-4"], "below the largest rate of"),
-                           (["--trials-dir", str(out / "trials")], "lies inside output_dir")):  # fmt: skip
+                           (["--trials-dir", str(out / "trials")], "lies inside output_dir")):
         assert main(["compare", "--output-dir", str(out), *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("hf-depthgrow compare: ") and "\n" not in err and message in err

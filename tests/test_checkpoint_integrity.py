@@ -31,7 +31,7 @@ def lm_rows(n: int = 24, seed: int = 0) -> list[dict]:
 
 def config(out: Path | None, **kw) -> TrainConfig:
     base = dict(max_steps=STEPS, per_device_train_batch_size=2, gradient_accumulation_steps=2, learning_rate=1e-2, logging_steps=1,
-                progress_bar=False, fallback=False, save_final_model=False, output_dir=str(out) if out else None)  # fmt: skip
+                progress_bar=False, fallback=False, save_final_model=False, output_dir=str(out) if out else None)
     return TrainConfig(**{**base, **kw})
 
 
@@ -104,7 +104,7 @@ def test_an_edited_global_step_is_refused_by_the_cli_with_one_line(out, capsys):
     rows = lm_rows()
     datasets.Dataset.from_dict({k: torch.stack([r[k] for r in rows]).numpy() for k in rows[0]}).save_to_disk(str(data))
     args = ["--model", str(base), "--positions", "2", "--dataset", str(data), "--max-steps", "6", "--save-steps", "2",
-            "--no-progress", "--fallback", "false", "--output-dir", str(cli_out)]  # fmt: skip
+            "--no-progress", "--fallback", "false", "--output-dir", str(cli_out)]
     assert main(args) == 0
     edit_state(cli_out / "checkpoint-4", global_step=100)
     before = tree(cli_out)
@@ -113,7 +113,7 @@ def test_an_edited_global_step_is_refused_by_the_cli_with_one_line(out, capsys):
     err = capsys.readouterr().err  # the model loads before the checkpoint is read: its progress bar comes first
     assert "Traceback" not in err and err.strip().splitlines()[-1] == (f"hf-depthgrow train: cannot resume from {cli_out / 'checkpoint-4'}: trainer_state.json does not match its sha256 "
                    "in digest.json (edited or damaged on disk). Resume from an earlier checkpoint by its path, or start afresh "
-                   "without resume_from_checkpoint.")  # fmt: skip
+                   "without resume_from_checkpoint.")
     assert tree(cli_out) == before
 
 

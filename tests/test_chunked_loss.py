@@ -251,7 +251,7 @@ def test_trainer_takes_the_same_steps(monkeypatch, trainable, cache):
     for mode, flags in (("plain", {"chunked_loss": "off"}), ("chunked", {"chunked_loss": "on", "loss_chunk_size": 7})):
         model = copy.deepcopy(base)
         cfg = TrainConfig(max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1, progress_bar=False,
-                          fallback=mode == "chunked", trainable=trainable, prefix_cache=cache, **flags)  # fmt: skip
+                          fallback=mode == "chunked", trainable=trainable, prefix_cache=cache, **flags)
         result = train(model, data, config=cfg)
         assert (result.prefix_cache is not None) == (cache == "memory")  # start_at runs the body from the cache
         assert chunked_loss_status(model) == ("" if mode == "chunked" else None)

@@ -53,7 +53,7 @@ def test_docs_cli_flag_table_is_up_to_date():
 def test_shared_options_have_one_help_text():
     shared = {"--model": "model", "--data": "data", "--output-dir": "output_dir", "--overwrite": "overwrite",
               "--trust-remote-code": "trust_remote_code", "--block-size": "block_size", "--max-examples": "max_examples",
-              "--dtype": "dtype"}  # fmt: skip
+              "--dtype": "dtype"}
     for command, parser in PARSERS.items():
         for flag, name in parser.flags.items():
             if flag in shared:

@@ -26,7 +26,7 @@ def saved(tmp_path_factory):
 def _argv(saved, out, *extra):
     return ["train", "--model", str(saved / "model"), "--positions", "1", "--data", str(saved / "data.txt"), "--block-size", "16",
             "--max-examples", "16", "--eval-fraction", "0", "--max-steps", "2", "--batch-size", "4", "--no-progress", "--no-fallback",
-            "--output-dir", str(out), *extra]  # fmt: skip
+            "--output-dir", str(out), *extra]
 
 
 def _tree(folder):
@@ -42,7 +42,7 @@ def test_train_refuses_a_folder_it_did_not_write_and_overwrites_only_its_own_run
     assert main(_argv(saved, theirs)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"hf-depthgrow train: will not write into {theirs}: it was not written by hf-depthgrow (no {MARKER} file); "
-                   "choose another output folder"]  # fmt: skip
+                   "choose another output folder"]
     assert _tree(theirs) == [("notes.txt", b"mine")]
 
     out = tmp_path / "run"

@@ -102,7 +102,7 @@ def test_layers_mode_trains_only_those_layers_and_caches_below():
 def test_lora_mode_merges_into_the_base_and_keeps_its_shape():
     model = tiny_model("llama")
     result = train(copy.deepcopy(model), lm_rows(model, 16, 0), trainable="lora", lora_r=2, max_steps=3,
-                   learning_rate=1e-2, progress_bar=False, fallback=False)  # fmt: skip
+                   learning_rate=1e-2, progress_bar=False, fallback=False)
     names = {n for n, _ in result.model.named_parameters()}
     assert names == {n for n, _ in model.named_parameters()}  # merged and unloaded: a plain model again
     _, per_rank = lora_rank_for(model, 1)  # rank 1: the parameters one rank adds
@@ -133,7 +133,7 @@ def compared():
         growth=["top:1", "at:2", "bottom:1"], controls=["layers", "lora"], learning_rates=[1e-3, 5e-3],
         max_steps=6, progress=False, n_bootstrap=300, successive_halving=True, lr_extensions=0, allow_repeated_data=True,
         forgetting_rates=0,  # the two-rate grid halving is checked on (the rates below it: tests/test_curve_against_curve.py)
-    )  # fmt: skip
+    )
     return model, data, before, result
 
 
@@ -263,7 +263,7 @@ def lm_dir(tmp_path_factory):
 def _argv(lm_dir, out, *extra):
     return ["compare", "--model", str(lm_dir / "tiny"), "--data", str(lm_dir / "sample.txt"), "--output-dir", str(out),
             "--block-size", "16", "--max-examples", "64", "--max-steps", "2", "--learning-rates", "3e-3",
-            "--n-bootstrap", "200", "--no-progress", *extra]  # fmt: skip
+            "--n-bootstrap", "200", "--no-progress", *extra]
 
 
 def test_cli_bad_arm_is_one_line_and_writes_nothing(lm_dir, tmp_path, capsys):
@@ -287,7 +287,7 @@ def test_cli_compares_and_validates_the_probe(lm_dir, tmp_path, capsys):
 
     out = tmp_path / "out"
     argv = _argv(lm_dir, out, "--growth", "top:1", "bottom:1", "--controls", "layers", "--retention-data", str(lm_dir / "sample.txt"),
-                 "--retention-max-examples", "16", "--oracle-positions", "0", "1", "3", "4", "--oracle-seeds", "0", "1")  # fmt: skip
+                 "--retention-max-examples", "16", "--oracle-positions", "0", "1", "3", "4", "--oracle-seeds", "0", "1")
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "Comparison at an equal budget" in printed and "Probe validation" in printed
@@ -332,7 +332,7 @@ def test_an_arm_that_fell_back_to_the_original_is_not_the_best_growth_arm():
 
     # As on MiniLM: the arm that fell back ties with the original and sits a rounding below the trained one.
     results = [arm("fell_back", "growth", "old", 0.83327255507, 0.0), arm("trained", "growth", "new", 0.83327255567, 0.01),
-               arm("lora", "lora", "new", 0.9, 0.005)]  # fmt: skip
+               arm("lora", "lora", "new", 0.9, 0.005)]
     stats = statistics(results, original, CompareConfig(growth=["top:1"], controls=["lora"]))
     assert stats["best_growth"] == "trained" and stats["best_control"] == "lora"
     everything_fell_back = [arm("a", "growth", "old", 0.8, 0.0), arm("b", "growth", "old", 0.7, 0.0)]
@@ -366,7 +366,7 @@ def test_cli_reports_documents_per_part_and_resamples_them(lm_dir, tmp_path, cap
     out = tmp_path / "out"
     argv = _argv(lm_dir, out, "--growth", "top:1", "--controls", "layers", "--retention-data", str(retention),
                  "--retention-max-examples", "24", "--retention-blocks-per-document", "4", "--blocks-per-document", "8",
-                 "--split-by", "document")  # fmt: skip
+                 "--split-by", "document")
     argv[argv.index("--data") + 1] = str(data)
     assert main(argv) == 0
     saved = json.loads((out / "compare.json").read_text())

@@ -41,7 +41,7 @@ def make_sweep(n=120):
     budgets = []
     for steps, D in zip(STEPS, TOKENS):
         arms = {"original": {"kind": "original", "gain": None, "forgetting": None, "test_loss": ORIGINAL,
-                             "test_interval": [ORIGINAL - 0.05, ORIGINAL + 0.05]}}  # fmt: skip
+                             "test_interval": [ORIGINAL - 0.05, ORIGINAL + 0.05]}}
         for name, (kind, E, A, alpha, per_doubling) in ARMS.items():
             losses = E + A * D**-alpha + rng.normal(0.0, 0.3, n)
             per_example[name].append(losses)
@@ -52,13 +52,13 @@ def make_sweep(n=120):
                 "kind": kind, "gain": {"mean": gain, "low": gain - 2 * se, "high": gain + 2 * se},
                 "forgetting": {"mean": f, "low": f - 0.01, "high": f + 0.01},
                 "test_loss": mean, "test_interval": [mean - 2 * se, mean + 2 * se],
-            }  # fmt: skip
+            }
         budgets.append({"steps": steps, "tokens": D, "arms": arms, "frontier": ["layers", "probe:1"]})
     out = predict_crossover(
         TOKENS, per_example, growth=["probe:1", "interleave:2"], controls=["lora", "lora:r64", "layers", "full"],
         best_growth="probe:1", best_control="lora", controls_within=["layers"], best_control_within="layers",
         n_bootstrap=20,
-    )  # fmt: skip
+    )
     fits = out.pop("fits")
     sweep = {"budgets": budgets, "fits": fits, "crossover": out}
     return json.loads(json.dumps(sweep))  # what a reader of compare.json gets back: "inf" strings, no numpy

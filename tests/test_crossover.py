@@ -81,12 +81,12 @@ def _crossover(losses, **kwargs):
     return predict_crossover(
         TOKENS, losses, growth=["probe:1"], controls=["lora", "layers"], best_growth="probe:1", best_control="lora",
         **kwargs,
-    )  # fmt: skip
+    )
 
 
 def test_constructed_crossing_is_found_with_an_interval_that_covers_it():
     losses = {"probe:1": per_example(growth, seed=1), "lora": per_example(control, seed=2),
-              "layers": per_example(lambda D: control(D) + 0.1, seed=3)}  # fmt: skip
+              "layers": per_example(lambda D: control(D) + 0.1, seed=3)}
     out = _crossover(losses)
     json.dumps(out, allow_nan=False)  # JSON-ready: the open end of an interval is the string "inf"
     cross = out["on_gain"]
@@ -110,7 +110,7 @@ def test_bootstrap_keeps_the_pairing():
     common = np.random.default_rng(9).normal(0.0, 2.0, 300)
     zero = {"sd": 0.0, "common": common}
     out = _crossover({"probe:1": per_example(growth, **zero), "lora": per_example(control, **zero),
-                      "layers": per_example(control, **zero)})  # fmt: skip
+                      "layers": per_example(control, **zero)})
     low, high = out["on_gain"]["interval"]["multiple"]
     assert low == pytest.approx(5.0, rel=1e-3) and high == pytest.approx(5.0, rel=1e-3)
     assert out["on_gain"]["share_with_crossover"] == 1.0
@@ -119,7 +119,7 @@ def test_bootstrap_keeps_the_pairing():
 def test_no_crossover_and_already_ahead():
     better = lambda D: control(D) - 0.2  # noqa: E731
     losses = {"probe:1": per_example(control, seed=1), "lora": per_example(better, seed=2),
-              "layers": per_example(control, seed=3)}  # fmt: skip
+              "layers": per_example(control, seed=3)}
     none = _crossover(losses)["on_gain"]
     assert none["status"] == "none" and none["tokens"] is None
     assert none["text"].startswith("no crossover predicted within 100x the largest budget (probe:1 vs lora)")
@@ -139,7 +139,7 @@ def test_second_crossover_within_the_forgetting_budget():
     coef = 50 + 0.5 * CROSS**0.3 - 0.2 * expected**0.3  # 3.0 + g D^-0.3 = 3.2 + coef D^-0.3 at D = expected
     slow = lambda D: 3.2 + coef * np.asarray(D, dtype=float) ** -0.3  # noqa: E731
     losses = {"probe:1": per_example(growth, seed=1), "lora": per_example(control, seed=2),
-              "layers": per_example(slow, seed=3)}  # fmt: skip
+              "layers": per_example(slow, seed=3)}
     out = _crossover(losses, controls_within=["layers"], best_control_within="layers", n_bootstrap=20)
     assert out["within_forgetting"]["control"] == "layers"
     assert out["within_forgetting"]["tokens"] == pytest.approx(expected, rel=1e-4)

@@ -30,10 +30,10 @@ def _trial(arm: Arm, lr: float, points: dict, original: dict, rng) -> TrialResul
         test = original["test"][0] - gain + 0.01 * rng.standard_normal(N)
         ret = original["retention"][0] + forgetting + 0.01 * rng.standard_normal(N)
         scores[steps] = BudgetScore(steps=steps, units_seen=8 * steps, heldout_loss=BASE_HELDOUT - gain, selected="new", train_losses={},
-                                    test=test, test_weight=np.ones(N), retention=ret, retention_weight=np.ones(N), seconds=0.0)  # fmt: skip
+                                    test=test, test_weight=np.ones(N), retention=ret, retention_weight=np.ones(N), seconds=0.0)
     spec = TrialSpec(arm, lr, seed=0, budgets=budgets, scheduler="wsd" if len(budgets) > 1 else "cosine")
     return TrialResult(spec=spec, scores=scores, heldout_curve=[(s, scores[s].heldout_loss) for s in budgets],
-                       trainable_parameters=arm.trainable_parameters)  # fmt: skip
+                       trainable_parameters=arm.trainable_parameters)
 
 
 def _compare(arms: list[Arm], table: dict, budgets: list[int], **cfg):
@@ -42,7 +42,7 @@ def _compare(arms: list[Arm], table: dict, budgets: list[int], **cfg):
     original = _original(rng)
     trials = [_trial(a, lr, pts, original, rng) for a in arms[1:] for lr, pts in table[a.name].items()]
     config = CompareConfig(growth=[a.name for a in arms if a.kind == "growth"], controls=["layers", "full"], n_bootstrap=400,
-                           budgets=budgets if len(budgets) > 1 else None, max_steps=budgets[-1], **cfg)  # fmt: skip
+                           budgets=budgets if len(budgets) > 1 else None, max_steps=budgets[-1], **cfg)
     grids = {a.name: {"grid": sorted(table[a.name]), "added": [], "stopped": "interior"} for a in arms[1:]}
     return aggregate(arms, trials, original, config, grids=grids, extra={"probe": None, "seconds": {}, "num_examples": {}})
 
@@ -50,7 +50,7 @@ def _compare(arms: list[Arm], table: dict, budgets: list[int], **cfg):
 def _arms() -> list[Arm]:
     return [Arm("original", "original"), Arm("probe:1", "growth", trainable_parameters=100),
             Arm("layers", "layers", layers=[3], trainable_parameters=100, matched_to="probe:1"),
-            Arm("full", "full", trainable_parameters=1000)]  # fmt: skip
+            Arm("full", "full", trainable_parameters=1000)]
 
 
 # full at its gain-optimal rate gains most and forgets most; at a low rate it gains a little more than growth and forgets

@@ -25,7 +25,7 @@ datasets = pytest.importorskip("datasets")
 
 def token_rows(n=5, seq=6):
     return [{"input_ids": torch.arange(seq) + i, "attention_mask": torch.ones(seq, dtype=torch.long),
-             "labels": torch.arange(seq) + i} for i in range(n)]  # fmt: skip
+             "labels": torch.arange(seq) + i} for i in range(n)]
 
 
 def image_rows(n=5):
@@ -139,7 +139,7 @@ def test_ragged_token_rows_are_right_padded_and_padding_is_not_supervised():
          "token_type_ids": torch.ones(3, dtype=torch.long), "labels": torch.tensor([5, 6, 7]), "text": "abc"},
         {"input_ids": torch.tensor([8]), "attention_mask": torch.ones(1, dtype=torch.long),
          "token_type_ids": torch.ones(1, dtype=torch.long), "labels": torch.tensor([8]), "text": "d"},
-    ]  # fmt: skip
+    ]
     batch = collate(rows)
     assert "text" not in batch  # raw text is no model input
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
@@ -317,7 +317,7 @@ def test_split_dataset_by_document_keeps_documents_on_one_side():
     assert all(seen) and not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2])
     assert sum(len(p) for p in parts.values()) == len(docs) and len(parts["train"]) >= 0.5 * len(docs)
     assert split_dataset(ds, {"train": 0.6, "test": 0.4}, seed=0, by="document")["test"]["document"] == \
-        split_dataset(ds, {"train": 0.6, "test": 0.4}, seed=0, by="document")["test"]["document"]  # seeded  # fmt: skip
+        split_dataset(ds, {"train": 0.6, "test": 0.4}, seed=0, by="document")["test"]["document"]  # seeded
     with pytest.raises(ValueError, match=r"cannot split by 'page': the data has no such column \(columns: input_ids, document\)"):
         split_dataset(ds, {"train": 0.5, "test": 0.5}, by="page")
     two = ds.select(range(5))  # documents 0 and 1 only

@@ -351,10 +351,10 @@ def deepspeed_runs(base, tmp_path_factory) -> Path:
         ]
     # zero2.yaml as shipped says gradient_accumulation_steps: 1.
     jobs.append({"kind": "refused", "name": "refused_accumulation", "env": accelerate_launch_env("zero2.yaml"),
-                 "gradient_accumulation_steps": 2, "per_device_train_batch_size": 1})  # fmt: skip
+                 "gradient_accumulation_steps": 2, "per_device_train_batch_size": 1})
     jobs.append({"kind": "partitioned", "name": "partitioned"})
     proc = launch("deepspeed_grown.py", ["--root", str(root), "--base", str(base), "--jobs", json.dumps(jobs)],
-                  timeout=420, env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
+                  timeout=420, env={"DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, tail(proc)
     return root
 
@@ -368,7 +368,7 @@ def zero3_resumed(deepspeed_runs, base) -> Path:
     job = {"kind": "trainer", "name": "zero3_resumed", "env": env, "save_steps": 2, "resume_from_checkpoint": "latest", **accum}
     assert [p.name for p in (deepspeed_runs / "zero3_resumed").glob("checkpoint-*")] == ["checkpoint-2"]
     proc = launch("deepspeed_grown.py", ["--root", str(deepspeed_runs), "--base", str(base), "--jobs", json.dumps([job])],
-                  timeout=180, env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
+                  timeout=180, env={"DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, tail(proc)
     return deepspeed_runs / "zero3_resumed"
 
@@ -537,7 +537,7 @@ def test_every_accelerate_config_loads_and_names_its_command(path):
     config = ClusterConfig.from_yaml_file(str(path))  # accelerate's own loader: unknown keys raise
     name = str(path.relative_to(REPO / "recipes" / "accelerate_configs"))
     expected = {"single_gpu.yaml": DistributedType.NO, "multi_gpu.yaml": DistributedType.MULTI_GPU, "fsdp.yaml": DistributedType.FSDP,
-                "deepspeed/zero2.yaml": DistributedType.DEEPSPEED, "deepspeed/zero3.yaml": DistributedType.DEEPSPEED}  # fmt: skip
+                "deepspeed/zero2.yaml": DistributedType.DEEPSPEED, "deepspeed/zero3.yaml": DistributedType.DEEPSPEED}
     assert config.distributed_type == expected[name]
     assert f"accelerate launch --config_file {path.relative_to(REPO)}" in path.read_text()
     if config.distributed_type == DistributedType.DEEPSPEED:
@@ -568,7 +568,7 @@ def test_fsdp_yaml_gives_the_plugin_the_cpu_tests_run(monkeypatch):
         monkeypatch.delenv(key)
     ours = fsdp2_plugin()
     for field in ("fsdp_version", "reshard_after_forward", "state_dict_type", "auto_wrap_policy", "cpu_ram_efficient_loading",
-                  "cpu_offload", "activation_checkpointing", "mixed_precision_policy", "transformer_cls_names_to_wrap"):  # fmt: skip
+                  "cpu_offload", "activation_checkpointing", "mixed_precision_policy", "transformer_cls_names_to_wrap"):
         assert getattr(from_yaml, field) == getattr(ours, field), field
 
 
@@ -606,7 +606,7 @@ def _zero2_as_launched(monkeypatch, **overrides: str) -> dict:
 
     env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1",
            "ACCELERATE_GRADIENT_CLIPPING": "1.0", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none",
-           "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none", "ACCELERATE_DEEPSPEED_ZERO3_INIT": "false", **overrides}  # fmt: skip
+           "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none", "ACCELERATE_DEEPSPEED_ZERO3_INIT": "false", **overrides}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     plugin = DeepSpeedPlugin()
@@ -642,7 +642,7 @@ def test_shipped_deepspeed_settings_pass_and_autos_are_filled(monkeypatch):
         ({"zero_optimization": {"stage": 3}}, {"output_dir": "out"}, "ZeRO-3 needs zero3_save_16bit_model: true"),
     ],
     ids=["accumulation", "clipping", "micro-batch", "stage1", "offload-optimizer", "offload-param", "fp16", "bf16-on-fp32",
-         "optimizer", "zero3-save"],  # fmt: skip
+         "optimizer", "zero3-save"],
 )
 def test_unsupported_deepspeed_settings_are_refused(monkeypatch, change, train, message):
     """One-line ValueErrors naming the setting; `GrownTrainer` runs this check before any work."""

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "benchmarks").glob("*.md")),
-        *sorted((ROOT / "recipes").rglob("*.md")), *sorted((ROOT / "model_cards").rglob("*.md"))]  # fmt: skip
+        *sorted((ROOT / "recipes").rglob("*.md")), *sorted((ROOT / "model_cards").rglob("*.md"))]
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
 # A placeholder: capitals joined by "_", in bold (**EVIDENCE_SIZE**; a bold acronym, **DDP**, is prose) or
@@ -105,7 +105,7 @@ def _eval_result(old, new, bound: float, level: float = 0.05):
         example_weights=[1.0] * m, level=level, loss_bound=bound, loss_bound_source="given",
         intervals={k: (d["low"], d["high"]) for k, d in details.items()}, interval_details=details,
         certified={k: d["certified"] for k, d in details.items()},
-    )  # fmt: skip
+    )
 
 
 def test_report_explains_a_bernstein_interval_wider_than_hoeffdings():
@@ -153,5 +153,5 @@ def test_probe_plot_and_report_say_what_the_threshold_is(tmp_path, monkeypatch):
         assert f'"improvable" where z > {result.z_threshold:g}' in verdict
     assert "calibrated against certified test gains" in probe(model, batches, positions=[1], progress=False).summary()
     for page, needle in (("probe.md", '"improvable" verdict:\nz > -1 (calibrated on certified gains)'),
-                         ("evaluation.md", "Bernstein can be wider than Hoeffding at small m")):  # fmt: skip
+                         ("evaluation.md", "Bernstein can be wider than Hoeffding at small m")):
         assert " ".join(needle.split()) in " ".join((ROOT / "docs" / page).read_text(encoding="utf-8").split()), page

@@ -62,14 +62,14 @@ def _timeless(value):
 
 def _compare_summary(result) -> dict:
     arrays = {f"{view.steps}/{arm.name}/{name}": _digest(getattr(arm, f"{name}_per_example"))
-              for view in result.views for arm in view.arms for name in ("test", "retention")}  # fmt: skip
+              for view in result.views for arm in view.arms for name in ("test", "retention")}
     return json.loads(json.dumps({"result": _timeless(result.to_dict()), "per_example": arrays}))
 
 
 def _validation_summary(validation) -> dict:
     # The realized side only: the predictors' scores and tables are the placement code's, not the engine's.
     keys = ("positions", "seeds", "learning_rate", "budget", "realized_by_seed", "realized", "intervals", "forgetting",
-            "forgetting_high", "within")  # fmt: skip
+            "forgetting_high", "within")
     views = [*validation.at_smaller_budgets, validation]
     return json.loads(json.dumps([{k: v for k, v in view.to_dict().items() if k in keys} for view in views]))
 
@@ -105,7 +105,7 @@ SWEEP = dict(
     growth=["top:1"], controls=["layers", "lora"], budgets=[2, 4, 6], growth_learning_rates=[1e-5, 3e-5], layers_learning_rates=[1e-3],
     lora_learning_rates=[3e-3], lr_extensions=1, forgetting_rates=1, batch_size=4, progress=False, n_bootstrap=100, max_forgetting=0.5,
     allow_repeated_data=True,
-)  # fmt: skip
+)
 
 
 def test_a_budget_sweep_with_retention_and_its_gather_match_the_golden_result(setting, golden, tmp_path):
@@ -114,7 +114,7 @@ def test_a_budget_sweep_with_retention_and_its_gather_match_the_golden_result(se
     swept = compare_plans(base, rows["train"], rows["eval"], rows["test"], retention_data=rows["ret"], trials_dir=trials, **SWEEP)
     _check(golden, "budget_sweep", _compare_summary(swept))
     gathered = compare_plans(base, rows["train"], rows["eval"], rows["test"], retention_data=rows["ret"], trials_dir=trials,
-                             engine="stored", **SWEEP)  # fmt: skip
+                             engine="stored", **SWEEP)
     want = _compare_summary(swept)
     for rebuilt in (gathered, gather_comparison(shutil.copytree(trials, tmp_path / "elsewhere"))):  # the folder alone: no model, no data
         got = _compare_summary(rebuilt)
@@ -133,14 +133,14 @@ def test_successive_halving_matches_the_golden_result(setting, golden):
     base, rows = setting
     halved = compare_plans(base, rows["train"], rows["eval"], rows["test"], growth=["at:2"], controls=["layers"], learning_rates=[1e-4, 5e-3],
                            max_steps=8, successive_halving=True, lr_extensions=0, batch_size=4, progress=False, n_bootstrap=100,
-                           allow_repeated_data=True)  # fmt: skip
+                           allow_repeated_data=True)
     _check(golden, "halving", _compare_summary(halved))
 
 
 def test_the_oracle_sweep_matches_the_golden_result(setting, golden):
     base, rows = setting
     cfg = CompareConfig(budgets=[2, 4], warmup_steps=1, batch_size=4, selection_max_examples=8, n_bootstrap=100, progress=False,
-                        growth_learning_rates=[1e-2], max_forgetting=1e9)  # fmt: skip
+                        growth_learning_rates=[1e-2], max_forgetting=1e9)
     validation = validate_probe(base, rows["train"], rows["eval"], rows["test"], positions=[0, 1, 3, 4], seeds=[0, 1], config=cfg,
-                                retention_data=rows["ret"], predictors=("depth",), n_permutations=50)  # fmt: skip
+                                retention_data=rows["ret"], predictors=("depth",), n_permutations=50)
     _check(golden, "oracle", _validation_summary(validation))

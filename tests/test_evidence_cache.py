@@ -76,7 +76,7 @@ def test_an_edited_or_damaged_entry_is_never_reused(tmp_path):
         "it has no digest.json": lambda: (folder / "digest.json").unlink(),  # an older version's entry, or a partial copy
         "tensors.safetensors, which its digest lists, is missing": lambda: (folder / "tensors.safetensors").unlink(),
         "its digest.json cannot be read": lambda: (folder / "digest.json").write_text("{"),
-    }  # fmt: skip
+    }
     for n, (message, edit) in enumerate(edits.items(), 1):
         edit()
         with pytest.warns(UserWarning, match=f"not reusing the paired_losses entry {key[:12]}: {message}.*computing it afresh") as caught:
@@ -268,7 +268,7 @@ def _config(workdir, out, cache, **overrides):
     settings = dict(model=str(workdir / "tiny"), data=str(workdir / "sample.txt"), output_dir=str(out), block_size=32,
                     max_examples=96, batch_size=8, train_steps=4, eval_steps=2, stone_max_batches=2, learning_rate=3e-3,
                     progress=False, loss_bound=10.0, control="none", evidence_cache=str(cache), force=True,
-                    retention_data=str(workdir / "sample.txt"), retention_max_examples=16)  # fmt: skip
+                    retention_data=str(workdir / "sample.txt"), retention_max_examples=16)
     settings.update(overrides)
     return RunConfig(**settings)
 
@@ -293,7 +293,7 @@ def test_second_identical_run_reuses_the_evidence_with_the_same_results(workdir,
     second = run_pipeline(_config(workdir, tmp_path / "b", cache, train_steps=6, learning_rate=1e-3))
     assert sorted(second.summary["reused"]) == [
         "original_losses", "probe", "retention_losses", "stepping_stones", "stone_margin", "test_losses"
-    ]  # fmt: skip
+    ]
     # The original's test and retention losses and the margins are the first run's.
     assert second.summary["test"]["loss_old"] == first.summary["test"]["loss_old"]
     assert second.summary["retention"]["growth"]["loss_old"] == first.summary["retention"]["growth"]["loss_old"]

@@ -53,7 +53,7 @@ def fetched(monkeypatch):
 def _sweep(setting, train, **kw):
     model, rows = setting
     settings = dict(growth=["top:1"], controls=[], learning_rates=[1e-3], lr_extensions=0, warmup_steps=1, batch_size=BATCH,
-                    selection_max_examples=None, n_bootstrap=50, progress=False)  # fmt: skip
+                    selection_max_examples=None, n_bootstrap=50, progress=False)
     return compare_plans(model, train, rows["eval"], rows["test"], **{**settings, **kw})
 
 
@@ -94,7 +94,7 @@ def test_with_the_opt_in_short_data_warns_up_front_and_reports_epochs(setting, m
     repeats = [str(w.message) for w in caught if "training blocks repeat" in str(w.message)]
     assert len(repeats) == 1 and out_when_fetched and out_when_fetched[0] == 1  # said once, before the first step
     assert repeats[0] == ("training blocks repeat (allow_repeated_data): the largest budget needs 24 blocks, there are 20, so blocks "
-                          "repeat from step 6 on; epochs per budget: 2 steps 0.40, 4 steps 0.80, 6 steps 1.20")  # fmt: skip
+                          "repeat from step 6 on; epochs per budget: 2 steps 0.40, 4 steps 0.80, 6 steps 1.20")
     saved = result.to_dict()
     assert [b["epochs"] for b in saved["budgets"]] == pytest.approx([0.4, 0.8, 1.2])
     markdown = result.to_markdown()
@@ -141,7 +141,7 @@ def test_cli_refuses_budgets_beyond_the_training_data_before_writing(tmp_path, c
     capsys.readouterr()  # the shards' progress bar
     out = tmp_path / "out"
     argv = ["compare", "--model", str(lm / "tiny"), "--data", str(lm / "sample.txt"), "--output-dir", str(out), "--block-size", "16",
-            "--max-examples", "40", "--budgets", "2", "4", "8", "--learning-rates", "3e-3", "--no-progress"]  # fmt: skip
+            "--max-examples", "40", "--budgets", "2", "4", "8", "--learning-rates", "3e-3", "--no-progress"]
     assert main(argv) == 2  # 8 steps x 8 examples = 64 blocks; the training split holds 24
     stderr = capsys.readouterr().err
     lines = [line for line in stderr.splitlines() if line.startswith("hf-depthgrow compare: ")]  # after the loading bars
@@ -177,7 +177,7 @@ def _growth(D):
 
 def _predict(losses, **kw):
     return predict_crossover(TOKENS, losses, growth=["probe:1"], controls=["lora"], best_growth="probe:1", best_control="lora",
-                             n_bootstrap=kw.pop("n_bootstrap", 20), **kw)["on_gain"]  # fmt: skip
+                             n_bootstrap=kw.pop("n_bootstrap", 20), **kw)["on_gain"]
 
 
 def test_a_crossover_beyond_the_fresh_data_says_so_in_words():
@@ -206,11 +206,11 @@ def test_a_floor_at_its_bound_is_reported_as_such_not_as_no_crossover():
     # can never fall below it, which by itself decides where (or whether) growth would cross.
     flattened = dict(zip(TOKENS, [4.0, 3.0, 2.9, 2.85, 2.84]))
     losses = {"probe:1": _per_example(lambda D: 2.9 + 60 * np.asarray(D, dtype=float) ** -0.35, seed=1),
-              "lora": _per_example(lambda D: flattened[float(D)], seed=2)}  # fmt: skip
+              "lora": _per_example(lambda D: flattened[float(D)], seed=2)}
     out = _predict(losses, fresh_tokens=TOKENS[-1] / 2)
     assert out["status"] == "floor_at_bound" and out["fitted_status"] in ("none", "crossover") and out["tokens"] is None
     assert out["floor_at_bound"] == {"lora": {"side": "upper", "E": pytest.approx(2.84)}}
     assert out["text"] == ("the fit's floor is at its bound: no crossover can be read from it (probe:1 vs lora; lora: E at its upper "
                            "bound 2.84, its lowest measured test loss); the largest budget is already 2.00 epochs of the training "
-                           "data: beyond the fresh data")  # fmt: skip
+                           "data: beyond the fresh data")
     assert "no crossover predicted" not in out["text"]

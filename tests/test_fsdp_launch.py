@@ -66,7 +66,7 @@ def test_accelerate_launch_with_the_fsdp_config_shards_on_cpu(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(REPO / "recipes" / "accelerate_configs" / "fsdp.yaml"), "--num_processes", "2", "--mixed_precision", "no",
-               str(script), str(tmp_path)]  # fmt: skip
+               str(script), str(tmp_path)]
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in (0, 1):

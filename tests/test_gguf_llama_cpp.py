@@ -32,7 +32,7 @@ def run_llama_cpp(path, ids: list[int]) -> tuple[np.ndarray, list[int]]:
     The KV cache is F32: llama.cpp's default, F16, would round K and V, an error that is not the file's.
     """
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1,
-                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)  # fmt: skip
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
     try:
         llm.eval(ids)
         return np.array(llm.scores[: len(ids)], dtype=np.float32), llm.tokenize(PROMPT.encode(), add_bos=False)

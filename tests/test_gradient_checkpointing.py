@@ -131,5 +131,5 @@ def test_run_and_compare_pass_the_flag_to_their_trainers():
     spec = TrialSpec(arm=Arm(name="top:1", kind="growth"), learning_rate=1e-3, seed=0, budgets=(2,))
     inputs = TrialInputs(base=None, train_rows=[], eval_rows=[], test_rows=[], retention_rows=None, batch_size=2,
                          selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original={},
-                         gradient_checkpointing=compare_cfg.gradient_checkpointing)  # fmt: skip
+                         gradient_checkpointing=compare_cfg.gradient_checkpointing)
     assert train_config(spec, inputs).gradient_checkpointing is True

@@ -32,7 +32,7 @@ SEQ = 12
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=100, initializer_range=0.2)  # fmt: skip
+                         intermediate_size=128, vocab_size=100, initializer_range=0.2)
     # initializer_range 0.2 (not 0.02): logits large enough that a block can make the loss clearly better or worse.
     return LlamaForCausalLM(config).eval()
 
@@ -70,7 +70,7 @@ def assert_only_new_blocks_changed(model, before: dict) -> None:
 
 def training_args(tmp_path, **overrides) -> TrainingArguments:
     values = dict(output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=8, learning_rate=1e-2,
-                  use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True)  # fmt: skip
+                  use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True)
     return TrainingArguments(**{**values, **overrides})
 
 
@@ -186,7 +186,7 @@ def test_fallback_refuses_a_run_that_went_non_finite(tmp_path):
     prepare_grown_model(model)
     callback = FallbackCallback(counting_rows(8, seed=2))
     trainer = Trainer(model=model, args=training_args(tmp_path, max_steps=3), train_dataset=counting_rows(24, seed=1),
-                      callbacks=[NanAfterFirstStep(), callback])  # fmt: skip
+                      callbacks=[NanAfterFirstStep(), callback])
     with pytest.raises(NonFiniteTrainingLossError, match="diverged"):
         trainer.train()
     assert callback.result is None and FALLBACK_KEY not in model.config.to_dict()
@@ -313,10 +313,10 @@ def _peft_sft(trl, tmp_path, out: str, **overrides):
     _, train = _sft_texts()
     # SFTConfig's defaults otherwise: bf16 on (also on CPU), activation checkpointing on.
     settings = dict(output_dir=str(tmp_path / out), max_steps=4, per_device_train_batch_size=8, learning_rate=1e-2, use_cpu=True,
-                    report_to="none", save_strategy="steps", save_steps=2, logging_steps=1, max_length=32, seed=0, disable_tqdm=True)  # fmt: skip
+                    report_to="none", save_strategy="steps", save_steps=2, logging_steps=1, max_length=32, seed=0, disable_tqdm=True)
     config = trl.SFTConfig(**{**settings, **overrides})
     return trl.SFTTrainer(model=tiny_llama(), args=config, train_dataset=train, processing_class=char_tokenizer(),
-                          peft_config=DepthGrowConfig(positions=[2]))  # fmt: skip
+                          peft_config=DepthGrowConfig(positions=[2]))
 
 
 def test_sft_trainer_with_a_depthgrow_peft_config_trains_the_new_block_saves_an_adapter_and_resumes(tmp_path):
@@ -376,7 +376,7 @@ def test_fallback_callback_compares_float32_functions_after_bf16_training(tmp_pa
     prepare_grown_model(model)
     callback = FallbackCallback(held_out, batch_size=4)
     config = trl.SFTConfig(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=8, learning_rate=1e-2,
-                           use_cpu=True, bf16=True, report_to="none", save_strategy="no", max_length=32, seed=0, disable_tqdm=True)  # fmt: skip
+                           use_cpu=True, bf16=True, report_to="none", save_strategy="no", max_length=32, seed=0, disable_tqdm=True)
     trl.SFTTrainer(model=model, args=config, train_dataset=train, processing_class=tok, callbacks=[callback]).train()
     model.save_pretrained(str(tmp_path / "model"))
     reloaded = load_pretrained(tmp_path / "model")

@@ -91,7 +91,7 @@ def test_yaml_task_folder_gives_the_in_memory_figures(tokenizer, tmp_path, monke
     assert path.name == "local_docs.yaml" and (tmp_path / "tasks" / "local_docs.jsonl").is_file()
     manager = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
     out = lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=4),
-                                  tasks=["local_docs"], task_manager=manager, bootstrap_iters=0, log_samples=False)  # fmt: skip
+                                  tasks=["local_docs"], task_manager=manager, bootstrap_iters=0, log_samples=False)
     from_yaml = out["results"]["local_docs"]["bits_per_byte,none"]
     in_memory = lm_eval_perplexity(model, tokenizer, None, task=local_text_task(DOCS, name="mem"), name="mem")
     assert from_yaml == pytest.approx(in_memory["bits_per_byte"], rel=1e-9)
@@ -157,10 +157,10 @@ def test_lm_eval_command_line_loads_a_depthgrow_adapter_with_peft_equals(tokeniz
     write_task_folder(DOCS, tmp_path / "tasks", name="local_docs")
     argv = ["--model", "hf", "--model_args", f"pretrained={tmp_path / 'base'},peft={tmp_path / 'adapter'},dtype=float32",
             "--device", "cpu", "--include_path", str(tmp_path / "tasks"), "--tasks", "local_docs", "--batch_size", "4",
-            "--output_path", str(tmp_path / "results")]  # fmt: skip
+            "--output_path", str(tmp_path / "results")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run([sys.executable, "-m", "hf_depthgrow.integrations.lm_eval_cli", *argv], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (results,) = (tmp_path / "results").rglob("results_*.json")
     from_cli = json.loads(results.read_text())["results"]["local_docs"]

@@ -152,7 +152,7 @@ def test_parse_memory_size():
 
 def test_estimate_prints_every_arm_and_whether_it_fits(config_json, capsys):
     argv = ["estimate", "--model", str(config_json), "--positions", "2", "--trainable", "new", "full", "--block-size", "32",
-            "--batch-size", "2", "--device-memory", "1MiB"]  # fmt: skip
+            "--batch-size", "2", "--device-memory", "1MiB"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.split() and line.split()[0] in ("new", "full")}

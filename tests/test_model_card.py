@@ -67,7 +67,7 @@ EVALUATION = {
     "certified": {"hoeffding": False, "bernstein": True}, "confidence": 0.95,
     "verdict": "Certified improvement at level delta = 0.05 (confidence 95%) by: bernstein.",
     "num_examples": 128, "num_tokens": 32768,
-}  # fmt: skip
+}
 SELECTION = {"selected": "new", "delta_erm": 0.0312, "reference": "old", "train_losses": {"new": 2.1, "old": 2.1312}}
 SECTIONS = ("probe", "training", "evaluation", "selection")
 NOT_RUN = {
@@ -83,7 +83,7 @@ def full_info(**overrides) -> dict:
         base_model=BASE, repo_id="me/grown-smollm2", model_type="llama", architectures=["LlamaForCausalLM"],
         growth_record=NATIVE_RECORD, license="apache-2.0", probe=PROBE, training=TRAINING, evaluation=EVALUATION,
         selection=SELECTION, config=CONFIG, command="hf-depthgrow run --config run.yaml", datasets=["stanfordnlp/imdb"],
-    )  # fmt: skip
+    )
     info.update(overrides)
     return info
 
@@ -112,7 +112,7 @@ def test_all_sections_present_when_given():
     text = card.text
     for heading in ("## Model details", "## How to load", "## Where the new blocks are and why", "### Probe",
                     "## Training", "## Evaluation", "## Selection", "## Data", "## Reproduce", "## Growth record",
-                    "## Framework versions"):  # fmt: skip
+                    "## Framework versions"):
         assert heading in text, heading
     for sentence in NOT_RUN.values():
         assert sentence not in text
@@ -123,7 +123,7 @@ def test_all_sections_present_when_given():
     assert "grow at k=2 (largest z-score, z=4.27)" in text
     # How it was trained.
     for row in ("| trainable set | new |", "| optimizer steps | 200 |", "| learning rate | 0.0001 |",
-                "| batch size | 8 |", "| sequence length | 256 |", "| data | shakespeare |", "| training time | 73.2 s |"):  # fmt: skip
+                "| batch size | 8 |", "| sequence length | 256 |", "| data | shakespeare |", "| training time | 73.2 s |"):
         assert row in text, row
     # The test-risk delta, its intervals and verdict.
     assert EVALUATION["verdict"] in text
@@ -199,14 +199,14 @@ def test_result_objects_render_like_their_dicts():
         near_singular_share=[0.0, 0.0], mean_var=[1.0, 1.0], min_var=[0.5, 0.5], loss=4.8, num_batches=4, num_examples=16,
         total_weight=176.0, weight_unit="tokens", num_splits=4, z_threshold=2.0, norm_factor=100.0,
         recommendation={"grow": True, "positions": [2], "best": 2, "reason": "grow at k=2 (largest z-score, z=4.00)"},
-    )  # fmt: skip
+    )
     evaluation = EvalResult(
         task="causal_lm", mode="shared_prefix", num_examples=3, num_tokens=30, loss_old=2.0, loss_new=1.9, delta=0.1,
         mean_delta=0.1, per_example_old=[2.0, 2.0, 2.0], per_example_new=[1.9, 1.9, 1.9], example_ids=[0, 1, 2],
         example_weights=[10, 10, 10], level=0.05, loss_bound=10.0, loss_bound_source="given",
         intervals={"hoeffding": (-5.0, 5.2), "bernstein": (0.05, 0.15), "bootstrap": (0.1, 0.1)},
         interval_details={}, certified={"hoeffding": False, "bernstein": True, "bootstrap": True},
-    )  # fmt: skip
+    )
     from_objects = render_model_card(minimal_info(probe=probe, evaluation=evaluation)).text
     from_dicts = render_model_card(minimal_info(probe=probe.to_dict(), evaluation=evaluation.to_dict())).text
     assert from_objects == from_dicts
@@ -246,7 +246,7 @@ def test_license_is_never_guessed():
     [("LlamaForCausalLM", "text-generation"), ("GPT2LMHeadModel", "text-generation"),
      ("BertForSequenceClassification", "text-classification"), ("ViTForImageClassification", "image-classification"),
      ("MysteryModel", None)],
-)  # fmt: skip
+)
 def test_pipeline_tag_is_inferred_where_possible(architecture, tag):
     assert card_metadata(minimal_info(architectures=[architecture])).pipeline_tag == tag
 
@@ -415,7 +415,7 @@ def test_model_index_of_an_eval_result_on_local_data_names_no_path(tmp_path):
         mean_delta=0.125, per_example_old=[2.0] * 3, per_example_new=[1.875] * 3, example_ids=[0, 1, 2], example_weights=[10] * 3,
         level=0.1, loss_bound=10.0, loss_bound_source="given", intervals={"bootstrap": (0.0625, 0.25), "bernstein": (0.03125, 0.5), "hoeffding": (float("-inf"), 9.0)},
         interval_details={}, certified={"bootstrap": True, "bernstein": True, "hoeffding": False},
-    )  # fmt: skip
+    )
     card = render_model_card(minimal_info(evaluation=evaluation, datasets=[str(tmp_path / "corpus" / "train.txt")]))
     raw = validate_card_metadata(card)
     result, values = _metrics(raw)
@@ -431,7 +431,7 @@ def test_no_model_index_without_an_evaluation_and_growth_in_brief():
     raw = validate_card_metadata(render_model_card(minimal_info()))
     assert "model-index" not in raw
     assert raw["depth_growth"] == {"base_num_layers": 4, "num_layers": 5, "positions": [2], "new_layer_indices": [2],
-                                   "adapter_layers": [], "blocks": ["native"]}  # fmt: skip
+                                   "adapter_layers": [], "blocks": ["native"]}
     adapter = validate_card_metadata(render_model_card(minimal_info(growth_record=ADAPTER_RECORD)))
     assert adapter["depth_growth"]["adapter_layers"] == [1] and adapter["depth_growth"]["blocks"] == ["adapter"]
     assert "depth_growth" not in render_model_card({"base_model": BASE}).data.to_dict()
@@ -535,7 +535,7 @@ def test_pipeline_card_carries_the_measured_numbers_and_the_inherited_license(tm
     (work / "tiny" / "README.md").write_text("---\nlicense: mit\n---\n# tiny\n")
     cfg = RunConfig(model=str(work / "tiny"), data=str(work / "sample.txt"), output_dir=str(tmp_path / "out"), block_size=16,
                     max_examples=64, batch_size=8, train_steps=3, eval_steps=3, stone_max_batches=2, probe_max_batches=4,
-                    progress=False, loss_bound=10.0, force=True, control=None)  # fmt: skip
+                    progress=False, loss_bound=10.0, force=True, control=None)
     run_pipeline(cfg)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     readme = (tmp_path / "out" / "model" / "README.md").read_text()
@@ -587,14 +587,14 @@ def test_a_run_on_a_local_base_data_plan_and_evidence_cache_pushes_no_local_path
     plan = tmp_path / "plans" / "plan.yaml"  # a mergekit passthrough plan naming the base by its absolute path
     plan.parent.mkdir()
     plan.write_text(f"merge_method: passthrough\nslices:\n- sources:\n  - model: {base}\n    layer_range: [0, 2]\n"
-                    f"- sources:\n  - model: {base}\n    layer_range: [1, 4]\n")  # fmt: skip
+                    f"- sources:\n  - model: {base}\n    layer_range: [1, 4]\n")
     use_fake_hub_env(monkeypatch, "hf_fake_token_for_tests")
     huggingface_hub.close_session()
     with FakeHub() as hub:
         cfg = RunConfig(model=str(base), data=str(work / "sample.txt"), output_dir=str(tmp_path / "out"), block_size=16,
                         max_examples=64, batch_size=8, train_steps=3, eval_steps=3, stone_max_batches=2, probe_max_batches=4,
                         progress=False, loss_bound=10.0, control=None, placement=str(plan), evidence_cache=str(tmp_path / "cache"),
-                        push_to_hub="me/grown", hub_endpoint=hub.endpoint)  # fmt: skip
+                        push_to_hub="me/grown", hub_endpoint=hub.endpoint)
         with warnings.catch_warnings():
             # The growth record names the plan's model by its folder (growth.placement.describe), so the push has
             # no local path left to replace in config.json and gives no "name local paths" warning.

@@ -81,7 +81,7 @@ def test_pipeline_writes_every_artifact(run):
     assert summary["decision"] == "grew" and summary["selected"] in ("new", "stepping_stone", "old")
     # sample.txt is one document: every part names it, and the test part's bootstrap resampled blocks
     assert summary["data_parts"] == {"train": {"blocks": 67, "documents": 1}, "held_out": {"blocks": 14, "documents": 1},
-                                     "test": {"blocks": 14, "documents": 1, "resampled": "blocks"}}  # fmt: skip
+                                     "test": {"blocks": 14, "documents": 1, "resampled": "blocks"}}
     assert "| data | Data: train 67 blocks of 1 document;" in (out / "summary.md").read_text()
     probe = json.loads((out / "probe/probe.json").read_text())
     assert probe["positions"] == list(range(5)) and len(probe["signal"]) == 5
@@ -256,7 +256,7 @@ def test_push_failure_keeps_the_run_and_says_so(workdir, tmp_path, monkeypatch, 
     monkeypatch.setattr(push, "push_to_hub", refuse)
     out = tmp_path / "o"
     argv = ["--model", str(workdir / "tiny"), "--data", str(workdir / "sample.txt"), "--output-dir", str(out), "--positions", "2",
-            "--max-steps", "1", "--block-size", "32", "--max-examples", "96", "--push-to-hub", "me/x", "--no-progress"]  # fmt: skip
+            "--max-steps", "1", "--block-size", "32", "--max-examples", "96", "--push-to-hub", "me/x", "--no-progress"]
     assert run_main(argv) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"hf-depthgrow run: the run finished and its outputs and summary are in {out}, but pushing to me/x failed: 503 Service Unavailable"

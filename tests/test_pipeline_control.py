@@ -17,7 +17,7 @@ from tiny_lm import make_tiny_lm
 
 # What the secondary runs need only to reach the control: the smallest probe, stones and training.
 QUICK = dict(max_examples=64, probe_max_batches=2, stone_max_batches=1, stone_refine_steps=0, train_steps=2, eval_steps=1,
-             selection_max_examples=16, route_max_examples=8, positions=[2])  # fmt: skip
+             selection_max_examples=16, route_max_examples=8, positions=[2])
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def _config(workdir, out, **overrides):
     settings = dict(
         model=str(workdir / "tiny"), data=str(workdir / "sample.txt"), output_dir=str(out), block_size=32, max_examples=96,
         batch_size=8, train_steps=6, eval_steps=3, stone_max_batches=2, learning_rate=3e-3, progress=False, loss_bound=10.0,
-    )  # fmt: skip
+    )
     settings.update(overrides)
     return RunConfig(**settings)
 
@@ -72,7 +72,7 @@ def test_sentence_matches_an_independent_comparison(run, workdir):
 
     grown = load_pretrained(out / "model").eval()
     data = load_data(cfg.data, model=grown, tokenizer=load_tokenizer(out / "model"), block_size=cfg.block_size,
-                     max_examples=cfg.max_examples, seed=cfg.seed)  # fmt: skip
+                     max_examples=cfg.max_examples, seed=cfg.seed)
     test = split_dataset(data, {"train": cfg.train_fraction, "held_out": cfg.held_out_fraction, "test": cfg.test_fraction}, seed=cfg.seed)["test"]
     again = compare_models(result.control_model, grown, test, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size)
     assert control["test"]["delta"] == pytest.approx(again.delta, rel=1e-4, abs=1e-6)
@@ -136,7 +136,7 @@ def test_lora_control(workdir, tmp_path):
         (["--controls", "layers", "--trainable", "full"],
          "hf-depthgrow run: control 'layers' is matched to the new blocks, so it needs --trainable new (got 'full'); pass control: none"),
     ],
-)  # fmt: skip
+)
 def test_bad_control_or_retention_is_one_line(workdir, tmp_path, capsys, extra, message):
     argv = ["run", "--model", str(workdir / "tiny"), "--data", str(workdir / "sample.txt"), "--output-dir", str(tmp_path / "o"), "--no-progress"]
     assert main(argv + extra) == 2
@@ -150,7 +150,7 @@ def test_unreadable_retention_set_fails_before_the_probe(workdir, tmp_path, monk
     (tmp_path / "empty.txt").write_text("")
     monkeypatch.setattr(stages, "_probe", lambda run: pytest.fail("the probe ran before the retention set was read"))
     argv = ["run", "--model", str(workdir / "tiny"), "--data", str(workdir / "sample.txt"), "--output-dir", str(tmp_path / "o"),
-            "--retention-data", str(tmp_path / "empty.txt"), "--block-size", "32", "--no-progress"]  # fmt: skip
+            "--retention-data", str(tmp_path / "empty.txt"), "--block-size", "32", "--no-progress"]
     assert main(argv) == 2
     assert "fewer than one block of 32" in capsys.readouterr().err.strip().splitlines()[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]

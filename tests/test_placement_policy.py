@@ -145,7 +145,7 @@ def test_the_run_summary_prints_the_track_record_when_the_default_placed_the_blo
                "probe": {"best": 2, "best_signal": 0.1, "best_z": 3.0, "num_improvable": 1, "num_positions": 3},
                "train_losses": {"new": 1.0}, "held_out_loss": {"before": 1.0, "after": 0.9},
                "test": {"loss_old": 1.0, "loss_new": 0.9, "delta": 0.1, "intervals": {}}, "timings_s": {"total": 1.0},
-               "placement_policy": placement_policy_summary(DEFAULT_PLACEMENT)}  # fmt: skip
+               "placement_policy": placement_policy_summary(DEFAULT_PLACEMENT)}
     assert f"| placement policy | {track_record_line()} |" in summary_markdown(summary)
     assert placement_policy_summary(None) is None  # the user placed the blocks: no track record claimed
     assert "placement policy" not in summary_markdown({**summary, "placement_policy": None})

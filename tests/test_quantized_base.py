@@ -54,7 +54,7 @@ def _quantized(base, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("growth", [dict(block="native", init="copy"), dict(block="native", init="random"), dict(block="adapter")],
-                         ids=["native-copy", "native-random", "adapter"])  # fmt: skip
+                         ids=["native-copy", "native-random", "adapter"])
 def test_grown_quantized_model_at_init_equals_the_quantized_original(base, mode, growth):
     model = _quantized(base, mode)
     inputs = tiny_inputs(model)
@@ -105,7 +105,7 @@ def trained(request, base, tmp_path_factory):
     rows = tiny_rows(model, 8)
     out = tmp_path_factory.mktemp(f"train-{mode}")
     result = train(model, rows, eval_data=rows[:4], max_steps=2, learning_rate=1e-2, per_device_train_batch_size=4,
-                   fallback=False, output_dir=str(out), progress_bar=False)  # fmt: skip
+                   fallback=False, output_dir=str(out), progress_bar=False)
     return mode, model, before, result
 
 
@@ -195,7 +195,7 @@ def test_quantize_without_the_backend_is_one_line(base, monkeypatch):
         (["run", "--quantize", "4bit", "--controls", "layers"], "hf-depthgrow run: control 'layers' trains the base's own layers, which a quantised base keeps frozen: pass control: none with quantize"),
         (["run", "--quantize", "4bit"], "hf-depthgrow run: quantize: the layers of gpt2 hold no torch.nn.Linear (Conv1D), which is all bitsandbytes quantises; load this model without quantize"),
     ],
-)  # fmt: skip
+)
 def test_bad_quantize_on_the_command_line_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
     tiny_model("gpt2").save_pretrained(tmp_path / "gpt2")
     (tmp_path / "data.txt").write_text("some text to train on\n" * 50)
@@ -213,7 +213,7 @@ def test_train_command_with_quantize_writes_the_merged_model_and_the_blocks(tmp_
     out = tmp_path / "out"
     argv = ["train", "--model", str(root / "tiny"), "--data", str(root / "sample.txt"), "--quantize", "4bit", "--positions", "2",
             "--block-size", "16", "--max-examples", "16", "--max-steps", "2", "--batch-size", "4",
-            "--output-dir", str(out), "--no-progress"]  # fmt: skip
+            "--output-dir", str(out), "--no-progress"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["model_path"] == str(out / "model") and summary["blocks_path"] == str(out / "blocks")
@@ -272,7 +272,7 @@ def test_run_command_with_quantize_grows_trains_evaluates_and_saves_both(tmp_pat
             "--positions", "2", "--block-size", "16", "--max-examples", "48", "--batch-size", "8", "--probe-max-batches", "1",
             "--stepping-stone-max-batches", "1", "--stepping-stone-refine-steps", "0", "--max-steps", "2", "--eval-steps", "1",
             "--selection-max-examples", "8", "--route-max-examples", "8", "--loss-bound", "10", "--evidence-cache", "none",
-            "--no-progress"]  # fmt: skip
+            "--no-progress"]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["artifacts"]["blocks"] == "blocks" and summary.get("control") is None

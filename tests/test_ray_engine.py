@@ -45,7 +45,7 @@ def setting():
 
 SETTINGS = dict(growth=["at:2"], controls=["layers"], learning_rates=[1e-3, 1e-2], lr_extensions=0, forgetting_rates=0, budgets=[4, 8],
                 warmup_steps=1, batch_size=4, selection_max_examples=None, n_bootstrap=200, progress=False,
-                allow_repeated_data=True)  # fmt: skip
+                allow_repeated_data=True)
 
 
 def _run(setting, **kw):
@@ -142,11 +142,11 @@ def test_a_killed_trial_resumes_from_its_checkpoint_and_ends_identical(local_ray
     original = {"test": example_losses(base, rows["test"], 4), "heldout": 4.0}
     inputs = lambda: TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=None,  # noqa: E731
                                  batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None,
-                                 original=dict(original))  # fmt: skip
+                                 original=dict(original))
     arm = build_arms(base, ["at:2"], [])[1]
     # Checkpoints after the branches of budgets 4 and 8; 58 more steps after the second leave time to kill it.
     killed_spec, resumed_spec = (TrialSpec(arm, lr, 0, budgets, warmup_steps=1, scheduler="wsd")
-                                 for lr, budgets in ((3e-3, (4, 8, 64)), (1e-3, (4, 8))))  # fmt: skip
+                                 for lr, budgets in ((3e-3, (4, 8, 64)), (1e-3, (4, 8))))
     want = run_trial(killed_spec, inputs())
     saved = []
     want_resumed = run_trial(resumed_spec, inputs(), checkpoint=saved.append)
@@ -180,7 +180,7 @@ def test_a_trial_that_fails_on_ray_is_named_with_its_error(local_ray, setting):
 
     base, rows = setting
     inputs = TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=None,
-                         batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original={})  # fmt: skip
+                         batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original={})
     bad = TrialSpec(build_arms(base, ["at:2"], [])[1], 3e-3, 0, (4, 8), scheduler="cosine")  # several budgets need wsd: raises in the trial
     with pytest.raises(RuntimeError, match=r"trial at:2@lr0\.003@seed0 failed under Ray \(0 retries\): .*needs lr_scheduler='wsd'"):
         ray_engine.run_ray([bad], inputs, max_failures=0)
@@ -199,7 +199,7 @@ def test_engine_settings_are_checked_before_any_work(monkeypatch):
     for kw, message in ((dict(engine="spark"), "engine must be one of"), (dict(ray_address="head:6379"), "is for engine 'ray'"),
                         (dict(engine="ray", ray_address="head"), "host:port, ray://host:port or auto"),
                         (dict(max_concurrent_trials=0), "max_concurrent_trials must be an int >= 1"),
-                        (dict(resources_per_trial=1.5), "resources_per_trial must be an int >= 1")):  # fmt: skip
+                        (dict(resources_per_trial=1.5), "resources_per_trial must be an int >= 1")):
         with pytest.raises(ValueError, match=message):
             CompareConfig(**kw)
     monkeypatch.setattr(ray_engine, "ray_available", lambda: False)
@@ -231,7 +231,7 @@ def lm_dir(tmp_path_factory):
 def _argv(lm_dir, out, *extra):
     return ["compare", "--model", str(lm_dir / "tiny"), "--data", str(lm_dir / "sample.txt"), "--output-dir", str(out),
             "--block-size", "16", "--max-examples", "64", "--max-steps", "2", "--learning-rates", "3e-3", "--growth", "top:1",
-            "--controls", "layers", "--retention-data", "none", "--n-bootstrap", "200", "--no-progress", *extra]  # fmt: skip
+            "--controls", "layers", "--retention-data", "none", "--n-bootstrap", "200", "--no-progress", *extra]
 
 
 def _one_line(capsys, *fragments, only: bool = False):
@@ -289,7 +289,7 @@ def test_cli_resume_after_the_driver_is_killed_and_gather_give_the_uninterrupted
     with monkeypatch.context() as before_loading:
         _never_load(before_loading)
         for extra, message in ((("--resume",), "add --trials-dir DIR"), (("--resume", "--trials-dir", str(tmp_path / "none")), "nothing to resume in"),
-                               (("--resume", "--gather", str(tmp_path)), "drop one of --resume and --gather")):  # fmt: skip
+                               (("--resume", "--gather", str(tmp_path)), "drop one of --resume and --gather")):
             assert main(_argv(lm_dir, tmp_path / "refused", *extra)) == 2
             _one_line(capsys, message, only=True)
     assert not (tmp_path / "refused").exists() and not (tmp_path / "none").exists()
@@ -300,7 +300,7 @@ def test_cli_resume_after_the_driver_is_killed_and_gather_give_the_uninterrupted
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     driver = subprocess.Popen([sys.executable, "-c", "import sys; from hf_depthgrow.cli import main; sys.exit(main(sys.argv[1:]))",
                                *argv(tmp_path / "killed", "--trials-dir", str(trials))], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while driver.poll() is None and time.monotonic() < deadline:
         stored = {p.name for p in (trials / "trials").glob("*/digest.json") for p in [p.parent]}
@@ -365,9 +365,9 @@ def test_the_oracle_sweep_on_ray_equals_the_serial_one(local_ray, setting):
 
     def oracle(**kw):
         cfg = CompareConfig(budgets=[4], warmup_steps=1, batch_size=4, selection_max_examples=None, n_bootstrap=200,
-                            progress=False, **kw)  # fmt: skip
+                            progress=False, **kw)
         return validate_probe(model, rows["train"], rows["eval"], rows["test"], positions=[0, 1, 2, 3], seeds=[0],
-                              learning_rate=1e-2, config=cfg, predictors=("depth",), n_permutations=100)  # fmt: skip
+                              learning_rate=1e-2, config=cfg, predictors=("depth",), n_permutations=100)
 
     serial, on_ray = oracle(), oracle(engine="ray", max_concurrent_trials=2)
     assert on_ray.realized == serial.realized and on_ray.realized_by_seed == serial.realized_by_seed
@@ -387,7 +387,7 @@ def test_rows_that_view_one_token_stream_ship_compact():
     ones = torch.ones(16, dtype=torch.long)
     rows = [{"input_ids": b, "attention_mask": ones, "labels": b} for b in stream]
     inputs = TrialInputs(base=None, train_rows=rows, eval_rows=rows[:4], test_rows=rows[4:8], retention_rows=None, batch_size=4,
-                         selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original={})  # fmt: skip
+                         selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original={})
     shipped = ray_engine._shippable(inputs)
     size = len(pickle.dumps(shipped.train_rows))
     assert size < 10 * stream.nbytes, size  # each row pickled the stream: 200 x 25.6 kB; now ~0.4 kB of pickling per tensor

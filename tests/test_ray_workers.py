@@ -49,7 +49,7 @@ def trial_setup(train: int, test: int):
 
     def inputs():
         return TrialInputs(base=base, train_rows=rows["train"], eval_rows=rows["heldout"], test_rows=rows["test"], retention_rows=None,
-                           batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=dict(original))  # fmt: skip
+                           batch_size=4, selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original=dict(original))
 
     return base, original, inputs
 
@@ -111,7 +111,7 @@ def test_accelerate_config_is_read_by_accelerates_launcher_and_checked_before_an
     fsdp = "recipes/accelerate_configs/fsdp.yaml"
     for kw, message in ((dict(accelerate_config=fsdp), "needs workers_per_trial >= 2, got 1"),
                         (dict(accelerate_config=fsdp, workers_per_trial=2, controls=["layers", "lora:8"]),
-                         r"shards the model, and the trainer trains LoRA \(lora:8\) only unsharded")):  # fmt: skip
+                         r"shards the model, and the trainer trains LoRA \(lora:8\) only unsharded")):
         with pytest.raises(ValueError, match=message):
             CompareConfig(engine="ray", **kw)
     CompareConfig(engine="ray", workers_per_trial=2, accelerate_config="recipes/accelerate_configs/multi_gpu.yaml", controls=["lora"])
@@ -123,7 +123,7 @@ def test_workers_per_trial_is_checked_before_any_work():
     for kw, message in ((dict(workers_per_trial=0), "workers_per_trial must be an int >= 1, got 0"),
                         (dict(workers_per_trial=1.5), "workers_per_trial must be an int >= 1, got 1.5"),
                         (dict(workers_per_trial=2), "workers_per_trial 2 needs engine 'ray' .* but engine is 'serial'"),
-                        (dict(workers_per_trial=3, engine="ray", batch_size=8), "batch_size 8 does not split over 3 workers")):  # fmt: skip
+                        (dict(workers_per_trial=3, engine="ray", batch_size=8), "batch_size 8 does not split over 3 workers")):
         if kw.get("engine") == "ray" and not ray_engine.ray_available():
             continue
         with pytest.raises(ValueError, match=message):
@@ -137,5 +137,5 @@ def test_cli_workers_per_trial_with_the_serial_engine_is_one_line_and_writes_not
     assert main(["compare", "--workers-per-trial", "2", "--output-dir", str(out), "--model", str(tmp_path / "no-model")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("hf-depthgrow compare: --workers-per-trial 2 needs engine 'ray' (a trial spans processes as a Ray Train "
-                   "TorchTrainer), but engine is 'serial'")  # fmt: skip
+                   "TorchTrainer), but engine is 'serial'")
     assert not out.exists()

@@ -207,7 +207,7 @@ def test_smoke_end_to_end(tmp_path):
     assert AutoModelForCausalLM.from_pretrained(base).config.hidden_size == cfg.hidden_size
     before = (base / "model.safetensors").read_bytes()
     rerun = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only",
-                            "--resume"], capture_output=True, text=True, timeout=900)  # fmt: skip
+                            "--resume"], capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0 and "reusing the base" in rerun.stdout and "base step" not in rerun.stdout
     # Other base settings: refused in one line, the saved base untouched.
     other = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only",
@@ -222,7 +222,7 @@ def test_the_recipe_modules_use_the_public_api_only():
     import ast
 
     public = {"hf_depthgrow", "hf_depthgrow.config", "hf_depthgrow.losses", "hf_depthgrow.utils", "hf_depthgrow.comparison",
-              "hf_depthgrow.data", "hf_depthgrow.probe"}  # fmt: skip
+              "hf_depthgrow.data", "hf_depthgrow.probe"}
     offenders = []
     for path in (REPO / "recipes" / "regime").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -32,7 +32,7 @@ def lm_rows(n: int) -> list[dict]:
 
 def config(out: Path, **kw) -> TrainConfig:
     base = dict(max_steps=4, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1, progress_bar=False,
-                fallback=False, output_dir=str(out), save_steps=2, save_final_model=False)  # fmt: skip
+                fallback=False, output_dir=str(out), save_steps=2, save_final_model=False)
     return TrainConfig(**{**base, **kw})
 
 

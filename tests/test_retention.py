@@ -154,7 +154,7 @@ def test_load_data_python_docs_consecutive_blocks_when_asked(docs_root):
     # blocks_per_document=None: consecutive blocks of the pages joined in a seeded order (the former default).
     tokenizer = _char_tokenizer()
     ds = load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=5,
-                   blocks_per_document=None)  # fmt: skip
+                   blocks_per_document=None)
     rows = ds[:]
     assert len(ds) == 5 and tuple(rows["input_ids"].shape) == (5, 16)
     assert torch.equal(rows["labels"], rows["input_ids"]) and bool(rows["attention_mask"].all())
@@ -168,7 +168,7 @@ def test_load_data_python_docs_consecutive_blocks_when_asked(docs_root):
     # Each block names the page (its position in path order) its first token comes from.
     assert rows["document"].tolist() == [owner[16 * b] for b in range(5)]
     other = load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=5, seed=1,
-                      blocks_per_document=None)  # fmt: skip
+                      blocks_per_document=None)
     assert not torch.equal(other[:]["input_ids"], rows["input_ids"])  # another seed, another sample of pages
 
 
@@ -186,7 +186,7 @@ def test_load_data_python_docs_samples_a_few_blocks_from_each_page_by_default(do
         starts = [16 * j for j in range(len(ids) // 16)]
         assert any(ids[s : s + 16] == block for s in starts)  # a whole block of its own page, aligned to the page
     assert torch.equal(load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=5)[:]["input_ids"],
-                       rows["input_ids"])  # deterministic  # fmt: skip
+                       rows["input_ids"])  # deterministic
     one = load_data("python_docs", model=tiny_model("llama"), tokenizer=tokenizer, block_size=16, max_examples=3, blocks_per_document=1)
     assert sorted(one[:]["document"].tolist()) == [0, 2]  # one block per page, as many pages as hold one
 
@@ -217,7 +217,7 @@ def _result(old, new, task="causal_lm", bound=2.0) -> EvalResult:
         per_example_new=new.tolist(), example_ids=list(range(len(d))), example_weights=[16.0] * len(d), level=0.05,
         loss_bound=bound, loss_bound_source="given", intervals={k: (v["low"], v["high"]) for k, v in details.items()},
         interval_details=details, certified={k: v["certified"] for k, v in details.items()},
-    )  # fmt: skip
+    )
 
 
 def test_forgetting_of_a_worse_new_model_is_positive_with_flipped_intervals():
@@ -292,7 +292,7 @@ def eval_inputs(tmp_path):
 
 def _argv(root: Path, *extra: str) -> list[str]:
     return [str(root / "grown"), "--data", str(root / "corpus.txt"), "--block-size", "16", "--max-examples", "6",
-            "--loss-bound", "10", "--n-bootstrap", "100", "--no-evaluate", "--no-progress", "--out", str(root / "out"), *extra]  # fmt: skip
+            "--loss-bound", "10", "--n-bootstrap", "100", "--no-evaluate", "--no-progress", "--out", str(root / "out"), *extra]
 
 
 def test_eval_writes_the_retention_result(eval_inputs, docs_root, capsys):
@@ -333,7 +333,7 @@ def test_eval_refuses_a_bad_retention_set_before_evaluating(eval_inputs, monkeyp
     monkeypatch.setattr(paired, "evaluate_delta", lambda *a, **k: pytest.fail("the evaluation ran before the retention set was checked"))
     (eval_inputs / "tiny.txt").write_text("too short")
     names = {"CORPUS": str(eval_inputs / "corpus.txt"), "CORPUS_AGAIN": str(eval_inputs / "grown" / ".." / "corpus.txt"),
-             "TINY": str(eval_inputs / "tiny.txt")}  # fmt: skip
+             "TINY": str(eval_inputs / "tiny.txt")}
     assert main(_argv(eval_inputs, *[names.get(x, x) for x in extra])) == 2
     # (loading a model draws transformers' progress bars on stderr too; the error itself is one line)
     errors = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if "hf-depthgrow" in line]

@@ -17,7 +17,7 @@ from hf_depthgrow.comparison import CompareConfig
 
 # compare's refusals below come from parsing (or right after it): no model or data is needed on disk.
 COMPARE = ["compare", "--model", "nowhere", "--data", "nowhere.txt", "--growth", "top:1", "--controls", "layers",
-           "--budgets", "4", "8", "16"]  # fmt: skip
+           "--budgets", "4", "8", "16"]
 
 
 def _one_line(capsys, command: str) -> str:
@@ -121,7 +121,7 @@ def test_flat_curves_a_hair_apart_are_a_tie_not_a_crossover():
     ({"n_bootstrap": "10"}, "n_bootstrap must be an int >= 0"),
     ({"horizon": math.inf}, "horizon must be a finite number > 1"),
     ({"seed": -1}, "seed must be an int >= 0"),
-])  # fmt: skip
+])
 def test_predict_crossover_settings_are_checked(kwargs, match):
     from hf_depthgrow.comparison.crossover import predict_crossover
 
@@ -153,7 +153,7 @@ def _run_argv(tiny_lm, out, cache, *extra):
     return ["run", "--model", str(tiny_lm / "tiny"), "--data", str(tiny_lm / "sample.txt"), "--output-dir", str(out),
             "--block-size", "32", "--max-examples", "64", "--batch-size", "8", "--max-steps", "2", "--eval-steps", "1",
             "--stepping-stone-max-batches", "1", "--learning-rate", "3e-3", "--no-progress", "--controls", "layers",
-            "--force", "--evidence-cache", str(cache), *extra]  # fmt: skip
+            "--force", "--evidence-cache", str(cache), *extra]
 
 
 def test_the_same_run_again_replaces_its_own_output_and_reuses_the_evidence(tiny_lm, tmp_path, capsys, monkeypatch):
@@ -303,7 +303,7 @@ def test_help_imports_no_torch_and_hides_debug_flags(command):
     code = ("import sys, contextlib, io\nfrom hf_depthgrow.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    try: main({command!r} + ['--help'])\n    except SystemExit: pass\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))")  # fmt: skip
+            "print(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
 

@@ -16,7 +16,7 @@ from hf_depthgrow.scaling import StudyConfig, run_study
 REPO = Path(__file__).resolve().parents[1]
 # The smallest study with two cells: a character Llama at depths 1 and 2, a few steps each.
 GRID = dict(task="lm", depths=[1, 2], widths=[16], data_sizes=[60], block_size=24, train_steps=10, grow_steps=5, eval_every=5,
-            batch_size=16, heldout_size=40, test_size=60, probe_batches=3, probe_batch_size=16, selection_examples=60)  # fmt: skip
+            batch_size=16, heldout_size=40, test_size=60, probe_batches=3, probe_batch_size=16, selection_examples=60)
 TIMES = ("seconds", "sha256")  # wall-clock times differ between runs (and with them the digest); nothing else may
 
 

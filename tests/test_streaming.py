@@ -61,7 +61,7 @@ def test_training_reads_a_stream_once_in_order_without_repeating_a_block(tokeniz
     StreamedBlocks.__getitem__ = spy
     try:
         result = train(_grown(tokenizer), rows, max_steps=6, per_device_train_batch_size=4, fallback=False,
-                       progress_bar=False, output_dir=str(tmp_path / "out"))  # fmt: skip
+                       progress_bar=False, output_dir=str(tmp_path / "out"))
     finally:
         StreamedBlocks.__getitem__ = original
     assert result.global_step == 6
@@ -69,7 +69,7 @@ def test_training_reads_a_stream_once_in_order_without_repeating_a_block(tokeniz
     assert result.prefix_cache is None  # one pass: a cache would save nothing and hold the corpus
     with pytest.raises(ValueError, match="cannot cache streamed training rows"):
         train(_grown(tokenizer), rows, max_steps=6, per_device_train_batch_size=4, fallback=False, prefix_cache="memory",
-              progress_bar=False, output_dir=str(tmp_path / "out2"))  # fmt: skip
+              progress_bar=False, output_dir=str(tmp_path / "out2"))
 
 
 def test_a_resumed_stream_ends_with_the_weights_of_an_uninterrupted_run(tokenizer, tmp_path):
@@ -145,7 +145,7 @@ def test_train_streams_from_the_command_line_and_refuses_a_short_stream_in_one_l
     tokenizer.save_pretrained(base)
     corpus = str(_shards(tmp_path / "c"))
     args = ["--model", str(base), "--data", corpus, "--streaming", "--positions", "2", "--block-size", "16",
-            "--batch-size", "4", "--held-out-blocks", "4", "--no-progress", "--no-fallback"]  # fmt: skip
+            "--batch-size", "4", "--held-out-blocks", "4", "--no-progress", "--no-fallback"]
     assert main(args + ["--max-steps", "3", "--output-dir", str(tmp_path / "out")]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["global_step"] == 3

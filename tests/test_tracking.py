@@ -33,7 +33,7 @@ END_TAGS = {"eval/loss", "selection/loss_new", "selection/loss_old", "selection/
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=100)  # fmt: skip
+                         intermediate_size=128, vocab_size=100)
     return LlamaForCausalLM(config).eval()
 
 
@@ -55,7 +55,7 @@ def close(logged: float, expected: float) -> bool:
 
 def quick(tmp_path, **kw) -> TrainConfig:
     settings = dict(max_steps=4, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1, eval_steps=2,
-                    progress_bar=False, output_dir=str(tmp_path / "out"), save_final_model=False)  # fmt: skip
+                    progress_bar=False, output_dir=str(tmp_path / "out"), save_final_model=False)
     return TrainConfig(**{**settings, **kw})
 
 
@@ -207,7 +207,7 @@ def test_compare_logs_every_arm_the_probe_and_the_corrected_deltas(tmp_path):
         model, lm_rows(24), lm_rows(8, seed=1), lm_rows(12, seed=2), growth=["probe:1", "top:1"], controls=["layers"], batch_size=4,
         learning_rates=[1e-3, 5e-3], max_steps=4, progress=False, n_bootstrap=100, report_to="tensorboard", logging_dir=str(tmp_path),
         lr_extensions=0,
-    )  # fmt: skip
+    )
     runs = sorted(p.name for p in tmp_path.iterdir())
     expected = [f"{arm}-lr{lr}-seed0" for arm in ("layers", "probe:1", "top:1") for lr in ("0.001", "0.005")]
     assert runs == sorted(expected + ["compare-seed0", "probe-seed0"])
@@ -237,7 +237,7 @@ def test_run_pipeline_logs_probe_training_evaluation_and_control(tmp_path):
     work = make_tiny_lm(tmp_path / "work", max_chars=20_000)
     cfg = RunConfig(model=str(work / "tiny"), data=str(work / "sample.txt"), output_dir=str(tmp_path / "out"), block_size=16,
                     max_examples=64, batch_size=8, train_steps=4, eval_steps=2, stone_max_batches=2, probe_max_batches=4,
-                    progress=False, loss_bound=10.0, force=True, report_to="tensorboard")  # fmt: skip
+                    progress=False, loss_bound=10.0, force=True, report_to="tensorboard")
     summary = run_pipeline(cfg).summary
     logs = tmp_path / "out" / "logs"
     assert sorted(p.name for p in logs.iterdir()) == ["control", "grown", "probe"]
@@ -264,7 +264,7 @@ def test_cli_compare_writes_tracker_logs_into_its_output_folder(tmp_path, capsys
     out = tmp_path / "out"
     argv = ["compare", "--model", str(work / "tiny"), "--data", str(work / "sample.txt"), "--output-dir", str(out), "--block-size", "16",
             "--max-examples", "48", "--max-steps", "2", "--learning-rates", "3e-3", "--n-bootstrap", "50", "--no-progress",
-            "--growth", "top:1", "--controls", "layers", "--retention-data", "none", "--report-to", "tensorboard"]  # fmt: skip
+            "--growth", "top:1", "--controls", "layers", "--retention-data", "none", "--report-to", "tensorboard"]
     assert main(argv) == 0, capsys.readouterr().err
     runs = sorted(p.name for p in (out / "logs").iterdir())
     assert runs == ["compare-seed0", "layers-lr0.003-seed0", "top:1-lr0.003-seed0"]

@@ -325,7 +325,7 @@ def _common_args(base: Path, ds: Path, out: Path) -> list[str]:
         "--model", str(base), "--positions", "2", "--dataset", str(ds), "--eval-fraction", "0.25",
         "--learning-rate", "5e-3", "--max-steps", "6", "--logging-steps", "1", "--no-progress",
         "--seed", "5", "--output-dir", str(out), "--fallback", "false",
-    ]  # fmt: skip
+    ]
 
 
 def test_killed_run_resumes_to_the_same_weights(tmp_path):
@@ -336,14 +336,14 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     args = lambda out: _common_args(base, ds, out) + [  # noqa: E731
         "--trainable", "new+lora", "--lora-dropout", "0.1", "--lora-r", "4",
         "--batch-size", "4", "--gradient-accumulation-steps", "2", "--save-steps", "2",
-    ]  # fmt: skip
+    ]
     crashed = tmp_path / "crashed"
     # A real process that hard-exits (os._exit, no cleanup) after step 3: the work of step 3 is lost,
     # checkpoint-2 is the last one on disk.
     proc = subprocess.run(
         [sys.executable, "-m", "hf_depthgrow.cli.train", *args(crashed), "--stop-after-step", "3"],
         env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert proc.returncode == STOP_EXIT_CODE, proc.stderr[-3000:]
     assert [p.name for p in GrownTrainer.list_checkpoints(crashed)] == ["checkpoint-2"]
     assert not (crashed / "model").exists()
@@ -384,7 +384,7 @@ def test_two_processes_match_one(tmp_path):
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29731",
         "-m", "hf_depthgrow.cli.train", *_common_args(base, ds, two),
         "--batch-size", "2", "--ddp-timeout", "120", "--fallback", "true", "--gradient-checkpointing",
-    ]  # fmt: skip
+    ]
     proc = subprocess.run(cmd, env={**_env(), "ACCELERATE_USE_CPU": "true"}, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert main(_common_args(base, ds, one) + ["--batch-size", "4", "--fallback", "true"]) == 0

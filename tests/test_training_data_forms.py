@@ -78,7 +78,7 @@ def run(model_type: str, form: str):
     make_rows, block = MODELS[model_type]
     model = grow_depth(tiny_model(model_type), [2], block=block)
     config = TrainConfig(max_steps=2, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1,
-                         progress_bar=False, fallback=True, eval_steps=1)  # fmt: skip
+                         progress_bar=False, fallback=True, eval_steps=1)
     result = train(model, as_form(make_rows(N), form), eval_data=as_form(make_rows(8, seed=1), form), config=config)
     weights = {n: p.detach().clone() for n, p in new_block_parameters(result.model)}
     return result, weights
@@ -150,8 +150,8 @@ def test_rows_of_different_lengths_train_uncached_and_are_refused_by_the_cache()
     mixed = short + rows[4:]
     # Without the cache `collate` pads (labels with -100, so padding is never supervised).
     result = train(grow_depth(tiny_model("llama"), [2]), mixed, max_steps=2, per_device_train_batch_size=4, logging_steps=1,
-                   prefix_cache="off", progress_bar=False, fallback=False)  # fmt: skip
+                   prefix_cache="off", progress_bar=False, fallback=False)
     assert len(result.history) == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in result.history)
     with pytest.raises(ValueError, match="fixed-size rows"):
         train(grow_depth(tiny_model("llama"), [2]), mixed, max_steps=2, per_device_train_batch_size=4, logging_steps=1,
-              prefix_cache="memory", progress_bar=False, fallback=False)  # fmt: skip
+              prefix_cache="memory", progress_bar=False, fallback=False)

@@ -24,7 +24,7 @@ def setting():
     model = tiny_model("llama")
     rows = {name: tiny_rows(model, n, seed) for name, n, seed in (("train", 24, 0), ("eval", 8, 1), ("test", 12, 2), ("ret", 10, 3))}
     cfg = CompareConfig(budgets=[2, 6], warmup_steps=1, batch_size=4, selection_max_examples=8, n_bootstrap=100, progress=False,
-                        growth_learning_rates=[1e-2], max_forgetting=1e9)  # fmt: skip
+                        growth_learning_rates=[1e-2], max_forgetting=1e9)
     return model, rows, cfg
 
 
@@ -41,7 +41,7 @@ def validation(setting):
     engine_module.run_serial = counting
     try:
         out = validate_probe(model, rows["train"], rows["eval"], rows["test"], positions=POSITIONS, seeds=SEEDS, config=cfg,
-                             retention_data=rows["ret"], predictors=("z", "depth", "adept", "midas"), n_permutations=200)  # fmt: skip
+                             retention_data=rows["ret"], predictors=("z", "depth", "adept", "midas"), n_permutations=200)
     finally:
         engine_module.run_serial = real
     return out, calls
@@ -55,7 +55,7 @@ def test_one_engine_call_and_the_per_seed_numbers_unchanged(setting, validation)
     for seed in SEEDS[1:]:  # what the sweep was before: one compare_plans per seed (serial); not the first seed
         alone = compare_plans(model, rows["train"], rows["eval"], rows["test"], growth=names, controls=[], reference=None,
                               learning_rates=[1e-2], seed=seed, budgets=[2, 6], warmup_steps=1, batch_size=4,
-                              selection_max_examples=8, n_bootstrap=100, progress=False)  # fmt: skip
+                              selection_max_examples=8, n_bootstrap=100, progress=False)
         for i, view in enumerate(alone.views):
             got = (out.at_smaller_budgets + [out])[i].realized_by_seed[seed]
             assert got == [view.statistics["vs_original"]["arms"][n]["mean"] for n in names]

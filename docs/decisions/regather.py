@@ -37,12 +37,12 @@ def _trial(entry: Path, arms: dict, cfg) -> tuple[TrialResult, dict | None]:
     for budget, s in meta["scores"].items():
         arrays = {n: tensors.get(f"{budget}.{n}") for n in _ARRAYS}
         scores[int(budget)] = BudgetScore(steps=int(budget), units_seen=s["units_seen"], heldout_loss=float(s["heldout_loss"]),
-                                          selected=s["selected"], train_losses=s["train_losses"], seconds=s["seconds"], **arrays)  # fmt: skip
+                                          selected=s["selected"], train_losses=s["train_losses"], seconds=s["seconds"], **arrays)
         if s["selected"] == "old" and original is None:
             original = {"test": (arrays["test"], arrays["test_weight"]), "retention": (arrays["retention"], arrays["retention_weight"])}
     spec = TrialSpec(arms[name], float(lr[2:]), int(seed[4:]), tuple(cfg.sweep), scheduler=cfg.scheduler)
     result = TrialResult(spec, scores, [(int(a), float(b)) for a, b in meta["heldout_curve"]], meta["stopped_at"],
-                         int(meta["trainable_parameters"]), float(meta["seconds"]))  # fmt: skip
+                         int(meta["trainable_parameters"]), float(meta["seconds"]))
     return result, original
 
 
@@ -51,7 +51,7 @@ def main(study: Path, trials_dir: Path, out: Path) -> None:
     fields = {f.name for f in dataclasses.fields(CompareConfig)}
     cfg = CompareConfig(**{k: v for k, v in saved["config"].items() if k in fields})
     arms = [Arm(a["name"], a["kind"], layers=a.get("layers"), lora_r=a.get("lora_r"), trainable_parameters=a.get("trainable_parameters") or 0,
-                matched_to=a.get("matched_to")) for a in saved["arms"]]  # fmt: skip
+                matched_to=a.get("matched_to")) for a in saved["arms"]]
     arms.sort(key=lambda a: a.kind != "original")  # the original first, as aggregate expects
     by_name = {a.name: a for a in arms}
     trials, original = [], None

@@ -37,7 +37,7 @@ CACHES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
 def run_llama_cpp(path: Path, ids: list[int], cache: str, text: str) -> tuple[np.ndarray, list[int]]:
     """llama.cpp's logits (n_tokens x n_vocab) for `ids`, and its own token ids for `text`."""
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1,
-                          type_k=CACHES[cache], type_v=CACHES[cache])  # fmt: skip
+                          type_k=CACHES[cache], type_v=CACHES[cache])
     try:
         llm.eval(ids)
         logits = np.array(llm.scores[: len(ids)], dtype=np.float32)
@@ -50,7 +50,7 @@ def compare(a: np.ndarray, b: np.ndarray) -> dict:
     """Max |a - b| over all positions, how many positions share the argmax, and whether the last one does."""
     same = int((a.argmax(-1) == b.argmax(-1)).sum())
     return {"max_abs_diff": float(np.abs(a - b).max()), "same_argmax": f"{same}/{len(a)}",
-            "same_next_token": bool(a[-1].argmax() == b[-1].argmax())}  # fmt: skip
+            "same_next_token": bool(a[-1].argmax() == b[-1].argmax())}
 
 
 def main() -> None:
@@ -70,15 +70,15 @@ def main() -> None:
         # `source` keeps the source file's types, so the ungrown model's file of that type is the source itself.
         files[dtype] = {"original": smollm2_gguf_path()} if dtype == "source" else {
             "original": export_gguf(model, tokenizer, args.out / f"smollm2.{dtype}.gguf", dtype=dtype,
-                                    source_gguf=smollm2_gguf_path(), overwrite=True)}  # fmt: skip
+                                    source_gguf=smollm2_gguf_path(), overwrite=True)}
     grow_depth(model, [15])
     with torch.no_grad():
         grown = model(torch.tensor([ids])).logits[0].numpy()
     figures = {"prompt_tokens": len(ids), "max_abs_logit": float(np.abs(grown).max()),
-               "transformers_grown_vs_original": compare(grown, original), "dtypes": {}}  # fmt: skip
+               "transformers_grown_vs_original": compare(grown, original), "dtypes": {}}
     for dtype in args.dtypes:
         files[dtype]["grown"] = export_gguf(model, tokenizer, args.out / f"smollm2-grown-k15.{dtype}.gguf", dtype=dtype,
-                                            source_gguf=smollm2_gguf_path(), overwrite=True)  # fmt: skip
+                                            source_gguf=smollm2_gguf_path(), overwrite=True)
         rows = {"bytes": files[dtype]["grown"].stat().st_size}
         for cache in CACHES:
             ll_grown, ll_ids = run_llama_cpp(files[dtype]["grown"], ids, cache, text)

@@ -53,17 +53,17 @@ class CompareScript:
         default=None,
         metadata={"help": "Blocks sampled from each document of the retention set (seeded, across many documents); none: the "
                           "source's default (python_docs: 2 per page), 0: consecutive blocks from the start."},
-    )  # fmt: skip
+    )
     blocks_per_document: int | None = field(
         default=None,
         metadata={"help": "Blocks sampled from each document of --data (seeded, across many documents); none: the source's "
                           "default (consecutive blocks from the start; python_docs: 2 per page), 0: consecutive blocks."},
-    )  # fmt: skip
+    )
     split_by: str | None = field(
         default=None,
         metadata={"help": "A column whose values never straddle train / held-out / test, e.g. document (whole documents per "
                           "split); none: blocks are split."},
-    )  # fmt: skip
+    )
     output_dir: str = shared_field("output_dir", "runs/compare", more="compare.json, .md and .png go here.")
     overwrite: bool = shared_field("overwrite", False)
     block_size: int = shared_field("block_size", 64)
@@ -80,7 +80,7 @@ class CompareScript:
         default=False,
         metadata={"help": "Continue an interrupted sweep in --trials-dir: stored trials are reused, unfinished ones continue "
                           "from their last checkpoint (without it they start over); refused if there is nothing to resume."},
-    )  # fmt: skip
+    )
     gather: str | None = field(
         default=None, metadata={"help": "Rebuild the result from the trials stored in this folder (a --trials-dir), training nothing."}
     )
@@ -143,7 +143,7 @@ def _resume_hint(script: CompareScript) -> str:
         return f"{script.output_dir} was not changed; the same command gathers again"
     if script.trials_dir is None:
         return (f"{script.output_dir} was not changed and no trial was stored (no --trials-dir): the same command starts over; "
-                "add --trials-dir DIR to keep finished trials")  # fmt: skip
+                "add --trials-dir DIR to keep finished trials")
     again = "the same command" + ("" if script.resume else " with --resume")
     return f"{script.output_dir} was not changed; the finished trials are in {script.trials_dir}: {again} continues"
 
@@ -169,12 +169,12 @@ def _load(script: CompareScript, cfg: CompareConfig):
     model, tokenizer = load_model(script.model, trust_remote_code=script.trust_remote_code)
     model.eval()
     data = load_data(script.data, model=model, tokenizer=tokenizer, block_size=script.block_size,
-                     max_examples=script.max_examples, seed=cfg.seed, blocks_per_document=_per_document(script.blocks_per_document))  # fmt: skip
+                     max_examples=script.max_examples, seed=cfg.seed, blocks_per_document=_per_document(script.blocks_per_document))
     fractions = {"train": script.train_fraction, "held_out": script.held_out_fraction, "test": script.test_fraction}
     splits = split_dataset(data, fractions, seed=cfg.seed, by=script.split_by)
     retention = load_retention(script.retention_data, model, tokenizer, block_size=script.block_size,
                                max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed,
-                               blocks_per_document=_per_document(script.retention_blocks_per_document))  # fmt: skip
+                               blocks_per_document=_per_document(script.retention_blocks_per_document))
     return model, splits, retention
 
 
@@ -230,7 +230,7 @@ def _compare(script: CompareScript, cfg: CompareConfig, argv: list[str]) -> int:
     # <output_dir>/logs, written into the staged folder so that they move into place with it.
     with staged_output(script.output_dir) as tmp:
         result = compare_plans(model, splits["train"], splits["held_out"], splits["test"], config=_logs(cfg, tmp), retention_data=retention,
-                                trials_dir=script.trials_dir, resume=script.resume)  # fmt: skip
+                                trials_dir=script.trials_dir, resume=script.resume)
         if result.config["logging_dir"] and not cfg.logging_dir:
             result.config["logging_dir"] = "logs"  # relative to the output folder: the staged path is gone after the move
         result.save(tmp)
@@ -241,13 +241,13 @@ def _compare(script: CompareScript, cfg: CompareConfig, argv: list[str]) -> int:
         interrupt_stage("the oracle sweep")
         again = " ".join(["the same command with --overwrite", *(["--resume"] if script.trials_dir and not script.resume else [])])
         interrupt_hint(f"the comparison is saved in {script.output_dir}; {again} runs the oracle sweep again"
-                               + (" (the comparison's trials are reused)" if script.trials_dir else ""))  # fmt: skip
+                               + (" (the comparison's trials are reused)" if script.trials_dir else ""))
         validation = validate_probe(
             model, splits["train"], splits["held_out"], splits["test"], positions=script.oracle_positions,
             seeds=script.oracle_seeds, config=_logs(cfg, Path(script.output_dir), "probe_validation"), probe_result=None,
             # The rate the grid chose (on held-out) for the best growth arm: one rate for every position.
             learning_rate=result.arm(result.statistics["best_growth"]).learning_rate,
-        )  # fmt: skip
+        )
         record_outputs(script.output_dir, validation.save(script.output_dir).values())  # --overwrite may replace them later
         print(validation.to_markdown())
     print(f"Everything is in {script.output_dir}/")

@@ -35,7 +35,7 @@ class DemoArguments:
     )
     max_new_tokens: int = field(default=32, metadata={"help": "Tokens of greedy generation compared before and after."})
     output_dir: str | None = shared_field("output_dir", None, more="The grown model is saved here (safetensors); none: not saved.",
-                                          deprecated=["--save"])  # fmt: skip
+                                          deprecated=["--save"])
     output: str | None = field(default=None, metadata={"help": "Write the figures to this JSON file.", "deprecated": ["--json"]})
     overwrite: bool = shared_field("overwrite", False, more="An existing --output file is replaced too.")
 

@@ -59,14 +59,14 @@ def _table(args: EstimateArguments, plans: list) -> str:
     layout = f"{args.gpus} device(s)" + (f", ZeRO-{args.zero}" if args.zero else ", FSDP" if args.fsdp else ", DDP" if args.gpus > 1 else "")
     head = (f"{args.model} grown at {first.details['settings']['positions']}: {_count(first.parameters)} parameters; "
             f"per device batch {args.batch_size} x seq {args.block_size}, {args.dtype}" + (f", {args.quantize} base" if args.quantize else "")
-            + (", gradient checkpointing" if args.gradient_checkpointing else "") + f"; {layout}")  # fmt: skip
+            + (", gradient checkpointing" if args.gradient_checkpointing else "") + f"; {layout}")
     cols = ["arm", "trainable", "parameters", "gradients", "AdamW", "activations", "total"]
     if args.device_memory:
         cols.append(f"fits {_size(first.device_memory)}")
     rows = []
     for plan in plans:
         row = [plan.trainable, _count(plan.trainable_parameters), _size(plan.parameter_bytes), _size(plan.gradient_bytes),
-               _size(plan.optimizer_bytes), _size(plan.activation_bytes), _size(plan.total_bytes)]  # fmt: skip
+               _size(plan.optimizer_bytes), _size(plan.activation_bytes), _size(plan.total_bytes)]
         if args.device_memory:
             row.append("yes" if plan.fits else "no")
         rows.append(row)
@@ -95,7 +95,7 @@ def _estimate(argv: list[str]) -> int:
         raise ValueError(f"--positions must be ints >= 0, got {args.positions}")
     common = dict(positions=args.positions if args.positions is not None else args.placement, seq=args.block_size, batch=args.batch_size,
                   gradient_checkpointing=args.gradient_checkpointing, quantize=args.quantize, gpus=args.gpus, zero=args.zero,
-                  fsdp=args.fsdp, dtype=args.dtype, lora_r=args.lora_r)  # fmt: skip
+                  fsdp=args.fsdp, dtype=args.dtype, lora_r=args.lora_r)
     settings = [PlanSettings(trainable=arm, **common) for arm in dict.fromkeys(args.trainable)]
     config = load_config(args.model)
     plans = [plan_memory(config, s, device_memory=device_memory) for s in settings]

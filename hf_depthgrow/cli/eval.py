@@ -113,7 +113,7 @@ def check_inputs(args: EvalArguments) -> None:
     read_routes(args.routes)
     check_retention_source(args)
     inputs = {"model": args.model, "base": args.base, "data": args.data, "tokenizer": args.tokenizer,
-              "retention data": args.retention_data, "routes": args.routes}  # fmt: skip
+              "retention data": args.retention_data, "routes": args.routes}
     check_output_dir(args.output_dir, overwrite=args.overwrite, inputs=inputs)
 
 
@@ -150,7 +150,7 @@ def load_retention(args: EvalArguments, model, tokenizer):
     if args.retention_data is None:
         return None
     return load_data(args.retention_data, model=model, tokenizer=tokenizer, block_size=args.block_size,
-                     max_examples=args.retention_max_examples, seed=args.split_seed)  # fmt: skip
+                     max_examples=args.retention_max_examples, seed=args.split_seed)
 
 
 def load_models(args: EvalArguments):
@@ -180,7 +180,7 @@ def load_splits(args: EvalArguments, model, tokenizer) -> tuple[dict, object]:
     from ..data.sources import load_data, split_dataset
 
     data = load_data(args.data, model=model, tokenizer=tokenizer, block_size=args.block_size,
-                     max_examples=args.max_examples, split=args.split, seed=args.split_seed)  # fmt: skip
+                     max_examples=args.max_examples, split=args.split, seed=args.split_seed)
     if not args.splits:
         return {"all": data}, data
     splits = split_dataset(data, _fractions(args.splits), seed=args.split_seed)
@@ -205,7 +205,7 @@ def route_terms(args: EvalArguments, model, splits: dict):
         delta_erm=args.delta_erm if args.delta_erm is not None else given.get("delta_erm"),
         block_data=splits.get(args.block_terms) if args.block_terms else None,
         batch_size=args.batch_size, progress=args.progress,
-    )  # fmt: skip
+    )
     values = {k: getattr(measured, k) for k in ("n_train", "delta_erm", "rho", "b_w", "b_a")}
     sources = dict(given.get("sources", {}))
     for key in ("n_train", "delta_erm", "delta_r", "delta_r_test", "rho", "b_w", "b_a"):
@@ -235,7 +235,7 @@ def _eval(argv: list[str]) -> int:
     splits, test = load_splits(args, model, tokenizer)
     retention_data = load_retention(args, model, tokenizer)  # a bad set fails here, before any evaluation runs
     kwargs = dict(delta=args.delta, loss_bound=args.loss_bound, n_bootstrap=args.n_bootstrap, seed=args.seed, batch_size=args.batch_size,
-                  use_evaluate=args.evaluate, progress=args.progress)  # fmt: skip
+                  use_evaluate=args.evaluate, progress=args.progress)
     routes = route_terms(args, model, splits)
     if base is not None:
         result = compare_models(base, model, test, routes=routes, **kwargs)

@@ -86,7 +86,7 @@ def markdown(parsers: dict | None = None) -> str:
     """The generated part of docs/cli.md (between `BEGIN` and `END`, both included)."""
     parsers = command_parsers() if parsers is None else parsers
     out = [BEGIN, "", "### One name per concept", "", *concept_table(), "", "### Old spellings, accepted until the next release", "",
-           *deprecated_table(parsers)]  # fmt: skip
+           *deprecated_table(parsers)]
     for command, parser in parsers.items():
         out += ["", f"### `hf-depthgrow {command}`", "", _cell(COMMANDS[command]).capitalize() + ".", "", *command_table(parser)]
     return "\n".join([*out, "", END])
@@ -102,7 +102,7 @@ def updated(text: str, parsers: dict | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hf_depthgrow.cli.flag_table", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--write", metavar="FILE", help="Replace the generated part of FILE.")
     group.add_argument("--check", metavar="FILE", help="Exit 1 when the generated part of FILE is out of date.")

@@ -105,7 +105,7 @@ def load_inputs(args: ProbeArguments):
         raise ValueError(f"no tokenizer beside {args.model}: pass --tokenizer")
     model.to(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     data = load_data(args.data, model=model, tokenizer=tokenizer, block_size=args.block_size,
-                     max_examples=args.max_examples, split=args.split, seed=args.data_seed)  # fmt: skip
+                     max_examples=args.max_examples, split=args.split, seed=args.data_seed)
     return model, make_loader(data, args.batch_size, shuffle=args.shuffle, seed=args.data_seed)
 
 
@@ -146,7 +146,7 @@ def _probe(argv: list[str]) -> int:
         eps=growth.eps, adapter_dim=growth.adapter_dim, adapter_act=growth.adapter_act, num_splits=args.num_splits,
         z_threshold=args.z_threshold, norm_factor=args.norm_factor, covariance=args.covariance,
         max_batches=args.max_batches, progress=args.progress,
-    )  # fmt: skip
+    )
     payload = result.to_dict()
     payload["command"] = "hf-depthgrow probe " + shlex.join(argv)
     payload["model_name_or_path"] = args.model
@@ -154,7 +154,7 @@ def _probe(argv: list[str]) -> int:
     with staged_output(args.output_dir) as tmp:  # a folder written whole or not at all, never over a user's files
         (tmp / "probe.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         plot_probe(result, tmp / "probe.png", title=f"{args.model} on {args.data}: {result.block} block, "
-                   f"{result.num_batches} batches, {result.total_weight:.0f} {result.weight_unit}")  # fmt: skip
+                   f"{result.num_batches} batches, {result.total_weight:.0f} {result.weight_unit}")
     out = Path(args.output_dir)
     print(result.summary())
     print(f"wrote {out / 'probe.json'}, {out / 'probe.png'}")

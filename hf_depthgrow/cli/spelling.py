@@ -82,7 +82,7 @@ CONCEPTS = (
             ("--load-dtype", "--torch-dtype")),
     Concept("GGUF tensor type", "--gguf-type", "the tensor type of a written GGUF file (f16, q8_0, ..., source)", ("ExportArguments.gguf_type",),
             ("--outtype",)),
-)  # fmt: skip
+)
 
 # Commands that load a model (so take --trust-remote-code) and commands that write (so take --overwrite). `demo` loads
 # only the embedded SmolLM2, and `estimate` reads a config, never code or weights.

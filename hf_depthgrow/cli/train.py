@@ -60,7 +60,7 @@ def _load_dataset(args: ScriptArguments, model, tokenizer):
     from ..data.sources import load_data
 
     return load_data(args.dataset, model=model, tokenizer=tokenizer, block_size=args.block_size,
-                     max_examples=args.max_examples, seed=args.split_seed)  # fmt: skip
+                     max_examples=args.max_examples, seed=args.split_seed)
 
 
 def _streamed(args: ScriptArguments, config: TrainConfig, model, tokenizer):
@@ -71,7 +71,7 @@ def _streamed(args: ScriptArguments, config: TrainConfig, model, tokenizer):
 
     per_step = config.per_device_train_batch_size * PartialState().num_processes * config.gradient_accumulation_steps
     held_out, rows = stream_data(args.dataset, tokenizer, block_size=args.block_size, train_blocks=config.max_steps * per_step,
-                                 held_out_blocks=args.held_out_blocks, model=model)  # fmt: skip
+                                 held_out_blocks=args.held_out_blocks, model=model)
     return rows, held_out
 
 
@@ -116,7 +116,7 @@ def run(args: ScriptArguments, config: TrainConfig, before_training=None):
             # Built from the original model before it is grown (stepping_stone grows a copy).
             stone = stepping_stone(model, args.positions[0], train_ds, block=args.block, init=args.init,
                                    seed=args.growth_seed, max_batches=args.stepping_stone_max_batches,
-                                   batch_size=config.per_device_eval_batch_size or config.per_device_train_batch_size)  # fmt: skip
+                                   batch_size=config.per_device_eval_batch_size or config.per_device_train_batch_size)
         grow_depth(model, args.positions, config=GrowthConfig(block=args.block, init=args.init, seed=args.growth_seed))
     elif args.stepping_stone:
         raise ValueError("stepping_stone=True needs positions (the stone is built while growing)")
@@ -192,7 +192,7 @@ def _claim_output(config: TrainConfig, output: TrainOutput) -> Path | None:
     if (Path(config.output_dir) / MARKER).is_file():  # an earlier run's folder
         record_outputs(config.output_dir, _left_by_a_killed_run(Path(config.output_dir)))
     return claim_output_dir(config.output_dir, resume=config.resume_from_checkpoint is not None, overwrite=output.overwrite,
-                            what="a training run")  # fmt: skip
+                            what="a training run")
 
 
 def _resume_flag(argv: list[str]) -> list[str]:

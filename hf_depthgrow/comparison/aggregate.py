@@ -54,7 +54,7 @@ def retention_parts(n: int, fraction: float, seed: int, documents=None) -> tuple
         selection, test = group_parts(documents, [fraction, 1.0 - fraction], seed=seed + 7919)
         if len(selection) == 0 or len(test) == 0:
             raise ValueError(f"the retention set has {len(set(documents))} document(s): a selection part and a test part of "
-                             "disjoint documents need at least 2 (set cluster_key none to split blocks)")  # fmt: skip
+                             "disjoint documents need at least 2 (set cluster_key none to split blocks)")
         return selection, test
     order = np.random.default_rng(seed + 7919).permutation(n)
     cut = min(max(1, round(fraction * n)), n - 1)
@@ -65,7 +65,7 @@ def _corrected(diffs: dict, cfg, delta: float | None = None, clusters=None) -> d
     if not diffs:
         return None
     return corrected_intervals(diffs, delta=cfg.delta if delta is None else delta, method=cfg.method, kind=cfg.interval,
-                               loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, clusters=clusters)  # fmt: skip
+                               loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, clusters=clusters)
 
 
 def _part(documents, index):
@@ -87,7 +87,7 @@ def statistics(results: list[ArmResult], original: ArmResult, cfg, family: int =
     trained = [r for r in results if r.kind != "original"]
     by_name = {r.name: r for r in trained}
     stats = {"family": {"delta": cfg.delta, "blocks": family, "delta_per_block": delta},
-             "vs_original": _corrected({r.name: original.test_per_example - r.test_per_example for r in trained}, cfg, delta, test_docs)}  # fmt: skip
+             "vs_original": _corrected({r.name: original.test_per_example - r.test_per_example for r in trained}, cfg, delta, test_docs)}
     controls = [r for r in trained if r.kind in CONTROLS]
     growth = [r for r in trained if r.kind == "growth"]
     best = min(controls, key=lambda r: r.heldout_loss) if controls else None
@@ -97,7 +97,7 @@ def statistics(results: list[ArmResult], original: ArmResult, cfg, family: int =
     stats["matched"] = {g: m for g, m in matches.items() if m in by_name}
     stats["unmatched"] = [g for g in matches if g not in stats["matched"]]
     stats["vs_matched"] = _corrected({g: by_name[m].test_per_example - by_name[g].test_per_example for g, m in stats["matched"].items()},
-                                     cfg, delta, test_docs)  # fmt: skip
+                                     cfg, delta, test_docs)
     if original.retention_per_example is not None:
         stats["retention"] = _corrected({r.name: original.retention_per_example - r.retention_per_example for r in trained}, cfg, delta, ret_docs)
     # An arm whose fallback rule kept the original is the original, not growth: it is the best growth arm
@@ -166,7 +166,7 @@ def _point_table(points: list[ArmResult], info: dict, base: ArmResult, ret_sel_b
     table = {}
     for p in points:
         table[p.name] = {**info[p.name], "gain": base.heldout_loss - p.heldout_loss,
-                         "forgetting": float((p.retention_selection - ret_sel_base).mean()), "forgetting_high": high[p.name]}  # fmt: skip
+                         "forgetting": float((p.retention_selection - ret_sel_base).mean()), "forgetting_high": high[p.name]}
     return table
 
 
@@ -189,14 +189,14 @@ def _curve(points: list[ArmResult], info: dict, base: ArmResult, cfg, tests: int
     controls = [p.name for p in points if info[p.name]["kind"] in CONTROLS]
     growth = [p.name for p in points if info[p.name]["kind"] == "growth"]
     out = fr.off_curve(gain, forget, controls, growth, delta=cfg.delta, tests=tests, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
-                       test_clusters=clusters.get("test"), retention_clusters=clusters.get("retention"))  # fmt: skip
+                       test_clusters=clusters.get("test"), retention_clusters=clusters.get("retention"))
     if out is not None:
         out["points"] = out.pop("arms")
     return out
 
 
 def _frontier(view: BudgetView, points: list[ArmResult], info: dict, base: ArmResult, cfg, ret_sel_base, high: dict, tests: int,
-              seed: int | None, clusters: dict) -> dict:  # fmt: skip
+              seed: int | None, clusters: dict) -> dict:
     """One budget over every point trained to it: the frontier, the choice within eps, each growth arm against the curve."""
     table = _point_table(points, info, base, ret_sel_base, high)
     out = _choices(table, cfg)
@@ -222,7 +222,7 @@ def _within_claims(frontiers: list[dict], points: dict[str, ArmResult], base: Ar
         if n in chosen:
             g, k = gain["arms"][n], kept["arms"][n]
             f["best_within_test"] = {"gain": {x: g[x] for x in ("mean", "low", "high")},
-                                     "forgetting": {"mean": -k["mean"], "low": -k["high"], "high": -k["low"]}, "claims": len(chosen)}  # fmt: skip
+                                     "forgetting": {"mean": -k["mean"], "low": -k["high"], "high": -k["low"]}, "claims": len(chosen)}
 
 
 def _frontiers(views: list[BudgetView], by_arm: dict, base: ArmResult, cfg, parts, ret_sel_base, seeds: set, clusters: dict) -> dict | None:
@@ -288,12 +288,12 @@ def aggregate(arms, trials: list[TrialResult], original: dict, cfg, *, grids: di
         if len(units) > 1:
             raise RuntimeError(f"the arms saw different amounts of data at {b} steps {sorted(units)}: the budget was not equal")
         views.append(BudgetView(steps=b, units_seen=units.pop() if units else 0, arms=rows, statistics=statistics(rows, base, cfg, family, clusters),
-                                epochs=plan.epochs(b) if plan else None))  # fmt: skip
+                                epochs=plan.epochs(b) if plan else None))
     overall = None
     if parts is not None:
         overall = _frontiers(views, by_arm, base, cfg, parts, original["retention"][0][parts[0]], seeds, clusters)
     result = CompareResult(arms=views[-1].arms, config=cfg.to_dict(), statistics=views[-1].statistics, views=views, grids=grids,
-                           overall=overall, data_parts=data_parts(extra.get("num_examples") or {}, documents, parts, clusters), **extra)  # fmt: skip
+                           overall=overall, data_parts=data_parts(extra.get("num_examples") or {}, documents, parts, clusters), **extra)
     if not cfg.successive_halving:
         result.halving_agreement = _halving_agreement(by_arm, budgets)
     if len(views) >= 3:
@@ -323,12 +323,12 @@ def data_parts(num_examples: dict, documents: dict, parts, clusters: dict | None
         if name in num_examples or docs is not None:
             out[name] = {"blocks": len(docs) if docs is not None else int(num_examples[name]),
                          "documents": len(set(docs)) if docs is not None else None,
-                         **(resampled(name) if name == "test" else {})}  # fmt: skip
+                         **(resampled(name) if name == "test" else {})}
     if parts is not None:
         docs = documents.get("retention")
         for name, index, key in zip(("retention_selection", "retention_test"), parts, ("retention_selection", "retention")):
             out[name] = {"blocks": len(index), "documents": len(set(_part(docs, index))) if docs is not None else None,
-                         **resampled(key)}  # fmt: skip
+                         **resampled(key)}
     return out
 
 
@@ -356,7 +356,7 @@ def learning_curves(views: list[BudgetView], weight: np.ndarray, cfg) -> dict | 
         best_within = min(within, key=lambda c: last.arm_result(c).heldout_loss) if within else None
     cross = predict_crossover(tokens, losses, weights, growth=growth, controls=controls, best_growth=last.statistics["best_growth"],
                               best_control=last.statistics["best_control"], controls_within=within,
-                              best_control_within=best_within, fresh_tokens=fresh, **boot)  # fmt: skip
+                              best_control_within=best_within, fresh_tokens=fresh, **boot)
     out.update(crossover=cross, crossover_text=cross["on_gain"]["text"])
     if cross.get("within_forgetting"):
         out["within_text"] = f"within forgetting {cfg.max_forgetting:g} nats: {cross['within_forgetting']['text']}"

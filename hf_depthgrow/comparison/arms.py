@@ -49,7 +49,7 @@ ARM_KINDS = {kind.name: kind for kind in (
     ArmKind("lora", "lora", (1e-3, 3e-3, 1e-2), control=True),
     ArmKind("full", "full", (3e-5, 1e-4, 3e-4), control=True),
     ArmKind("original", None, (), control=True),
-)}  # fmt: skip
+)}
 CONTROL_KINDS = tuple(k.name for k in ARM_KINDS.values() if k.control)  # what `controls=` may name
 TRAINED_CONTROLS = tuple(k for k in CONTROL_KINDS if ARM_KINDS[k].trainable is not None)
 _OWN_PRESETS = ("bottom", "random", "at")
@@ -90,7 +90,7 @@ class Arm:
         inits = data.get("init") or [None] * len(positions)
         placement = [PlacementEntry(at=k, copy_from=j, init=i) for k, j, i in zip(positions, data.get("copy_from") or [], inits)]
         return cls(data["name"], data["kind"], placement=placement, layers=data.get("layers"), lora_r=data.get("lora_r"),
-                   trainable_parameters=data.get("trainable_parameters") or 0, matched_to=data.get("matched_to"))  # fmt: skip
+                   trainable_parameters=data.get("trainable_parameters") or 0, matched_to=data.get("matched_to"))
 
     def to_dict(self) -> dict:
         """The arm as JSON: every field that changes what it trains (it is part of each trial's store key)."""
@@ -360,7 +360,7 @@ def matched_control(arms: Sequence, growth: str) -> str | None:
         return None
     controls = sorted((r for r in rows if r.get("kind") in ("layers", "lora")), key=lambda r: r["kind"] != "layers")
     for rule in (lambda r: r.get("matched_to") == growth,
-                 lambda r: r.get("trainable_parameters") == target.get("trainable_parameters")):  # fmt: skip
+                 lambda r: r.get("trainable_parameters") == target.get("trainable_parameters")):
         found = next((r["name"] for r in controls if rule(r)), None)
         if found is not None:
             return found

@@ -39,7 +39,7 @@ class CompareConfig:
         default=True,
         metadata={"help": "Give every growth arm no control matches its own control of the same trainable-parameter count "
                           "(layers[ARM], else lora[ARM]); the verdict compares each growth arm with its match."},
-    )  # fmt: skip
+    )
     learning_rates: list[float] | None = field(
         default=None, metadata={"help": "One learning-rate grid for every arm (default: each kind's own grid, below)."}
     )
@@ -57,12 +57,12 @@ class CompareConfig:
         default=2,
         metadata={"help": "With a retention set: rates (x3 steps) added below every arm's grid, so each kind's forgetting "
                           "curve is traced below its gain-optimal rate; 0: none."},
-    )  # fmt: skip
+    )
     successive_halving: bool = field(
         default=False,
         metadata={"help": "Stop the worse half of an arm's learning rates (on held-out loss) at 1/4 and 1/2 of the steps (one budget only). "
                           "Off by default: see docs/decisions.md for how often it kept the full grid's choice."},
-    )  # fmt: skip
+    )
     max_steps: int = field(default=20, metadata={"help": "Optimizer steps of every arm (one budget; see budgets)."})
     budgets: list[int] | None = field(
         default=None, metadata={"help": "Budgets (optimizer steps, increasing): every arm is scored at each, as if trained alone (WSD schedule)."}
@@ -72,7 +72,7 @@ class CompareConfig:
         default=False,
         metadata={"help": "Let the largest budget need more training blocks than there are (steps x batch size): blocks then "
                           "repeat (epochs are reported per budget). Without it such a comparison is refused before anything trains."},
-    )  # fmt: skip
+    )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute each layer above the frozen prefix in backward instead of keeping its activations (same gradients, less memory)."})
     lr_scheduler: str = field(
         default="auto", metadata={"help": "auto (cosine for one budget, wsd for several), cosine, linear, constant or wsd.", "choices": ["auto", *SCHEDULERS]}
@@ -91,7 +91,7 @@ class CompareConfig:
         metadata={"help": "Column naming each example's document, the unit of independence: the retention set's selection and test "
                           "parts are disjoint in it and the bootstrap resamples it (all blocks of a drawn document together); "
                           "auto: 'document' where the data has it (load_data writes it for LM blocks); none: examples are independent."},
-    )  # fmt: skip
+    )
     selection_max_examples: int | None = field(
         default=64, metadata={"help": "Training examples the fallback rule compares on (None: all)."}
     )
@@ -107,7 +107,7 @@ class CompareConfig:
         default_factory=lambda: [NONE],
         metadata={"help": "Experiment trackers (Accelerate's): tensorboard, wandb (several allowed) or none. One run per arm "
                           "and learning rate, plus the probe and the corrected deltas.", "choices": [NONE, *REPORT_TO]},
-    )  # fmt: skip
+    )
     logging_dir: str | None = field(default=None, metadata={"help": "Where trackers write; hf-depthgrow compare's default: <output_dir>/logs."})
     project_name: str = field(default=DEFAULT_PROJECT, metadata={"help": "Project name in the trackers (the W&B project)."})
     engine: str = field(
@@ -115,7 +115,7 @@ class CompareConfig:
         metadata={"help": "Where trials run: serial (here, one after another), ray (Ray Tune, local or --ray-address; "
                           'pip install "hf_depthgrow[ray]"), or stored (train nothing: every trial from --trials-dir; compare --gather).',
                   "choices": ["serial", "ray", "stored"]},
-    )  # fmt: skip
+    )
     ray_address: str | None = field(default=None, metadata={"help": "engine ray: the cluster (host:port, ray://host:port or auto); none: a local Ray."})
     max_concurrent_trials: int | None = field(default=None, metadata={"help": "engine ray: trials at once (none: as many as the resources allow)."})
     resources_per_trial: int = field(default=1, metadata={"help": "engine ray: CPUs per trial (also its torch threads)."})
@@ -123,13 +123,13 @@ class CompareConfig:
         default=1,
         metadata={"help": "engine ray: processes per trial (above 1: a Ray Train TorchTrainer of N DDP workers, each with "
                           "--resources-per-trial and batch_size / N rows of every step)."},
-    )  # fmt: skip
+    )
     accelerate_config: str | None = field(
         default=None,
         metadata={"help": "workers_per_trial > 1: an accelerate config file (recipes/accelerate_configs/fsdp.yaml, deepspeed/"
                           "zero2.yaml) whose set-up every trial's workers take, as `accelerate launch` would give it: "
                           "FSDP2 or DeepSpeed ZeRO instead of DDP (native growth blocks, layers and full; not LoRA)."},
-    )  # fmt: skip
+    )
 
     def __post_init__(self):
         def fail(msg):

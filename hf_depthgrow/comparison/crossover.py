@@ -132,7 +132,7 @@ def predict_crossover(
     tokens, losses: dict, weights: dict | None = None, *, growth, controls, best_growth: str, best_control: str,
     controls_within=None, best_control_within: str | None = None, horizon: float = HORIZON,
     n_bootstrap: int = 200, seed: int = 0, confidence: float = 0.95, fresh_tokens: float | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Fit every arm's learning curve and predict the budget at which `best_growth` overtakes `best_control`.
 
     Args:
@@ -201,13 +201,13 @@ def predict_crossover(
         "fits": {arm: fit.to_dict() for arm, fit in fitted.items()},
         "bootstrap": {"requested": n_bootstrap, "seed": seed, "confidence": confidence},
         "within_forgetting": None,
-    }  # fmt: skip
+    }
     for key, (g, c) in pairs.items():
         out[key] = _crossover_entry(g, c, fitted, curves, sweep.tokens[-1], horizon, boot[key], confidence, fresh_tokens)
     if controls_within is not None and best_control_within is None:
         out["within_forgetting"] = {
             "status": "no_control", "text": "no control stays within the forgetting budget: nothing to overtake"
-        }  # fmt: skip
+        }
     return json_safe(out)
 
 
@@ -222,7 +222,7 @@ def _check_names(growth, controls, best_growth, best_control, controls_within, b
         (bool(within) and best_control_within is None, "controls_within is not empty: pass its best as best_control_within"),
         (best_control_within is not None and best_control_within not in (within or []),
          f"best_control_within {best_control_within!r} must be one of controls_within {within}"),
-    ]  # fmt: skip
+    ]
     for failed, message in problems:
         if failed:
             raise ValueError(message)
@@ -244,14 +244,14 @@ def _crossover_entry(g, c, fitted, curves, d_max, horizon, replicates, confidenc
         },
         "fitted_at_largest": {"growth": fitted[g].predict(d_max), "control": fitted[c].predict(d_max)},
         "interval": None, "share_with_crossover": None, "share_ahead": None, "replicates": len(replicates),
-    }  # fmt: skip
+    }
     if replicates:
         values = np.array(replicates)
         low, high = _percentiles(values, confidence)
         entry["interval"] = {
             "multiple": [low, high], "tokens": [low * d_max, high * d_max], "open_ended": not math.isfinite(high),
             "confidence": confidence,
-        }  # fmt: skip
+        }
         entry["share_with_crossover"] = float(np.mean(np.isfinite(values)))
         entry["share_ahead"] = float(np.mean(values == 1.0))
     if fresh_tokens is not None:
@@ -288,7 +288,7 @@ def _crossover_text(e: dict, horizon: float, confidence: float) -> str:
         return f"no prediction: the learning curve of {g} or {c} could not be fitted"
     if e["status"] == "floor_at_bound":
         which = "; ".join(f"{arm}: E at its {f['side']} bound {f['E']:.4g}" + (", its lowest measured test loss" if f["side"] == "upper" else "")
-                          for arm, f in e["floor_at_bound"].items())  # fmt: skip
+                          for arm, f in e["floor_at_bound"].items())
         return f"the fit's floor is at its bound: no crossover can be read from it ({g} vs {c}; {which}){_fresh_note(e, horizon)}"
     if e["status"] == "ahead":
         fit = e["fitted_at_largest"]
@@ -317,7 +317,7 @@ def _crossover_text(e: dict, horizon: float, confidence: float) -> str:
 def validate_fit(
     tokens, losses: dict, weights: dict | None = None, *, arms=None, n_bootstrap: int = 200, seed: int = 0,
     confidence: float = 0.95,
-) -> dict:  # fmt: skip
+) -> dict:
     """Check the fits out of sample: fit each arm on every budget but the largest, predict the largest.
 
     Args:
@@ -348,7 +348,7 @@ def validate_fit(
     return json_safe({
         "skipped": False, "fit_tokens": sweep.tokens[:-1].tolist(), "predicted_tokens": d_max,
         "confidence": confidence, "arms": rows, "summary": _validation_summary(rows, len(d), d_max, confidence),
-    })  # fmt: skip
+    })
 
 
 def _validate_arm(sweep: _Sweep, arm: str, draws, d, log_g: float, confidence: float) -> dict:
@@ -373,7 +373,7 @@ def _validate_arm(sweep: _Sweep, arm: str, draws, d, log_g: float, confidence: f
         "error_interval": error_interval,
         "error_covers_zero": None if error_interval is None else bool(error_interval[0] <= 0.0 <= error_interval[1]),
         "replicates": len(predictions), "flat": fit.flat, "message": fit.message,
-    }  # fmt: skip
+    }
 
 
 def _validation_summary(rows: dict, fitted: int, d_max: float, confidence: float) -> str:

@@ -53,7 +53,7 @@ def _halving(specs: list[TrialSpec], inputs: TrialInputs, known: list) -> list[T
 
 
 def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = False, bar=None, checkpoints=None,
-               known: list | None = None) -> list[TrialResult]:  # fmt: skip
+               known: list | None = None) -> list[TrialResult]:
     """Run `specs` in this process, in order (with `halving`, each arm's rates in step); results in the specs' order.
 
     `checkpoints` (a `TrialStore`, without halving): each trial is checkpointed there and continues from its
@@ -98,7 +98,7 @@ def engine_for(cfg, store=None):
 
         return functools.partial(run_ray, address=cfg.ray_address, max_concurrent_trials=cfg.max_concurrent_trials, store=store,
                                  resources_per_trial=cfg.resources_per_trial, workers_per_trial=cfg.workers_per_trial,
-                                 accelerate_config=cfg.accelerate_config)  # fmt: skip
+                                 accelerate_config=cfg.accelerate_config)
     from .store import stored, stored_or_run
 
     if cfg.engine == "stored":

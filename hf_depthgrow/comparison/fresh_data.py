@@ -64,7 +64,7 @@ class DataPlan:
         return (f"the training data is shorter than the largest budget: {max(self.budgets)} steps x {self.batch_size} examples "
                 f"need {self.needed:,} training blocks, but there are {self.blocks:,} ({format_epochs(self.epochs(max(self.budgets)))} "
                 f"epochs: blocks would repeat from step {self.fresh_steps + 1} on); give more training data or smaller budgets, "
-                "or allow repetition (--allow-repeated-data, allow_repeated_data=True)")  # fmt: skip
+                "or allow repetition (--allow-repeated-data, allow_repeated_data=True)")
 
     def warning(self) -> str:
         """The line a comparison that was allowed to repeat blocks prints before it trains."""
@@ -82,7 +82,7 @@ class DataPlan:
     def to_dict(self) -> dict:
         return {"train_blocks": self.blocks, "batch_size": self.batch_size, "blocks_needed": self.needed,
                 "fresh_steps": self.fresh_steps, "repeats": self.repeats, "allow_repeated_data": self.allowed,
-                "epochs": {str(b): self.epochs(b) for b in self.budgets}}  # fmt: skip
+                "epochs": {str(b): self.epochs(b) for b in self.budgets}}
 
 
 def data_plan(cfg, num_blocks: int) -> DataPlan:

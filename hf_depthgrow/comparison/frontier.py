@@ -158,7 +158,7 @@ def off_curve(
     alpha = delta / tests
     on_curve = [n for n in controls if any(abs(g_mean[n] - x) < 1e-15 and abs(f_mean[n] - y) < 1e-15 for x, y in zip(gains, forgets))]
     out = {"curve": [[float(a), float(b)] for a, b in zip(gains, forgets)], "curve_points": on_curve, "level": alpha,
-           "tests": tests, "arms": {}}  # fmt: skip
+           "tests": tests, "arms": {}}
     means = {"original": (0.0, 0.0)} | {n: (g_mean[n], f_mean[n]) for n in controls}  # training nothing dominates too
     out["controls"] = means
     for j, name in enumerate(growth):
@@ -167,5 +167,5 @@ def off_curve(
         status = "off the curve" if low > 0 else "forgets more than the curve" if high < 0 else "on the curve"
         out["arms"][name] = {"gain": g_mean[name], "forgetting": f_mean[name], "curve": curve_at(gains, forgets, g_mean[name]),
                              "margin": {"mean": mean, "low": low, "high": high}, "status": status,
-                             "dominated_by": dominating((g_mean[name], f_mean[name]), means)}  # fmt: skip
+                             "dominated_by": dominating((g_mean[name], f_mean[name]), means)}
     return out

@@ -112,7 +112,7 @@ class _CurveProblem:
         return least_squares(
             self.residuals, x0, jac=self.jacobian, bounds=(self.lower, self.upper), method="trf",
             x_scale="jac", ftol=tol, xtol=tol, gtol=tol, max_nfev=2000,
-        )  # fmt: skip
+        )
 
 
 def _check_tokens(D: np.ndarray) -> np.ndarray:
@@ -194,4 +194,4 @@ def _fit(d, L, log_g, replicate: bool = False) -> LearningCurveFit:
     return LearningCurveFit(
         E=E, A=math.exp(la + alpha * log_g), alpha=alpha, rss=float(2.0 * best.cost), num_points=len(L),
         converged=bool(best.success), message="; ".join(notes) if notes else "ok", flat=flat, floor_at_bound=floor,
-    )  # fmt: skip
+    )

@@ -94,7 +94,7 @@ def _lower_envelope(points: list[tuple[float, float, str]]) -> list[tuple[float,
     kept = [
         p for p in points
         if not any(q[0] >= p[0] and q[1] <= p[1] and (q[0] > p[0] or q[1] < p[1]) for q in points)
-    ]  # fmt: skip
+    ]
     return sorted(kept)
 
 
@@ -125,7 +125,7 @@ def plot_gain_forgetting(sweep: dict, path) -> Path:
     growth, controls = _arm_names(sweep)
     has_forgetting = any(
         isinstance(a.get("forgetting"), dict) for b in budgets for a in b["arms"].values() if a.get("kind") != "original"
-    )  # fmt: skip
+    )
     fig = new_figure(figsize=(9.6, 6.0), dpi=110)
     ax = fig.add_subplot()
     if not has_forgetting:
@@ -144,9 +144,9 @@ def plot_gain_forgetting(sweep: dict, path) -> Path:
                 gain[0], forgetting[0], xerr=_error(*gain), yerr=_error(*forgetting), fmt=styles[name]["marker"],
                 ms=6.5, color=colour, ecolor=colour, elinewidth=0.8, capsize=2, alpha=0.9, zorder=3,
                 mec="black" if on_frontier else colour, mew=1.4 if on_frontier else 0.5,
-            )  # fmt: skip
+            )
             ax.annotate(_budget_label(budget), (gain[0], forgetting[0]), xytext=(4, 4), textcoords="offset points",
-                        fontsize=6.5, color="0.2")  # fmt: skip
+                        fontsize=6.5, color="0.2")
             xs.append(gain[0])
             ys.append(forgetting[0])
         if xs:
@@ -165,14 +165,14 @@ def plot_gain_forgetting(sweep: dict, path) -> Path:
         f"{'training steps' if budgets[0].get('steps') is not None else 'tokens'}); bars: intervals. A black ring: on "
         "the gain x forgetting frontier at that budget. Dashed: the control curve at the largest budget (the control "
         "points, every rate, that no other control point beats on both axes); a growth arm below it forgets less at matched gain."
-    ))  # fmt: skip
+    ))
     return save_figure(fig, path)
 
 
 def _legend(ax) -> None:
     """Outside the axes, on the right: the paths and curves run everywhere inside."""
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arms (blue: growth)",
-              title_fontsize=7.5, frameon=False)  # fmt: skip
+              title_fontsize=7.5, frameon=False)
 
 
 def _control_curve(ax, budget: dict, controls: list[str]) -> None:
@@ -180,7 +180,7 @@ def _control_curve(ax, budget: dict, controls: list[str]) -> None:
     curve = ((budget.get("frontier_detail") or {}).get("control_curve") or {}).get("curve")
     if curve and len(curve) >= 2:
         ax.plot([p[0] for p in curve], [p[1] for p in curve], "--", marker=".", color="0.15", lw=1.2,  # vertices: control points
-                label=f"control curve, every rate ({_budget_label(budget)})", zorder=1)  # fmt: skip
+                label=f"control curve, every rate ({_budget_label(budget)})", zorder=1)
         return
     points = []
     for name in controls:
@@ -191,7 +191,7 @@ def _control_curve(ax, budget: dict, controls: list[str]) -> None:
     envelope = _lower_envelope(points)
     if len(envelope) >= 2:
         ax.plot([p[0] for p in envelope], [p[1] for p in envelope], "--", color="0.15", lw=1.2,
-                label=f"control curve ({_budget_label(budget)})", zorder=1)  # fmt: skip
+                label=f"control curve ({_budget_label(budget)})", zorder=1)
 
 
 def _gain_by_budget(fig, ax, sweep: dict, styles: dict, names: list[str], path) -> Path:
@@ -204,7 +204,7 @@ def _gain_by_budget(fig, ax, sweep: dict, styles: dict, names: list[str], path) 
         t, mean, low, high = (np.array(c) for c in zip(*rows))
         err = np.nan_to_num(np.stack([mean - low, high - mean]), nan=0.0).clip(min=0.0)
         ax.errorbar(t, mean, yerr=err, fmt="-", marker=styles[name]["marker"], color=styles[name]["color"], capsize=2,
-                    lw=1.4, ms=5, label=name)  # fmt: skip
+                    lw=1.4, ms=5, label=name)
     ax.set_xscale("log")
     ax.axhline(0, color="0.6", lw=0.7)
     ax.set_xlabel("training tokens (log)")
@@ -212,7 +212,7 @@ def _gain_by_budget(fig, ax, sweep: dict, styles: dict, names: list[str], path) 
     ax.set_title("gain across budgets (forgetting not measured)", fontsize=10)
     _legend(ax)
     _caption_and_layout(fig, "No retention set was given, so forgetting was not measured and the gain x forgetting plane "
-             "cannot be drawn: this shows gain alone (higher is better), with its intervals.")  # fmt: skip
+             "cannot be drawn: this shows gain alone (higher is better), with its intervals.")
     return save_figure(fig, path)
 
 
@@ -251,7 +251,7 @@ def plot_learning_curves(sweep: dict, path) -> Path:
         low, high = np.array([_loss_interval(a, orig, bars) for _, a, orig in rows]).reshape(-1, 2).T
         err = np.nan_to_num(np.stack([loss - low, high - loss]), nan=0.0).clip(min=0.0)
         ax.errorbar([r[0] for r in rows], loss, yerr=err, fmt=styles[name]["marker"], color=styles[name]["color"],
-                    capsize=2, ms=5, zorder=3, label=name)  # fmt: skip
+                    capsize=2, ms=5, zorder=3, label=name)
         fit = fits.get(name) or {}
         params = [_num(fit.get(k)) for k in ("E", "A", "alpha")]
         if all(math.isfinite(p) for p in params):
@@ -264,7 +264,7 @@ def plot_learning_curves(sweep: dict, path) -> Path:
         ax.axhline(_original_loss(budgets[0]), color="0.5", ls=(0, (1, 2)), lw=1, label="original (untrained)")
     ax.axvline(d_max, color="0.7", lw=0.8)
     ax.text(d_max, 0.98, "largest budget measured ", transform=ax.get_xaxis_transform(), fontsize=7, rotation=90,
-            ha="right", va="top", color="0.4")  # fmt: skip
+            ha="right", va="top", color="0.4")
     for i, (label, at, interval, style) in enumerate(marks):
         ax.axvline(at, color="black", ls=style, lw=1.2, label=label)
         if interval is not None and i == 0:  # one band: two overlapping ones read as one darker one

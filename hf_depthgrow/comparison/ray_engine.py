@@ -135,7 +135,7 @@ def run_ray(
     def tune(todo):
         with ray_cluster(address, resources):
             return _tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, use_store, bar, workers_per_trial,
-                         accelerate_config).values()  # fmt: skip
+                         accelerate_config).values()
 
     return stored_or_run(use_store, specs, tune, bar=bar)
 
@@ -324,7 +324,7 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
             warnings.warn(f"trial {specs[index].name}: its checkpoint was not kept under {store.root} ({err}); --resume would start it over", stacklevel=2)
 
     done = tune_units(trainable, resources, [s.name for s in specs], what="trial", keep=keep, max_concurrent=max_concurrent, storage=storage,
-                      max_failures=max_failures, on_checkpoint=checkpointed)  # fmt: skip
+                      max_failures=max_failures, on_checkpoint=checkpointed)
     return {specs[i].name: result for i, result in done.items()}
 
 
@@ -353,7 +353,7 @@ def tune_units(trainable, resources: dict, names: list[str], *, what: str, keep,
                 failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0, callbacks=[collect],
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # a retry needs only the latest
             ),
-        )  # fmt: skip
+        )
         grid = quiet_fit(tuner.fit)
     done = collect.done
     for r in grid:

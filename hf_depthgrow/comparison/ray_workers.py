@@ -56,7 +56,7 @@ def check_workers(cfg) -> None:
         lora = [c for c in cfg.controls if str(c).split(":")[0] == "lora"]
         if sharded and lora:
             raise ValueError(f"accelerate_config {path} shards the model, and the trainer trains LoRA ({', '.join(lora)}) only unsharded: "
-                             "drop those controls or use a DDP config")  # fmt: skip
+                             "drop those controls or use a DDP config")
 
 
 def launch_env(path, workers: int) -> dict[str, str]:
@@ -151,7 +151,7 @@ def _trial(config: dict, specs: list[TrialSpec], shipped: list, resources: dict,
             # A worker that dies fails the trial; Tune's FailureConfig runs the whole trial again (it is deterministic).
             run_config=train.RunConfig(name=f"{spec.name}".replace("@", "_"), storage_path=storage, worker_runtime_env={"env_vars": env},
                                        failure_config=train.FailureConfig(max_failures=0)),
-        )  # fmt: skip
+        )
         trainer.fit()
         packed = ray.get(mailbox.take.remote())
     finally:

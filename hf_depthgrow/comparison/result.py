@@ -48,7 +48,7 @@ class ArmResult:
             name=arm.name, kind=arm.kind, arm=arm.to_dict(), heldout_loss=original["heldout"],
             test_loss=_weighted(test, weight), retention_loss=_weighted(*ret_test) if ret_test else None,
             test_per_example=test, retention_per_example=ret_test[0] if ret_test else None, retention_selection=sel,
-        )  # fmt: skip
+        )
 
     @classmethod
     def scored(cls, arm, lr, score, tried, seconds, trainable, parts=None) -> "ArmResult":
@@ -61,7 +61,7 @@ class ArmResult:
             retention_loss=_weighted(*ret_test) if ret_test else None, train_seconds=seconds, units_seen=score.units_seen,
             trainable_parameters=trainable, test_per_example=score.test, retention_per_example=ret_test[0] if ret_test else None,
             retention_selection=sel,
-        )  # fmt: skip
+        )
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__ if not k.endswith("_per_example") and k != "retention_selection"}
@@ -245,7 +245,7 @@ class CompareResult:
     def _grid_text(self) -> str:
         grids = {a.kind: self.config.get(f"{a.kind}_learning_rates") for a in self.arms if a.kind != "original"}
         text = str(self.config["learning_rates"]) if self.config.get("learning_rates") else (
-            "each kind's grid (" + "; ".join(f"{k} {v}" for k, v in grids.items()) + ")")  # fmt: skip
+            "each kind's grid (" + "; ".join(f"{k} {v}" for k, v in grids.items()) + ")")
         below = max((g.get("below") or 0 for g in self.grids.values()), default=0)
         if below:  # the forgetting curve is traced below each grid
             text += f", each reaching {below} x3 steps below its lowest rate (forgetting is measured)"

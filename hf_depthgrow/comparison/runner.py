@@ -74,7 +74,7 @@ def set_documents(sets: dict, cluster_key: str | None, required: tuple[str, ...]
         except ValueError:
             if name in required:
                 raise ValueError(f"cluster_key {cluster_key!r} is not a column of the {name} data: it names no document to "
-                                 "resample by (use auto, none, or a column of the data)") from None  # fmt: skip
+                                 "resample by (use auto, none, or a column of the data)") from None
             key = None
         out[name] = documents_of(rows, key) if key is not None else None
     return out
@@ -90,7 +90,7 @@ def _check_documents(documents: dict, retention_rows, cfg: CompareConfig) -> Non
         labels = cluster_labels(documents.get(name), cfg.cluster_key)
         if labels is not None and len(set(labels)) < 2:
             raise ValueError(f"cluster_key {cfg.cluster_key!r}: every example of the {name} data names one document, leaving "
-                             "nothing to resample (use auto or none)")  # fmt: skip
+                             "nothing to resample (use auto or none)")
     if retention_rows is not None:
         retention_parts(len(retention_rows), cfg.retention_selection_fraction, cfg.seed, cluster_labels(documents["retention"], cfg.cluster_key))
 
@@ -104,7 +104,7 @@ def _tracker_settings(cfg: CompareConfig, name: str | None = None) -> dict:
 def _spec(arm: Arm, lr: float, cfg: CompareConfig) -> TrialSpec:
     rungs = sorted({r for b in cfg.sweep for r in rungs_of(b)})
     return TrialSpec(arm, float(lr), cfg.seed, tuple(cfg.sweep), warmup_steps=cfg.warmup, scheduler=cfg.scheduler,
-                     decay_ratio=cfg.decay_ratio, rungs=tuple(rungs))  # fmt: skip
+                     decay_ratio=cfg.decay_ratio, rungs=tuple(rungs))
 
 
 def _grid_state(trials: list[TrialResult], budgets: list[int]) -> tuple[list[float], list]:
@@ -126,7 +126,7 @@ def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs | No
 
     specs = [_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind, retention=forgetting)]
     grids = {arm.name: {"grid": cfg.grid(arm.kind, retention=forgetting), "below": cfg.forgetting_rates if forgetting else 0,
-                        "added": [], "stopped": None} for arm in trained}  # fmt: skip
+                        "added": [], "stopped": None} for arm in trained}
     with tqdm(total=len(specs), desc="compare trials", disable=not cfg.progress, unit="trial") as bar:
         trials = engine(specs, inputs, halving=cfg.successive_halving, bar=bar)
         while True:
@@ -239,7 +239,7 @@ def compare_plans(
     arms = build_arms(
         model, cfg.growth, cfg.controls, reference=cfg.reference, probe_result=probe_result, seed=cfg.seed,
         lora_target_modules=cfg.lora_target_modules, grow_kwargs=grow_kwargs, matched=cfg.matched_controls,
-    )  # fmt: skip
+    )
     if probe_result is not None:
         tracking.log_probe_run(probe_result, **_tracker_settings(cfg, "probe"))
     sweep = prepare_sweep(model, cfg, rows, grow_kwargs=grow_kwargs, trials_dir=trials_dir, resume=resume)
@@ -247,7 +247,7 @@ def compare_plans(
         "probe": _probe_summary(probe_result),
         "num_examples": {"train": len(rows["train"]), "heldout": len(rows["eval"]), "test": len(rows["test"]),
                          "retention": len(rows["retention"] or [])},
-    }  # fmt: skip
+    }
     if sweep.store is not None and sweep.store.trains:  # the record with which the folder alone rebuilds this comparison
         sweep.store.save_sweep(cfg, arms, sweep.inputs.original, documents, extra)
     trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, sweep.inputs, sweep.engine, forgetting=rows["retention"] is not None)
@@ -279,7 +279,7 @@ def read_sets(model: nn.Module, cfg: CompareConfig, data: dict, *, fresh: bool =
     given = data.get("retention")
     rows["retention"] = _checked_rows(model, given, "retention_data", cfg.batch_size) if given is not None else None
     documents = set_documents({"train": rows["train"], "heldout": rows["eval"], "test": rows["test"], "retention": rows["retention"]},
-                              cfg.cluster_key)  # fmt: skip
+                              cfg.cluster_key)
     _check_documents(documents, rows["retention"], cfg)
     return rows, documents
 
@@ -308,7 +308,7 @@ def prepare_sweep(model: nn.Module, cfg: CompareConfig, rows: dict, *, grow_kwar
         base=model, train_rows=rows["train"], eval_rows=rows["eval"], test_rows=rows["test"], retention_rows=rows["retention"],
         batch_size=cfg.batch_size, selection_max_examples=cfg.selection_max_examples, lora_target_modules=cfg.lora_target_modules,
         grow_kwargs=grow_kwargs, original=original, tracking=_tracker_settings(cfg), gradient_checkpointing=cfg.gradient_checkpointing,
-    )  # fmt: skip
+    )
     store = TrialStore(trials_dir, inputs, resume=resume, trains=cfg.engine != "stored") if trials_dir is not None else None
     return Sweep(inputs, engine_for(cfg, store), seconds, store)
 
@@ -333,7 +333,7 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
         grids = {a.name: {"grid": c.grid(a.kind), "added": [], "stopped": "interior"} for a in trained}
         extra = {"probe": None, "seconds": {}, "num_examples": {"train": len(rows["train"])}}
         results[seed] = aggregate(arms, [t for t in trials if t.spec.seed == seed], sweep.inputs.original, c, grids=grids, documents=documents,
-                                  extra=extra)  # fmt: skip
+                                  extra=extra)
         _log_comparison(results[seed], c)
     return results, trials, sweep.inputs.original
 

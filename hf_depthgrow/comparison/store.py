@@ -105,7 +105,7 @@ class TrialStore(EntryStore):
                      for k in ("train", "eval", "test", "retention")},
             "settings": {"batch_size": inputs.batch_size, "selection_max_examples": inputs.selection_max_examples,
                          "lora_target_modules": inputs.lora_target_modules, "grow_kwargs": inputs.grow_kwargs},
-        }  # fmt: skip
+        }
 
     def redo(self) -> str:
         return "running the trial again" if self.trains else "it counts as not stored (--gather trains nothing)"
@@ -154,7 +154,7 @@ class TrialStore(EntryStore):
         import time
 
         meta = json_safe({"written": time.time(), "config": cfg.to_dict(), "arms": [a.to_dict() for a in arms], "heldout": original["heldout"],
-                          "documents": documents, **extra})  # fmt: skip
+                          "documents": documents, **extra})
         arrays = {k: original[k] for k in ("test", "retention") if k in original}
         tensors = {f"{k}{part}": torch.from_numpy(np.array(a[i], dtype=np.float64)) for k, a in arrays.items() for i, part in enumerate(("", "_weight"))}
         return self.store(SWEEPS, {"context": self.context, "config": meta["config"], "arms": meta["arms"]}, meta, tensors)
@@ -174,7 +174,7 @@ class TrialStore(EntryStore):
                 found.append((entry.meta["written"], store, entry))
         if not found:
             raise ValueError(f"gather: {root} holds no comparison this version recorded (compare --trials-dir records one beside "
-                             "its trials; a folder written by another version is read by that version)")  # fmt: skip
+                             "its trials; a folder written by another version is read by that version)")
         _, store, entry = max(found, key=lambda f: f[0])
         return store, entry.meta, entry.tensors
 
@@ -237,13 +237,13 @@ class TrialStore(EntryStore):
                 if checkpoint.key != key:
                     other = f" (of {checkpoint.name})" if checkpoint.name != spec.name else ""
                     raise ValueError(f"it was written for another trial{other}: another model, data, settings or spec"
-                                     if checkpoint.key else "it does not carry its trial's key (written by an older version)")  # fmt: skip
+                                     if checkpoint.key else "it does not carry its trial's key (written by an older version)")
                 return checkpoint
             except (OSError, ValueError, KeyError, TypeError) as err:
                 aside = set_aside(path, key, into=self.root / CHECKPOINTS)
                 where = f"moved aside to {aside}" if aside else "left in place: the folder is read-only"
                 warnings.warn(f"trial store: not resuming {spec.name} from the checkpoint {path} ({err}); it starts over "
-                              f"unless an older checkpoint of it is whole (the checkpoint is {where})", stacklevel=2)  # fmt: skip
+                              f"unless an older checkpoint of it is whole (the checkpoint is {where})", stacklevel=2)
         return None
 
     def drop_checkpoints(self, spec: TrialSpec) -> None:
@@ -263,7 +263,7 @@ class TrialStore(EntryStore):
         self._resume_checked = True
         if not any(self.has_checkpoint(s) or self._folder(KIND, self.trial_key(s)).is_dir() for s in specs):
             raise ValueError(f"resume: nothing to resume in {self.root}: none of the {len(specs)} trials is stored or checkpointed there "
-                             "for this model, data and settings (drop --resume to start the sweep)")  # fmt: skip
+                             "for this model, data and settings (drop --resume to start the sweep)")
 
     def hooks(self, spec: TrialSpec) -> dict:
         """`run_trial`'s keyword arguments that checkpoint `spec` here and (with `resume`) continue it from its latest checkpoint."""
@@ -302,7 +302,7 @@ def stored_or_run(store: TrialStore | None, specs: list[TrialSpec], run, *, halv
     if todo and run is None:
         names = ", ".join(s.name for s in todo[:_NAMED]) + (f" and {len(todo) - _NAMED} more" if len(todo) > _NAMED else "")
         raise ValueError(f"{len(todo)} of {len(specs)} trials are not stored in {store.root} for this model, data and "
-                         f"settings: {names} (run the command without --gather to train them)")  # fmt: skip
+                         f"settings: {names} (run the command without --gather to train them)")
     if bar is not None:
         bar.update(len(specs) - len(todo))
     if use:
@@ -348,4 +348,4 @@ def warn_unresumed(store: TrialStore, todo: list[TrialSpec]) -> None:
     if left:
         warnings.warn(f"trial store: {len(left)} trial(s) to run ({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}) have a checkpoint "
                       f"under {store.root} from a run that did not finish them (interrupted, or still running elsewhere): "
-                      "they start over here (--resume continues them)", stacklevel=3)  # fmt: skip
+                      "they start over here (--resume continues them)", stacklevel=3)

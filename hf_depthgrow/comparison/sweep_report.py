@@ -27,7 +27,7 @@ def family_text(stats: dict, method: str) -> str:
     if blocks <= 1:
         return f"{method} over the arms"
     return (f"{method} over the arms of a budget at {format_value(family['delta_per_block'])} each, Bonferroni over "
-            f"{blocks} budgets x seeds: the family is every arm at every budget")  # fmt: skip
+            f"{blocks} budgets x seeds: the family is every arm at every budget")
 
 
 def matched_sentence(stats: dict) -> str | None:
@@ -62,7 +62,7 @@ def _not_off_text(name: str, r: dict, controls: dict) -> str:
     if dom is not None:
         gain, forgetting = controls[dom]
         return (f"{name} is dominated by {dom} (test gain {format_value(gain)} vs {format_value(r['gain'])}, forgetting "
-                f"{format_value(forgetting)} vs {format_value(r['forgetting'])})")  # fmt: skip
+                f"{format_value(forgetting)} vs {format_value(r['forgetting'])})")
     return f"{name} {'forgets more than' if r['status'] != 'on the curve' else 'is on'} the curve (margin {_span(r['margin'])})"
 
 
@@ -107,7 +107,7 @@ def overall_sentence(overall: dict | None) -> str | None:
         growth = curve["points"]
         off = [n for n, r in growth.items() if r["status"] == "off the curve"]
         parts.append(f"growth points off the curve of every control point of every budget: {len(off)} of {len(growth)}"
-                     + (f" ({', '.join(off[:3])}{' ...' if len(off) > 3 else ''})" if off else ""))  # fmt: skip
+                     + (f" ({', '.join(off[:3])}{' ...' if len(off) > 3 else ''})" if off else ""))
     return "; ".join(parts)
 
 
@@ -131,7 +131,7 @@ def view_dict(view) -> dict:
     for a in view.arms:
         row = {"kind": a.kind, "learning_rate": a.learning_rate, "selected": a.selected, "heldout_loss": a.heldout_loss,
                "test_loss": a.test_loss, "retention_loss": a.retention_loss, "trainable_parameters": a.trainable_parameters,
-               "tokens_per_parameter": tokens_per_parameter(a, view.units_seen)}  # fmt: skip
+               "tokens_per_parameter": tokens_per_parameter(a, view.units_seen)}
         gain = (stats.get("vs_original") or {}).get("arms", {}).get(a.name)
         row["gain"] = {k: gain[k] for k in ("mean", "low", "high", "certified")} if gain else None
         ret = (stats.get("retention") or {}).get("arms", {}).get(a.name)
@@ -143,7 +143,7 @@ def view_dict(view) -> dict:
     return json_safe({"steps": view.steps, "tokens": view.units_seen, "epochs": view.epochs, "arms": arms, "best_control": stats.get("best_control"),
                       "best_growth": stats.get("best_growth"), "frontier": (view.frontier or {}).get("frontier_arms"),
                       "frontier_points": (view.frontier or {}).get("frontier"),
-                      "frontier_detail": view.frontier, "verdict": frontier_sentence(view)})  # fmt: skip
+                      "frontier_detail": view.frontier, "verdict": frontier_sentence(view)})
 
 
 def grid_lines(grids: dict) -> list[str]:
@@ -169,7 +169,7 @@ def sweep_markdown(result) -> list[str]:
                   "on held-out for that budget. gain = paired test delta vs the original; forgetting on the retention "
                   "set's test part; epochs = passes over the training data; tok/param = tokens per trainable parameter; "
                   "`F` = on the gain x forgetting frontier (held-out and retention selection part).", "",
-                  "| steps | epochs | arm | lr | tok/param | gain | forgetting | F |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| steps | epochs | arm | lr | tok/param | gain | forgetting | F |", "|---|---|---|---|---|---|---|---|"]
         for view in views:
             d = view_dict(view)
             for name, row in d["arms"].items():
@@ -186,7 +186,7 @@ def sweep_markdown(result) -> list[str]:
         family = views[-1].frontier.get("family")
         intro = ([f"Every choice ranges over the trained points (arm x rate x budget); the selection-part forgetting upper "
                   f"bounds are corrected over all {family['points']} points of the comparison (level "
-                  f"{format_value(family['level'])} each), so choosing one of them is inside the bound.", ""] if family else [])  # fmt: skip
+                  f"{format_value(family['level'])} each), so choosing one of them is inside the bound.", ""] if family else [])
         lines += ["## Gain x forgetting", "", *intro] + [f"- {s[0].upper() + s[1:]}." for s in sentences] + [""]
         curve = views[-1].frontier.get("control_curve")
         if curve:
@@ -197,7 +197,7 @@ def sweep_markdown(result) -> list[str]:
             chosen = {r["point"] for r in curve["arms"].values()}
             lines += [f"- {n}{' *' if n in chosen else ''}: gain {format_value(r['gain'])}, forgetting {format_value(r['forgetting'])}, "
                       f"margin {_span(r['margin'])}: {r['status']}" + (f", dominated by {r['dominated_by']}" if r["dominated_by"] else "")
-                      for n, r in curve["points"].items()] + [""]  # fmt: skip
+                      for n, r in curve["points"].items()] + [""]
     if result.overall:
         lines += ["## Every point of every budget", "", f"- {overall_sentence(result.overall)[0].upper()}{overall_sentence(result.overall)[1:]}.", ""]
     notes = grid_lines(result.grids)

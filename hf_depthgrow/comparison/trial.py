@@ -81,7 +81,7 @@ def train_config(spec: TrialSpec, inputs: TrialInputs):
         lr_scheduler=spec.scheduler, warmup_steps=spec.warmup_steps, decay_ratio=spec.decay_ratio, seed=spec.seed,
         fallback=True, selection_max_examples=inputs.selection_max_examples, save_final_model=False, progress_bar=False,
         logging_steps=total, gradient_checkpointing=inputs.gradient_checkpointing, **inputs.tracking, run_name=f"{spec.arm.name}-lr{spec.learning_rate:g}-seed{spec.seed}", **extra,
-    )  # fmt: skip
+    )
 
 
 def block_seed(grow_kwargs: dict | None, seed: int) -> int:
@@ -217,7 +217,7 @@ def _score(trainer, budget: int, inputs: TrialInputs, started: float, result: Tr
     units = trainer.units_seen if trainer.nonfinite is None else _planned_units(trainer, budget)
     return BudgetScore(steps=budget, units_seen=units, heldout_loss=heldout, selected=selected, train_losses=losses,
                        test=test, test_weight=weight, retention=ret, retention_weight=ret_weight,
-                       seconds=time.perf_counter() - started)  # fmt: skip
+                       seconds=time.perf_counter() - started)
 
 
 def _planned_units(trainer, budget: int) -> int:
@@ -226,7 +226,7 @@ def _planned_units(trainer, budget: int) -> int:
 
     accum, world = trainer.config.gradient_accumulation_steps, trainer.accelerator.num_processes
     return sum(input_count(fetch(trainer.train_dataset, trainer.order.local_indices(p, r)), trainer.causal)
-               for p in range(budget * accum) for r in range(world))  # fmt: skip
+               for p in range(budget * accum) for r in range(world))
 
 
 # ---------------------------------------------------------------------------- scoring

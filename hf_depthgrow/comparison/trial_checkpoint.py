@@ -95,7 +95,7 @@ class TrialCheckpoint:
         try:
             save_file({k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}, str(tmp / TENSORS_FILE))
             header = {"format": FORMAT, "name": self.name, "key": self.key, "events_done": self.events_done, "step": self.step,
-                      "state": self.state}  # fmt: skip
+                      "state": self.state}
             (tmp / ENTRY_FILE).write_text(json.dumps(header, allow_nan=False, sort_keys=True), encoding="utf-8")
             write_digest(tmp)  # last: a folder with a valid digest holds every file it lists
             os.rename(tmp, folder)
@@ -115,7 +115,7 @@ class TrialCheckpoint:
         if header.get("format") != FORMAT or TENSORS_FILE not in files:
             raise ValueError(f"{folder} is not a trial checkpoint of this version (format {header.get('format')!r})")
         return cls(header["name"], int(header["events_done"]), int(header["step"]), load_bytes(files[TENSORS_FILE]), header["state"],
-                   header.get("key"))  # fmt: skip
+                   header.get("key"))
 
 
 def capture(trainer, result, events_done: int, seconds: float) -> TrialCheckpoint | None:
@@ -142,7 +142,7 @@ def capture(trainer, result, events_done: int, seconds: float) -> TrialCheckpoin
         "units_seen": trainer.units_seen, "seconds": seconds, "param_groups": optimizer["param_groups"], "optimizer_scalars": scalars,
         "scheduler": trainer.scheduler.state_dict(), "rng": {k: v for k, v in rng.items() if not torch.is_tensor(v) and k != "cuda"},
         "result": meta,
-    }  # fmt: skip
+    }
     if "cuda" in rng:
         tensors.update({f"{_RNG}cuda.{i}": t for i, t in enumerate(rng["cuda"])})
     return TrialCheckpoint(result.spec.name, events_done, trainer._step, tensors, json.loads(json.dumps(state)))

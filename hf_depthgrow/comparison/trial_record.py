@@ -47,7 +47,7 @@ class TrialSpec:
     def to_dict(self) -> dict:
         return json_safe({"arm": self.arm.to_dict(), "learning_rate": self.learning_rate, "seed": self.seed,
                           "budgets": list(self.budgets), "warmup_steps": self.warmup_steps, "scheduler": self.scheduler,
-                          "decay_ratio": self.decay_ratio, "rungs": list(self.rungs)})  # fmt: skip
+                          "decay_ratio": self.decay_ratio, "rungs": list(self.rungs)})
 
 
 @dataclass
@@ -101,7 +101,7 @@ def result_entry(result: TrialResult) -> tuple[dict, dict]:
         "seconds": result.seconds, "heldout_curve": [[int(s), float(v)] for s, v in result.heldout_curve],
         "scores": {str(b): {"units_seen": s.units_seen, "heldout_loss": s.heldout_loss, "selected": s.selected,
                             "train_losses": s.train_losses, "seconds": s.seconds} for b, s in result.scores.items()},
-    }  # fmt: skip
+    }
     tensors = {}
     for b, s in result.scores.items():
         for name in _ARRAYS:
@@ -143,10 +143,10 @@ def rebuild_result(spec: TrialSpec, meta: dict, tensors: dict, *, partial: bool 
         arrays = {n: tensors[f"{b}.{n}"].numpy() if f"{b}.{n}" in tensors else None for n in _ARRAYS}
         scores[int(b)] = BudgetScore(steps=int(b), units_seen=int(s["units_seen"]), heldout_loss=_float(s["heldout_loss"]),
                                      selected=s["selected"], train_losses={k: _float(v) for k, v in s["train_losses"].items()},
-                                     seconds=float(s["seconds"]), **arrays)  # fmt: skip
+                                     seconds=float(s["seconds"]), **arrays)
     if sorted(scores) != sorted(spec.budgets) and meta["stopped_at"] is None and not partial:
         raise ValueError(f"it holds budgets {sorted(scores)}, not {list(spec.budgets)}")
     return TrialResult(spec, scores, [(int(s), _float(v)) for s, v in meta["heldout_curve"]], meta["stopped_at"],
-                       int(meta["trainable_parameters"]), float(meta["seconds"]))  # fmt: skip
+                       int(meta["trainable_parameters"]), float(meta["seconds"]))
 
 

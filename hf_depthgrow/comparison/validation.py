@@ -111,7 +111,7 @@ class ProbeValidation:
             lines += ["", f"## Does the ranking hold from {budgets[0]} to {budgets[-1]} steps?", "",
                       "| predictor | " + " | ".join(f"Spearman at {b}" for b in budgets) + " | "
                       + " | ".join(f"regret at {b}" for b in budgets) + " | Spearman within at "
-                      + ", ".join(str(b) for b in budgets) + " |", "|---" * (2 + 2 * len(budgets)) + "|"]  # fmt: skip
+                      + ", ".join(str(b) for b in budgets) + " |", "|---" * (2 + 2 * len(budgets)) + "|"]
             for row in across["predictors"]:
                 gain, within = row.get("gain") or {}, row.get("within") or {}
                 cells = [format_value(x) for x in gain.get("spearman", [])] + [format_value(x) for x in gain.get("regret", [])]
@@ -120,7 +120,7 @@ class ProbeValidation:
             held = across["smallest_ranks_largest"]
             lines += ["", f"The realized gains at {budgets[0]} steps rank those at {budgets[-1]} at Spearman "
                       f"{format_value(held['spearman'])} (p {format_value(held['p_value'])}; regret of the smaller budget's "
-                      f"best position {format_value(held['regret'])})."]  # fmt: skip
+                      f"best position {format_value(held['regret'])})."]
         return "\n".join(lines) + "\n"
 
     def _markdown_body(self) -> list[str]:
@@ -135,7 +135,7 @@ class ProbeValidation:
             "| k | realized delta | interval | " + " | ".join(self.seeds_header())
             + (" | forgetting | its upper bound | within budget" if forgets else "") + " |",
             "|---|---|---|" + "---|" * (len(self.seeds) + 3 * forgets),
-        ]  # fmt: skip
+        ]
         for i, k in enumerate(self.positions):
             row = self.intervals["arms"][f"at:{k}"]
             per_seed = " | ".join(format_value(self.realized_by_seed[s][i]) for s in self.seeds)
@@ -145,7 +145,7 @@ class ProbeValidation:
                 within = "" if self.within is None else format_value(self.within[i])
                 extra = f" | {format_value(self.forgetting[i])} | {format_value(self.forgetting_high[i])} | {within}"
             lines.append(f"| {k} | {format_value(self.realized[i])} | [{format_value(row['low'])}, {format_value(row['high'])}]{mark} | "
-                         f"{per_seed}{extra} |")  # fmt: skip
+                         f"{per_seed}{extra} |")
         lines += ["", "| predictor | Spearman (p) | partial on depth (p) | top-1 hit | top-3 hit | regret | seconds |",
                   "|---|---|---|---|---|---|---|"]
         for row in self.table:
@@ -161,9 +161,9 @@ class ProbeValidation:
         if self.within_table:
             lines += ["", f"Within the forgetting budget ({format_value(self.max_forgetting)} nats; a position whose forgetting upper "
                       "bound exceeds it counts as the original kept, gain 0):", "",
-                      "| predictor | Spearman (p) | top-1 hit | regret |", "|---|---|---|---|"]  # fmt: skip
+                      "| predictor | Spearman (p) | top-1 hit | regret |", "|---|---|---|---|"]
             lines += [f"| {r['predictor']} | {format_value(r['spearman'])} ({format_value(r['p_value'])}) | {format_value(r['top1_hit'])} | "
-                      f"{format_value(r['regret'])} |" for r in self.within_table]  # fmt: skip
+                      f"{format_value(r['regret'])} |" for r in self.within_table]
         agreement = self.verdict_agreement()
         if agreement:
             lines += ["", f"The probe's \"improvable\" verdict agreed with a certified realized gain at {agreement['agree']} of "
@@ -207,7 +207,7 @@ def _forgetting(trials, original: dict, names: list[str], budget: int, cfg) -> t
         per_seed = [t.scores[budget].retention - original["retention"][0] for t in trials if t.spec.arm.name == n]
         rise[n] = np.mean(np.stack(per_seed), axis=0)
     bounds = corrected_intervals({n: -r for n, r in rise.items()}, delta=cfg.delta, method=cfg.method, kind=cfg.interval,
-                                 loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)  # fmt: skip
+                                 loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
     return [float(rise[n].mean()) for n in names], [float(-bounds["arms"][n]["low"]) for n in names]
 
 
@@ -223,10 +223,10 @@ def _view(results: dict, trials, original, names, positions, index: int, budget:
             diffs.setdefault(n, []).append(base - view.arm_result(n).test_per_example)
     averaged = {n: np.mean(np.stack(d), axis=0) for n, d in diffs.items()}
     intervals = corrected_intervals(averaged, delta=cfg.delta, method=cfg.method, kind=cfg.interval,
-                                    loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=seeds[0])  # fmt: skip
+                                    loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=seeds[0])
     realized = [float(averaged[n].mean()) for n in names]
     out = {"budget": budget, "realized_by_seed": by_seed, "realized": realized, "intervals": intervals,
-           "table": predictor_table(scores, realized, positions, n_permutations=n_permutations, seed=seeds[0])}  # fmt: skip
+           "table": predictor_table(scores, realized, positions, n_permutations=n_permutations, seed=seeds[0])}
     forgetting = _forgetting(trials, original, names, budget, cfg)
     if forgetting is not None:
         out.update(forgetting=forgetting[0], forgetting_high=forgetting[1], max_forgetting=cfg.max_forgetting)
@@ -333,7 +333,7 @@ def validate_probe(
     results, trials, original = oracle_trials(model, data, names, cfgs, probe_result, trials_dir)
     sweep_seconds = time.perf_counter() - started - probe_seconds
     scores, seconds = _predictor_scores(model, train_data, eval_data, positions, probe_result, predictors, cfg.batch_size, seeds[0],
-                                        lookahead_steps, retention_data)  # fmt: skip
+                                        lookahead_steps, retention_data)
     if probe_result is not None:
         seconds.update({k: probe_seconds for k in ("signal", "z") if k in seconds})
     verdicts = None
@@ -345,7 +345,7 @@ def validate_probe(
         ProbeValidation(positions=positions, seeds=seeds, learning_rate=lr, scores=scores, predictor_seconds=seconds, probe_verdicts=verdicts,
                         **_view(results, trials, original, names, positions, i, b, cfg, scores, n_permutations))
         for i, b in enumerate(budgets)
-    ]  # fmt: skip
+    ]
     final = views[-1]
     final.at_smaller_budgets = views[:-1]
     final.seconds = {"total": time.perf_counter() - started, "oracle_sweep": sweep_seconds, "probe": probe_seconds}

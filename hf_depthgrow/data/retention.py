@@ -25,7 +25,7 @@ def retention_source(source: str | None, task: str) -> str | None:
 
 
 def load_retention(source: str | None, model, tokenizer, *, block_size: int, max_examples: int | None, split: str = "test",
-                   seed: int = 0, blocks_per_document="auto"):  # fmt: skip
+                   seed: int = 0, blocks_per_document="auto"):
     """The retention rows for `model`: from `source` (a `load_data` source, `"auto"` or `None`), or `None` for none.
 
     Args:
@@ -50,4 +50,4 @@ def load_retention(source: str | None, model, tokenizer, *, block_size: int, max
 
         return pseudo_labelled(model, tokenizer, python_docs_texts(), block_size=block_size, max_examples=max_examples, seed=seed)
     return load_data(source, model=model, tokenizer=tokenizer, block_size=block_size, max_examples=max_examples, split=split,
-                     seed=seed, blocks_per_document=blocks_per_document)  # fmt: skip
+                     seed=seed, blocks_per_document=blocks_per_document)

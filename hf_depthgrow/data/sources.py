@@ -121,7 +121,7 @@ def _lm_dataset(tokenizer, texts, block_size: int, max_examples: int | None, *, 
 
     if per_document is not None:
         blocks, owners = sampled_document_blocks(tokenizer, texts, block_size, per_document=per_document,
-                                                 max_blocks=max_examples, seed=seed, documents=documents)  # fmt: skip
+                                                 max_blocks=max_examples, seed=seed, documents=documents)
         owners = np.asarray(owners, dtype=np.int64)
     else:
         blocks, owners = causal_lm_blocks(tokenizer, texts, block_size, max_blocks=max_examples, with_documents=True)

@@ -99,7 +99,7 @@ class StreamedBlocks(torch.utils.data.Dataset):
     streamed = True  # read in stream order (`training.data_order`), checked by `check` rather than row by row
 
     def __init__(self, open_texts: Callable[[], Iterable], tokenizer, block_size: int, num_blocks: int, *,
-                 skip: int = 0, eos_token_id: int | None = None, where: str = "the stream", window: int = _WINDOW):  # fmt: skip
+                 skip: int = 0, eos_token_id: int | None = None, where: str = "the stream", window: int = _WINDOW):
         if num_blocks < 1 or skip < 0 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1 and skip >= 0, got {num_blocks}, {block_size}, {skip}")
         eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
@@ -147,7 +147,7 @@ class StreamedBlocks(torch.utils.data.Dataset):
 
     def _short(self, have: int) -> str:
         return (f"{self.where} gives {have} training blocks of {self.block_size} tokens after the {self.skip} held-out "
-                f"blocks, fewer than the {self.num_blocks} the run needs: lower --max-steps or add data")  # fmt: skip
+                f"blocks, fewer than the {self.num_blocks} the run needs: lower --max-steps or add data")
 
     def check(self, model=None) -> StreamedBlocks:
         """Read the stream once to its last needed block: refuse a short stream, check token ids, fingerprint it."""
@@ -198,7 +198,7 @@ def _open_source(source: str, text_column: str | None, split: str) -> tuple[Call
         return (lambda: _read_local(path, text_column, None, lazy=True)[0]), path.name
     if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
         raise ValueError(f"{source!r} is not a local path, and the Hub is switched off (HF_HUB_OFFLINE): stream a local "
-                         "JSON-lines or text file, or a folder of them")  # fmt: skip
+                         "JSON-lines or text file, or a folder of them")
 
     def open_texts():
         import datasets
@@ -216,7 +216,7 @@ def _open_source(source: str, text_column: str | None, split: str) -> tuple[Call
 
 
 def stream_data(source: str, tokenizer, *, block_size: int, train_blocks: int, held_out_blocks: int = 0,
-                text_column: str | None = None, split: str = "train", model=None):  # fmt: skip
+                text_column: str | None = None, split: str = "train", model=None):
     """`(held_out, train_rows)`: the stream's first `held_out_blocks` blocks materialised, then `train_blocks` streamed.
 
     `source` is a local `.jsonl`/`.txt` file, a folder of such shards (read in name order), an embedded text corpus

@@ -159,7 +159,7 @@ def _bootstrap(d: np.ndarray, n_bootstrap: int, seed: int, confidence: float = 0
         sums, sizes = np.bincount(codes, weights=d, minlength=k), np.bincount(codes, minlength=k).astype(np.float64)
         if k < 2 and d.size >= 2:
             raise ValueError(f"a document-level bootstrap needs at least 2 documents; all {d.size} examples name one "
-                             "(resample the examples instead: no cluster key)")  # fmt: skip
+                             "(resample the examples instead: no cluster key)")
         if k < 2:
             return None
 
@@ -175,7 +175,7 @@ def _bootstrap(d: np.ndarray, n_bootstrap: int, seed: int, confidence: float = 0
 
     def run():
         return bootstrap(sample, statistic, n_resamples=n_bootstrap, batch=_BOOTSTRAP_CHUNK, vectorized=True,
-                         confidence_level=confidence, method="percentile", **seeded)  # fmt: skip
+                         confidence_level=confidence, method="percentile", **seeded)
 
     if n_bootstrap > 1:
         return run()

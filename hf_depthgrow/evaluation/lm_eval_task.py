@@ -222,7 +222,7 @@ def write_task_folder(documents: list[str], folder: str | os.PathLike, *, name: 
 
 
 def lm_eval_perplexity(model, tokenizer, documents, *, batch_size: int = 4, max_length: int | None = None,
-                       name: str = TASK_NAME, task=None, environment_report: bool = False) -> dict:  # fmt: skip
+                       name: str = TASK_NAME, task=None, environment_report: bool = False) -> dict:
     """Word perplexity, byte perplexity and bits per byte of `model` on `documents`, computed by lm-eval.
 
     Args:
@@ -263,19 +263,19 @@ def lm_eval_perplexity(model, tokenizer, documents, *, batch_size: int = 4, max_
             quiet.enter_context(_log_level("lm_eval", logging.ERROR))
             lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size, max_length=max_length)
             out = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False),
-                                          bootstrap_iters=0, log_samples=False, verbosity="ERROR")  # fmt: skip
+                                          bootstrap_iters=0, log_samples=False, verbosity="ERROR")
     finally:
         model.train(training)  # HFLM switches the model to eval mode
     results = out["results"][name]
     figures = {m: float(results[f"{m},none"]) for m in METRICS}
     if documents is not None:
         figures.update(num_docs=len(documents), num_bytes=sum(len(d.encode("utf-8")) for d in documents),
-                       num_words=sum(len(re.split(r"\s+", d)) for d in documents))  # fmt: skip
+                       num_words=sum(len(re.split(r"\s+", d)) for d in documents))
     return {**figures, "lm_eval": lm_eval.__version__}
 
 
 def lm_eval_retention(model, tokenizer, source, *, base=None, max_docs: int = 32, doc_chars: int = 2000, seed: int = 0,
-                      batch_size: int = 4, max_length: int | None = None) -> dict:  # fmt: skip
+                      batch_size: int = 4, max_length: int | None = None) -> dict:
     """lm-eval perplexities of the original and the grown (or fine-tuned) model on a retention text set.
 
     Args:
@@ -319,7 +319,7 @@ def lm_eval_retention(model, tokenizer, source, *, base=None, max_docs: int = 32
     name = "texts" if isinstance(source, (list, tuple)) else Path(str(source)).name if local else str(source)
     change = difference["bits_per_byte"]
     verdict = (f"lm-eval bits per byte on {name}: {old['bits_per_byte']:.4f} -> {new['bits_per_byte']:.4f} "
-               f"({change:+.4g}, positive = forgot)" + ("; identical figures" if identical else ""))  # fmt: skip
+               f"({change:+.4g}, positive = forgot)" + ("; identical figures" if identical else ""))
     return {
         "data": name,
         "num_docs": old["num_docs"],

@@ -241,7 +241,7 @@ def _assemble(collect: Collector, ids: list, *, mode: str, delta: float, loss_bo
         certified={k: details[k]["certified"] for k in INTERVALS}, metrics=metric_block, routes=route_block,
         prefix_index=prefix_index, n_bootstrap=n_bootstrap, seed=seed, seconds=time.perf_counter() - started,
         warnings=notes, models=models, example_documents=documents, cluster_key=cluster_key if clusters is not None else None,
-    )  # fmt: skip
+    )
 
 
 def describe_model(model: nn.Module) -> dict:

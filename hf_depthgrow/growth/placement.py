@@ -336,7 +336,7 @@ def _mergekit(config: dict, num_layers: int, model=None) -> list[PlacementEntry]
         models.add(source.get("model"))
         span = source.get("layer_range")
         if not (isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in span)
-                and 0 <= span[0] < span[1] <= num_layers):  # fmt: skip
+                and 0 <= span[0] < span[1] <= num_layers):
             raise ValueError(f"mergekit slice {i}: layer_range must be [a, b] with 0 <= a < b <= {num_layers}, got {span!r}")
         layers.extend(range(*span))
     if len(models) > 1:

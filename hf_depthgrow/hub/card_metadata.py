@@ -137,7 +137,7 @@ def eval_results(info: CardInfo) -> list[EvalResult]:
     data = e.get("dataset") or e.get("data") or (info.datasets or [None])[0]
     name = scrub_paths(dataset_ref(data)) if data else "unknown"
     common = dict(task_type=info.pipeline_tag or head_of(info.architectures)[0] or "other", dataset_type=name,
-                  dataset_name=name, dataset_split=str(e.get("split") or "test"))  # fmt: skip
+                  dataset_name=name, dataset_split=str(e.get("split") or "test"))
     metrics = [(t, n, json_number(e.get(k))) for k, t, n in _EVAL_METRICS if not (k == "mean_delta" and e.get(k) == e.get("delta"))]
     confidence = e.get("confidence") if e.get("confidence") is not None else (1 - e["level"] if e.get("level") is not None else None)
     level = f"{confidence:.0%} " if isinstance(confidence, (int, float)) else ""

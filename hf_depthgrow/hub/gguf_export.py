@@ -79,7 +79,7 @@ def _family_problem(model) -> str | None:
         pattern = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(config.num_hidden_layers)]
         checks["layer_types must alternate sliding/full from layer 0, as llama.cpp's gemma2 assumes (grow in pairs, "
                "e.g. [{'at': k, 'copy_from': k - 2}, {'at': k, 'copy_from': k - 1}] for an even k)"] = (
-            list(getattr(config, "layer_types", None) or pattern) == pattern)  # fmt: skip
+            list(getattr(config, "layer_types", None) or pattern) == pattern)
     if model_type == "gemma3_text":
         checks.update(_gemma3_checks(config, head_dim))
     failed = [text for text, ok in checks.items() if not ok]
@@ -107,7 +107,7 @@ def _gemma3_checks(config, head_dim: int) -> dict:
         f"query_pre_attn_scalar must equal head_dim ({head_dim})": config.query_pre_attn_scalar == head_dim,
         "attn_logit_softcapping and final_logit_softcapping must be off (llama.cpp's gemma3 has none)":
             not config.attn_logit_softcapping and not config.final_logit_softcapping,
-    }  # fmt: skip
+    }
 
 
 def _growth_problem(model) -> str | None:
@@ -116,7 +116,7 @@ def _growth_problem(model) -> str | None:
     record = growth_record(model)
     if record is not None and record.adapters:
         return (f"the model carries {len(record.adapters)} adapter block(s) (block='adapter'), forward hooks that "
-                "llama.cpp cannot express: grow with block='native' to export a GGUF")  # fmt: skip
+                "llama.cpp cannot express: grow with block='native' to export a GGUF")
     layers = model.get_decoder().layers if hasattr(model, "get_decoder") else []
     if any(m._forward_hooks or m._forward_pre_hooks for layer in layers for m in layer.modules()):
         return "a decoder layer has forward hooks (adapters or others): its GGUF would not compute what the model does"
@@ -178,7 +178,7 @@ def _check_source(model, source_gguf) -> GGUFHeader:
     wanted = (ARCHITECTURES[config.model_type], base_layers, config.hidden_size, config.vocab_size)
     if found != wanted:
         raise ValueError(f"source GGUF {Path(source_gguf).name} is not this model's original: (architecture, block_count, "
-                         f"embedding_length, vocabulary) = {found}, the model's original has {wanted}")  # fmt: skip
+                         f"embedding_length, vocabulary) = {found}, the model's original has {wanted}")
     unwritable = sorted({gguf.GGMLQuantizationType(t).name.lower() for t, _ in header.tensors.values()} - set(DTYPES))
     if unwritable:
         raise ValueError(f"gguf.quants cannot write {', '.join(unwritable)} (in {Path(source_gguf).name}): pick another dtype")
@@ -223,7 +223,7 @@ def _hf_vocabulary(tokenizer, vocab_size: int) -> dict:
     # A custom split regex has no llama.cpp pre-tokenizer name to write: llama.cpp would split the text otherwise.
     if state.get("model", {}).get("type") != "BPE" or len(steps) > 1 or not byte_level or not byte_level[0].get("use_regex", True):
         raise ValueError("only a plain byte-level BPE tokenizer (GPT-2 style) can be written from a Hugging Face "
-                         "tokenizer: pass source_gguf= to copy the vocabulary of the GGUF the model came from")  # fmt: skip
+                         "tokenizer: pass source_gguf= to copy the vocabulary of the GGUF the model came from")
     vocab = tokenizer.get_vocab()
     if max(vocab.values()) >= vocab_size:
         raise ValueError(f"the tokenizer has ids up to {max(vocab.values())} but the model's vocabulary is {vocab_size}")
@@ -338,7 +338,7 @@ def _metadata(writer, model, tokenizer, header: GGUFHeader | None, name: str | N
 
 
 def export_gguf(model, tokenizer, path: str | os.PathLike, *, dtype: str = "f16", source_gguf: str | os.PathLike | None = None,
-                name: str | None = None, overwrite: bool = False) -> Path:  # fmt: skip
+                name: str | None = None, overwrite: bool = False) -> Path:
     """Write `model` (ungrown or natively grown) as a llama.cpp GGUF file, atomically.
 
     Args:
@@ -407,5 +407,5 @@ def _disk_full(err: OSError, path: Path, nbytes: int) -> OSError:
     free = shutil.disk_usage(path.parent).free
     out = NoSpaceError(path.parent)
     out.strerror = (f"no space left on {path.parent} (the GGUF needs about {nbytes / 1e6:.1f} MB, {free / 1e6:.1f} MB free): "
-                    f"nothing was written{' and the existing file is unchanged' if path.exists() else ''}")  # fmt: skip
+                    f"nothing was written{' and the existing file is unchanged' if path.exists() else ''}")
     return out

@@ -288,7 +288,7 @@ def push_to_hub(
         if revision not in (None, constants.DEFAULT_REVISION):
             api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
         info = _upload(api, folder, repo_id, public, revision=revision, commit_message=commit_message or DEFAULT_COMMIT_MESSAGE,
-                       create_pr=create_pr or None)  # fmt: skip
+                       create_pr=create_pr or None)
     except _network_errors() as err:
         raise HubUnreachableError(
             f"the Hugging Face Hub at {hub} is unreachable ({type(err).__name__}: {err}). Check the network, or push to "
@@ -391,7 +391,7 @@ def push_model_to_hub(
         raise TypeError(f"push_model_to_hub got unexpected arguments {unknown}; push options are {sorted(_PUSH_KWARGS)}")
     # Offline, no token or a bad revision: said before the model is written (a save can take minutes and gigabytes).
     _check_can_push(push_kwargs.get("endpoint"), push_kwargs.get("token"), create_pr=push_kwargs.get("create_pr", False),
-                    revision=push_kwargs.get("revision"))  # fmt: skip
+                    revision=push_kwargs.get("revision"))
     extra = _extra_files(extra_files)
     readme = _model_card(model, card, repo_id=repo_id, adapters_only=adapters_only, base_model=base_model)
     with tempfile.TemporaryDirectory(prefix="hf_depthgrow-push-") as tmp:

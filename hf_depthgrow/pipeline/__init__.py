@@ -22,4 +22,4 @@ from .summary import summary_markdown
 __all__ = [
     "MARKER", "HubUnreachable", "PushFailed", "RunConfig", "RunResult", "check_output_dir", "claim_output_dir", "record_outputs",
     "run_pipeline", "staged_output", "summary_markdown",
-]  # fmt: skip
+]

@@ -94,7 +94,7 @@ class RunConfig:
         default_factory=lambda: [NONE],
         metadata={"help": "Experiment trackers (Accelerate's): tensorboard, wandb (several allowed) or none. Logs the probe, "
                           "training and held-out losses, and the test-risk delta with its intervals.", "choices": [NONE, *REPORT_TO]},
-    )  # fmt: skip
+    )
     logging_dir: str | None = field(default=None, metadata={"help": "Where trackers write (runs probe, grown, control); default: <output_dir>/logs."})
     project_name: str = field(default=DEFAULT_PROJECT, metadata={"help": "Project name in the trackers (the W&B project)."})
     trust_remote_code: bool = shared_field("trust_remote_code", False)

@@ -35,7 +35,7 @@ def load_retention(run) -> None:
     run.retention_data = load_data(
         cfg.retention_data, model=run.model, tokenizer=run.tokenizer, block_size=cfg.block_size,
         max_examples=cfg.retention_max_examples, seed=cfg.seed,
-    )  # fmt: skip
+    )
 
 
 def keep_original(run) -> None:
@@ -92,13 +92,13 @@ def train_control(run) -> None:
     run.log(f"training the equal-budget control ({_describe(plan)}) for {config.max_steps} steps")
     # The control starts from the original, as the growth did: the growth's step-0 losses are the control's.
     result = train(run.control_model, run.splits["train"], config=config, eval_data=run.splits["held_out"],
-                   original_losses=run.train_result.original_losses)  # fmt: skip
+                   original_losses=run.train_result.original_losses)
     run.control_model, run.control_result = result.model, result
     # loss.png was drawn after the growth trained: again, with the control's curves beside the growth's.
     from ..plots import plot_training
 
     plot_training(run.train_result, run.out / "train" / "loss.png", control=result, control_label=f"control ({_describe(plan)})",
-                  title=f"grown at k = {', '.join(map(str, run.positions))} against the equal-budget control")  # fmt: skip
+                  title=f"grown at k = {', '.join(map(str, run.positions))} against the equal-budget control")
     grown = run.train_result
     expected = grown.num_trainable_parameters if plan["kind"] == "layers" else plan["parameters"]
     if result.num_trainable_parameters != expected:
@@ -124,7 +124,7 @@ def evaluate_control(run) -> None:
     result = compare_models(
         run.control_model, run.model, run.splits["test"], delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed,
         batch_size=cfg.batch_size, progress=cfg.progress, reuse=reuse,
-    )  # fmt: skip
+    )
     result.models["old"]["name_or_path"] = f"{run.base_name} control ({_describe(run.control_plan)})"
     result.models["new"]["name_or_path"] = f"{run.base_name} grown at {run.positions}"
     title = f"Growth at {run.positions} vs the equal-parameter control"

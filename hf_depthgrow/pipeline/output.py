@@ -491,7 +491,7 @@ def _keep_foreign(old: Path, out: Path, theirs: list[str]) -> None:
         (old / MARKER).unlink(missing_ok=True)  # no longer this tool's to remove: it holds the user's files
         old.rename(kept)
         warnings.warn(f"the previous {out.name} held files hf-depthgrow did not write, under names the new output uses: "
-                      f"kept the previous folder as {kept.name}", stacklevel=3)  # fmt: skip
+                      f"kept the previous folder as {kept.name}", stacklevel=3)
         return
     for f in theirs:
         (out / f.rstrip("/")).parent.mkdir(parents=True, exist_ok=True)

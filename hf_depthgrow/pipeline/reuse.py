@@ -58,7 +58,7 @@ def _reuse(run, kind: str, parts: dict, read, name: str | None = None):
 def _probe_parts(run) -> dict:
     cfg = run.cfg
     return {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "train": run.fingerprints["train"],
-            "batch_size": cfg.batch_size, "max_batches": cfg.probe_max_batches, **run.grow_kwargs}  # fmt: skip
+            "batch_size": cfg.batch_size, "max_batches": cfg.probe_max_batches, **run.grow_kwargs}
 
 
 def load_probe(run):
@@ -82,13 +82,13 @@ def probe_again(run):
     run.reused.pop("probe", None)
     cfg = run.cfg
     return probe(run.model, run.splits["train"], batch_size=cfg.batch_size, max_batches=cfg.probe_max_batches, progress=cfg.progress,
-                 keep_gradients=True, **run.grow_kwargs)  # fmt: skip
+                 keep_gradients=True, **run.grow_kwargs)
 
 
 def _stone_parts(run, k: int) -> dict:
     cfg = run.cfg
     return {"probe": _probe_parts(run), "held_out": run.fingerprints["held_out"], "position": k,
-            "stone_max_batches": cfg.stone_max_batches, "refine_steps": cfg.stone_refine_steps}  # fmt: skip
+            "stone_max_batches": cfg.stone_max_batches, "refine_steps": cfg.stone_refine_steps}
 
 
 def load_stones(run, k: int) -> tuple | None:
@@ -117,10 +117,10 @@ def _losses_parts(run, train_config) -> dict:
     # What the two passes' numbers depend on besides the rows: batch size, which rows, numerics. Not the
     # steps: where they switch the prefix cache on or off, the two paths compute the same losses (to the last bits).
     keep = ("per_device_train_batch_size", "per_device_eval_batch_size", "selection_max_examples", "seed", "fallback",
-            "mixed_precision", "chunked_loss", "loss_chunk_size", "prefix_cache_dtype")  # fmt: skip
+            "mixed_precision", "chunked_loss", "loss_chunk_size", "prefix_cache_dtype")
     settings = {k: v for k, v in asdict(train_config).items() if k in keep}
     return {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "train": run.fingerprints["train"],
-            "held_out": run.fingerprints["held_out"], "trainer": settings}  # fmt: skip
+            "held_out": run.fingerprints["held_out"], "trainer": settings}
 
 
 def load_original_losses(run, train_config):
@@ -151,7 +151,7 @@ def paired_losses(run, split: str, data, extra: dict | None = None):
     if run.cache.enabled:
         parts = {"model": run.fingerprints["model"], "device": run.fingerprints["device"], "rows": rows_fingerprint(data),
                  "batch_size": cfg.batch_size, "index": lowest_new_index(run.model), "sides": sides,
-                 "stones": _stone_parts(run, run.positions[0]) if extra else None}  # fmt: skip
+                 "stones": _stone_parts(run, run.positions[0]) if extra else None}
         known = _reuse(run, "paired_losses", parts, lambda entry: Collector.from_tensors(entry.meta["task"], entry.tensors), f"{split}_losses")
     collect, _ = run_paired(run.model, data, batch_size=cfg.batch_size, progress=cfg.progress, extra=extra, known=known)
     if parts is not None and known is None:

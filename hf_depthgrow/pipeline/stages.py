@@ -148,7 +148,7 @@ def _probe(run: _Run) -> None:
         run.probe_result = probe(
             run.model, train_ds, batch_size=cfg.batch_size, max_batches=cfg.probe_max_batches, progress=cfg.progress,
             keep_gradients=True, **run.grow_kwargs,
-        )  # fmt: skip
+        )
         reuse.store_probe(run)
     probe_dir = run.out / "probe"
     probe_dir.mkdir()
@@ -162,7 +162,7 @@ def _plot_probe(run: _Run, grown: bool) -> None:
     from ..probe.plots import plot_probe
 
     plot_probe(run.probe_result, run.out / "probe" / "probe.png", title=f"{Path(run.base_name).name}: first-order signal by depth",
-               chosen=run.positions if grown else [])  # fmt: skip
+               chosen=run.positions if grown else [])
 
 
 def _choose_positions(run: _Run) -> bool:
@@ -203,7 +203,7 @@ def _stepping_stones(run: _Run) -> None:
             if result.gradients is None:  # a probe from the cache keeps no G_S: the same probe again, with it
                 run.probe_result = result = reuse.probe_again(run)
             common = dict(batch_size=cfg.batch_size, max_batches=cfg.stone_max_batches, gradient=result.gradients[result.positions.index(k)],
-                          refine_steps=cfg.stone_refine_steps, progress=cfg.progress, **run.grow_kwargs)  # fmt: skip
+                          refine_steps=cfg.stone_refine_steps, progress=cfg.progress, **run.grow_kwargs)
             # One line-search set-up for both: the prefix below k and L_S(f_old) are computed once.
             stones = stepping_stones(run.model, k, run.splits["train"], run.splits["held_out"], **common)
             (run.stone_model, stone_s), (pop_model, stone_pop) = stones["train"], stones["held_out"]
@@ -233,19 +233,19 @@ def _grow_and_train(run: _Run) -> None:
         eval_steps=cfg.eval_steps, trainable=cfg.trainable, seed=cfg.seed, output_dir=str(run.out / "train"),
         save_final_model=False, selection_max_examples=cfg.selection_max_examples, progress_bar=cfg.progress,
         gradient_checkpointing=cfg.gradient_checkpointing, **run.trackers,
-    )  # fmt: skip
+    )
     # One tracker run holds the training and, after it, the test evaluation: the trainer writes into it.
     run.tracking = tracking.tracking_run(run_name="grown", config=cfg.to_dict(), **run.trackers)
     run.train_result = train(
         run.model, run.splits["train"], config=run.train_config, eval_data=run.splits["held_out"], stepping_stone=run.stone_model,
         accelerator=run.tracking.accelerator, original_losses=reuse.load_original_losses(run, run.train_config),
-    )  # fmt: skip
+    )
     reuse.store_original_losses(run, run.train_config, run.train_result.original_losses)
     run.model = run.train_result.model
     (run.out / "train").mkdir(exist_ok=True)
     (run.out / "train" / "train_result.json").write_text(json.dumps(run.train_result.to_dict(), indent=2, default=str))
     plot_training(run.train_result, run.out / "train" / "loss.png", title=f"{Path(run.base_name).name} grown at k = "
-                  f"{', '.join(map(str, run.positions))}: training")  # fmt: skip
+                  f"{', '.join(map(str, run.positions))}: training")
     run.lap("train")
 
 
@@ -265,7 +265,7 @@ def _evaluate(run: _Run) -> None:
     routes = route_inputs(
         run.model, n_train=len(train_ds), train_result=run.train_result, stone_pop=run.margin[0] if run.margin else None,
         stone=_stone_margin(run.test_losses) if stone else None, block_data=block_data, batch_size=cfg.batch_size,
-    )  # fmt: skip
+    )
     if run.margin:
         routes.sources["delta_r"] = run.margin[1]
     if stone:
@@ -276,7 +276,7 @@ def _evaluate(run: _Run) -> None:
     run.eval_result = evaluate_delta(
         run.model, test_ds, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size, routes=routes,
         losses=run.test_losses,
-    )  # fmt: skip
+    )
     run.tracking.log_evaluation(run.eval_result, cfg.train_steps)
     for side, name in (("old", f"{run.base_name} (new blocks bypassed)"), ("new", f"{run.base_name} grown at {run.positions}")):
         run.eval_result.models.setdefault(side, {})["name_or_path"] = name  # not a local path
@@ -324,7 +324,7 @@ def _save(run: _Run, summary: dict) -> None:
             repo_id=cfg.push_to_hub, probe=run.probe_result, training=run.train_result, evaluation=evaluation,
             config=config, command=run.command, datasets=[public_name(cfg.data)], license=cfg.license,
         )
-    )  # fmt: skip
+    )
     model_dir = save_pretrained(run.model, run.out / "model", tokenizer=run.tokenizer)  # a quantised base: merged, dequantised
     blocks_dir = save_quantized_blocks(run.model, run.out / "blocks")
     card.save(str(model_dir / "README.md"))

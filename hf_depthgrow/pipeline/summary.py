@@ -42,7 +42,7 @@ def placement_policy_summary(policy: str | None) -> dict | None:
     if policy != DEFAULT_TRACK_RECORD["policy"]:
         return {"policy": policy, "track_record": None, "line": f"placement policy: {policy} (not the validated default)"}
     record = {k: DEFAULT_TRACK_RECORD[k] for k in ("worst_relative_regret", "worst_task", "worst_regret", "worst_regret_task",
-                                                   "mean_spearman", "measured")}  # fmt: skip
+                                                   "mean_spearman", "measured")}
     return {"policy": policy, "track_record": record, "line": track_record_line()}
 
 
@@ -102,7 +102,7 @@ def _describe_control(c: dict) -> str:
         what = f"training layers {c['layers']} of the original, {params['control']:,} parameters"
     else:
         what = (f"LoRA rank {c['lora_r']} on every linear layer of the original, {params['control']:,} parameters "
-                f"vs {params['growth']:,} in the new blocks")  # fmt: skip
+                f"vs {params['growth']:,} in the new blocks")
     return f"{what}, same {steps} steps and {units:,} {c['unit']}"
 
 

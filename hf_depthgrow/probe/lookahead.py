@@ -109,7 +109,7 @@ def lookahead_scores(model: nn.Module, data, positions, *, eval_data, steps: int
                 grown, rows, eval_data=eval_rows, max_steps=steps, learning_rate=learning_rate,
                 per_device_train_batch_size=batch_size, seed=seed, fallback=False, save_final_model=False,
                 progress_bar=False, prefix_cache="memory" if k > 0 else "off", lr_scheduler="constant",
-            )  # fmt: skip
+            )
             drops[k] = float(result.eval_loss_before) - float(result.eval_loss_after)
             del grown, result
             _free()

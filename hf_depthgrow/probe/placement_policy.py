@@ -71,7 +71,7 @@ DEFAULT_PLACEMENT = "z"
 DEFAULT_TRACK_RECORD = {
     "policy": "z", "measured": 4, "worst_relative_regret": 0.5982694618438164, "worst_task": "vit-fashion-mnist-to-digits",
     "worst_regret": 0.2797953208663677, "worst_regret_task": "vit-fashion-mnist-to-digits", "mean_spearman": 0.3214285714285714,
-}  # fmt: skip
+}
 _FIXED = {"depth": lambda k: float(k), "bottom": lambda k: -float(k)}  # rules that need no committed score
 _TIE = 1e-12
 # Policies a `ProbeResult` holds everything for: the probe's recommendation can rank by them at no extra cost.
@@ -115,7 +115,7 @@ class TaskOracle:
     def __post_init__(self):
         if len(self.positions) < 2 or len(self.realized) != len(self.positions):
             raise ValueError(f"task {self.name!r}: needs >= 2 positions and one realized gain per position, got "
-                             f"{len(self.positions)} positions and {len(self.realized)} gains")  # fmt: skip
+                             f"{len(self.positions)} positions and {len(self.realized)} gains")
         bad = sorted(n for n, s in self.scores.items() if len(s) != len(self.positions))
         if bad:
             raise ValueError(f"task {self.name!r}: scores of {bad} do not have one value per position ({len(self.positions)})")
@@ -214,14 +214,14 @@ def policy_table(tasks: Sequence[TaskOracle], policies: Sequence[str] | None = N
             "policy": policy, "cost": POLICIES[policy], "tasks": per_task, "measured": len(per_task), "complete": len(per_task) == len(tasks),
             "worst_relative_regret": relative[worst], "worst_task": worst, "worst_regret": nats[worst_nats], "worst_regret_task": worst_nats,
             "mean_relative_regret": float(np.mean(list(relative.values()))), "mean_spearman": float(np.mean(rhos)), "min_spearman": float(min(rhos)),
-        })  # fmt: skip
+        })
     return sorted(rows, key=_order)
 
 
 def _order(row: dict) -> tuple:
     # Worst case first; equal worst cases (to rounding) by the mean, then Spearman, then cost (the POLICIES order).
     return (not row["complete"], round(row["worst_relative_regret"] / _TIE), round(row["mean_relative_regret"] / _TIE),
-            -row["mean_spearman"], list(POLICIES).index(row["policy"]))  # fmt: skip
+            -row["mean_spearman"], list(POLICIES).index(row["policy"]))
 
 
 def choose_default(rows: Sequence[dict]) -> dict:
@@ -243,10 +243,10 @@ def track_record(tasks: Sequence[TaskOracle]) -> dict:
         row["could_win"] = could_win(row, default)  # not measured everywhere, and its measured worst case is below the default's
     ranges = {t.name: {"positions": t.positions, "best_position": t.positions[int(np.argmax(t.realized))], "best_gain": max(t.realized),
                        "worst_position": t.positions[int(np.argmin(t.realized))], "worst_gain": min(t.realized),
-                       "range": max(t.realized) - min(t.realized)} for t in tasks}  # fmt: skip
+                       "range": max(t.realized) - min(t.realized)} for t in tasks}
     return {"tasks": [t.name for t in tasks], "task_gains": ranges, "policies": rows, "default": default["policy"],
             "rule": "smallest worst-case relative regret (regret / the task's best-minus-worst range) among policies measured on "
-                    "every task; ties: smaller mean relative regret, higher mean Spearman, then cost"}  # fmt: skip
+                    "every task; ties: smaller mean relative regret, higher mean Spearman, then cost"}
 
 
 def could_win(row: dict, default: dict) -> bool:
@@ -273,7 +273,7 @@ def track_record_markdown(record: dict) -> str:
         if not row["complete"]:
             worst += f", {row['measured']} of {len(tasks)} tasks: " + ("could still win" if could_win(row, default) else "cannot win")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {worst} | {row['worst_regret']:.3g} ({row['worst_regret_task']}) | "
-                     f"{row['mean_relative_regret']:.2f} | {row['mean_spearman']:.2f} | {row['cost']} |")  # fmt: skip
+                     f"{row['mean_relative_regret']:.2f} | {row['mean_spearman']:.2f} | {row['cost']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -290,4 +290,4 @@ def track_record_line(row: dict | None = None) -> str:
     return (f"placement policy: {row['policy']}, chosen for the smallest worst-case regret on "
             f"{row['measured']} committed oracle tasks: at worst {row['worst_relative_regret']:.2f} of a task's best-worst range "
             f"({row['worst_task']}), at worst {row['worst_regret']:.3g} nats ({row['worst_regret_task']}); mean Spearman "
-            f"{row['mean_spearman']:.2f}; it costs {POLICIES[row['policy']]} (docs/decisions.md, 'Where to place a block')")  # fmt: skip
+            f"{row['mean_spearman']:.2f}; it costs {POLICIES[row['policy']]} (docs/decisions.md, 'Where to place a block')")

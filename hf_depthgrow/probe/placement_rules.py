@@ -144,7 +144,7 @@ def skipped_layer_losses(model: nn.Module, retention_data, layers: Iterable[int]
     if bad:
         raise ValueError(f"layers {bad} are outside the stack (0..{depth - 1})")
     batches = checked_batches(model, retention_data, name="retention_data", where="the retention data", batch_size=batch_size,
-                              max_batches=max_batches)  # fmt: skip
+                              max_batches=max_batches)
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     try:

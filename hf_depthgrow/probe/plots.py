@@ -53,7 +53,7 @@ def probe_figure(result: ProbeResult, *, title: str | None = None, chosen=None):
     for i, position in enumerate(sorted(chosen)):
         for ax in (top, bottom):
             ax.axvline(position, color="tab:orange", ls=":", lw=1.5,
-                       label=f"{what} k = {', '.join(map(str, sorted(chosen)))}" if i == 0 and ax is bottom else None)  # fmt: skip
+                       label=f"{what} k = {', '.join(map(str, sorted(chosen)))}" if i == 0 and ax is bottom else None)
     bottom.set_ylabel("z-score")
     bottom.set_xlabel("insertion position k (0 = after embeddings, L = before final norm)")
     bottom.legend(loc="best", fontsize=8)

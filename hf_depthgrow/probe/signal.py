@@ -234,14 +234,14 @@ class _Stop:
         now = (rec["grow"], tuple(rec["positions"]))
         ses = sorted(se for _, se in pops if math.isfinite(se))
         self.trace.append({"batches": plan.batches, "grow": now[0], "positions": list(now[1]),
-                           "median_se": ses[len(ses) // 2] if ses else math.nan})  # fmt: skip
+                           "median_se": ses[len(ses) // 2] if ses else math.nan})
         self.same = self.same + 1 if now == self.last else 0
         self.last = now
         if plan.batches < self.MIN_BATCHES or self.same < self.patience or plan.batches == total:
             return False
         of = f" of at most {total}" if total is not None else ""
         self.reason = (f"stopped after {plan.batches}{of} batches: the recommendation ({'grow at' if now[0] else 'do not grow;'} "
-                       f"{list(now[1])}) did not change over the last {self.patience} batches")  # fmt: skip
+                       f"{list(now[1])}) did not change over the last {self.patience} batches")
         return True
 
 
@@ -275,7 +275,7 @@ def _position_rows(plan: _Plan, z_threshold: float, keep_gradients: bool) -> dic
             "mean_var": st.var_sum / st.tokens if st.tokens else math.nan,
             "min_var": st.var_min if st.tokens else math.nan,
             "gradients": per_param,
-        }  # fmt: skip
+        }
         for key, value in row.items():
             rows[key].append(value)
         for key, value in st.covariance().items():

@@ -251,7 +251,7 @@ def stepping_stone(
     """
     settings = dict(block=block, init=init, seed=seed, eps=eps, adapter_dim=adapter_dim, adapter_act=adapter_act, etas=etas,
                     expand=expand, max_expand=max_expand, refine_steps=refine_steps, max_batches=max_batches,
-                    collate_fn=collate_fn, batch_size=batch_size, gradient=gradient, progress=progress)  # fmt: skip
+                    collate_fn=collate_fn, batch_size=batch_size, gradient=gradient, progress=progress)
     return _stones(model, position, train_data, [direction_data], **settings)[0]
 
 
@@ -293,7 +293,7 @@ def stepping_stones(model: nn.Module, position: int, train_data, held_out, **kwa
 _STONE_SETTINGS = {
     name: param.default for name, param in inspect.signature(stepping_stone).parameters.items()
     if param.kind is param.KEYWORD_ONLY and name != "direction_data"
-}  # fmt: skip
+}
 
 
 def _stones(model, position, train_data, directions: list, *, block, init, seed, eps, adapter_dim, adapter_act, etas,
@@ -322,7 +322,7 @@ def _stones(model, position, train_data, directions: list, *, block, init, seed,
             position=position, block=block_kind, direction=source, eta=best, grad_norm=step.grad_norm, slope=step.slope,
             loss_old=loss_old, loss_stone=shared.cache[best], predicted_first_order=loss_old + best * step.slope,
             line_search=shared.trace, num_batches=len(batches), config=asdict(cfg), gradient=grad_dir,
-        )))  # fmt: skip
+        )))
     return stones
 
 

@@ -60,7 +60,7 @@ def calibrate(rows: list[dict], *, current: float = 2.0, thresholds=THRESHOLDS) 
             "cells": len(mine), "certified": sum(r["certified"] for r in mine),
             "before": agreement(mine, current), "said_before": sum(r["z"] > current for r in mine),
             "threshold": float(chosen), "after": agreement(mine, chosen), "said_after": sum(r["z"] > chosen for r in mine),
-        }  # fmt: skip
+        }
     return out
 
 

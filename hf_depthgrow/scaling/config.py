@@ -114,7 +114,7 @@ class StudyConfig:
         default="serial",
         metadata={"help": "Where cells run: serial (this process; under torchrun each process its share) or ray (each cell a "
                           'Ray Tune trial, local or --ray-address; pip install "hf_depthgrow[ray]").', "choices": ["serial", "ray"]},
-    )  # fmt: skip
+    )
     ray_address: str | None = field(default=None, metadata={"help": "engine ray: the cluster (host:port, ray://host:port or auto); none: a local Ray."})
     max_concurrent_trials: int | None = field(default=None, metadata={"help": "engine ray: cells at once (none: as many as the resources allow)."})
     resources_per_trial: int | None = field(default=None, metadata={"help": "engine ray: CPUs per cell (none: `threads`)."})

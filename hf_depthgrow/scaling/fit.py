@@ -214,7 +214,7 @@ def fit_power_law(
         *(float(v) for v in values), stderr=stderr, covariance=cov.tolist(), rss=rss, r2=float(r2), num_points=n, dof=dof,
         converged=bool(best.success), message="; ".join(notes) if notes else "ok", bootstrap=intervals,
         bootstrap_requested=bootstrap, bootstrap_succeeded=succeeded, confidence=confidence,
-    )  # fmt: skip
+    )
 
 
 def _check_settings(n_starts: int, bootstrap: int, confidence: float) -> None:

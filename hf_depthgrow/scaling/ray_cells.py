@@ -41,7 +41,7 @@ def run_cells_ray(config, specs: list[CellSpec], path_of, *, prepare=None, stora
             prepare()
         trainable = tune.with_parameters(_trainable, specs=specs, data=data, threads=config.threads, gpus=resources.get("gpu", 0))
         tune_units(trainable, resources, [s.stem for s in specs], what="cell", keep=lambda i, reported: save_cell(path_of(specs[i]), json.loads(reported["cell"])),
-                   max_concurrent=config.max_concurrent_trials, storage=storage, max_failures=max_failures)  # fmt: skip
+                   max_concurrent=config.max_concurrent_trials, storage=storage, max_failures=max_failures)
 
 
 def _trainable(config: dict, specs: list[CellSpec], data: dict, threads: int, gpus: float) -> None:

@@ -60,7 +60,7 @@ class CellSpec:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "grid": asdict(self.grid), "depth": self.depth, "width": self.width,
-                "data_size": self.data_size, "seed": self.seed}  # fmt: skip
+                "data_size": self.data_size, "seed": self.seed}
 
 
 def study_cells(config) -> list[CellSpec]:
@@ -85,7 +85,7 @@ def check_digest(path: str | Path, row: dict) -> None:
     """Refuse a stored cell whose content fails its digest (edited or damaged); one written before digests passes."""
     if "sha256" in row and row["sha256"] != _digest(row):
         raise ValueError(f"{path}: its content does not match its sha256 digest (edited or damaged): run the study again "
-                         "without --aggregate-only to recompute it")  # fmt: skip
+                         "without --aggregate-only to recompute it")
 
 
 def save_cell(path: str | Path, row: dict) -> Path:
@@ -133,4 +133,4 @@ def _check_same(path: Path, row: dict, spec: CellSpec) -> None:
     for key, there, here in pairs:
         if there != here:
             raise ValueError(f"{path} holds a cell computed with {key}={there!r}, this study has {here!r}: "
-                             "use another output_dir, or --overwrite to start afresh")  # fmt: skip
+                             "use another output_dir, or --overwrite to start afresh")

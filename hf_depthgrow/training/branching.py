@@ -57,7 +57,7 @@ def save_branch_point(trainer) -> BranchPoint:
         optimizer=copy.deepcopy(trainer.optimizer.state_dict()), scheduler=copy.deepcopy(trainer.scheduler.state_dict()),
         lambdas=list(trainer.scheduler.lr_lambdas), rng=torch.get_rng_state(), units_seen=trainer.units_seen,
         history=len(trainer.history), eval_history=len(trainer.eval_history), stopped=trainer.stopped, nonfinite=trainer.nonfinite,
-    )  # fmt: skip
+    )
 
 
 def retarget(trainer, total: int) -> None:

@@ -257,7 +257,7 @@ def check_state(path: str | os.PathLike, state: dict, max_steps: int | None = No
     accum = (state.get("config") or {}).get("gradient_accumulation_steps")
     if isinstance(accum, int) and state.get("micro_batches") != step * accum:
         raise _refuse(path, f"it contradicts itself: global_step {step} with {accum} micro-batches a step, but micro_batches "
-                            f"{state.get('micro_batches')!r}")  # fmt: skip
+                            f"{state.get('micro_batches')!r}")
     for key in ("history", "eval_history"):
         late = [s for s in map(_step_of, state.get(key) or []) if not isinstance(s, int) or s > step]
         if late:
@@ -347,7 +347,7 @@ def load_checkpoint(path: Path, accelerator, *, global_batch: int, sharded: bool
         if acc.distributed_type == "DEEPSPEED" and state["num_processes"] != acc.num_processes:
             # ZeRO's optimizer state is stored as one partition per process (no elastic / universal checkpoint here).
             raise ValueError(f"{path} holds DeepSpeed optimizer partitions of {state['num_processes']} processes, this run has "
-                             f"{acc.num_processes}: resume with {state['num_processes']}")  # fmt: skip
+                             f"{acc.num_processes}: resume with {state['num_processes']}")
         acc.load_state(str(path), **_engine_kwargs(acc, LOAD_KWARGS))  # weights, optimizer, scheduler (registered), RNG states
         # The engine's optimizer state is sharded: the scheduler's count is what can be checked here.
         check_counts(path, state["global_step"], scheduler_steps=scheduler.last_epoch, optimizer_state=None, scaled=True)

@@ -26,7 +26,7 @@ RESUME_MAY_CHANGE = (
     "prefix_cache", "prefix_cache_dir", "prefix_cache_batch_size", "merge_lora", "output_dir", "save_steps",
     "save_total_limit", "save_final_model", "resume_from_checkpoint", "ddp_timeout", "stop_after_step",
     "report_to", "logging_dir", "project_name", "run_name", "gradient_checkpointing",
-)  # fmt: skip
+)
 BOOL_FIELDS = ("merge_lora", "progress_bar", "fallback", "save_final_model", "gradient_checkpointing")
 
 
@@ -191,7 +191,7 @@ class TrainConfig:
         default=False,
         metadata={"help": "Recompute each layer above the frozen prefix in backward instead of keeping its activations "
                           "(non-reentrant: same gradients, less memory, about one more forward)."},
-    )  # fmt: skip
+    )
     seed: int = field(default=0, metadata={"help": "Seed of LoRA init, dropout and data order."})
     # evaluation and logging
     eval_steps: int = field(default=0, metadata={"help": "Evaluate every N steps; 0: before and after only."})
@@ -216,7 +216,7 @@ class TrainConfig:
         default="auto",
         metadata={"help": "Cross-entropy over chunks of tokens, one chunk's logits alive at a time: auto (where vocabulary x "
                           "tokens is large), on or off (the plain head).", "choices": list(CHUNKED_LOSS)},
-    )  # fmt: skip
+    )
     loss_chunk_size: int | None = field(default=None, metadata={"help": "Tokens per chunk where the loss is chunked; None: from the vocabulary."})
     # fallback rule
     fallback: bool = field(default=True, metadata={"help": "Select the better of trained/stepping-stone/original by L_S."})

@@ -130,7 +130,7 @@ def check_deepspeed_config(ds: dict, cfg, *, model: nn.Module, num_processes: in
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() != num_processes:
         # What a plain `Accelerator()` gives on CPU processes under a DeepSpeed launch: each would train alone.
         raise ValueError(f"accelerate counts {num_processes} process(es) but the process group has {torch.distributed.get_world_size()}: "
-                         "on CPU let GrownTrainer build the accelerator (deepspeed_support.deepspeed_accelerator)")  # fmt: skip
+                         "on CPU let GrownTrainer build the accelerator (deepspeed_support.deepspeed_accelerator)")
     zero = ds.get("zero_optimization") or {}
     stage = zero.get("stage", 0)
     if stage not in ZERO_STAGES:
@@ -151,10 +151,10 @@ def check_deepspeed_config(ds: dict, cfg, *, model: nn.Module, num_processes: in
         wider = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point() and p.dtype != torch.bfloat16})
         if wider:
             raise ValueError(f"DeepSpeed bf16 casts every weight to bf16, the frozen base included, but the model holds {wider}: "
-                             "load it in bfloat16 (--dtype bfloat16) or use mixed_precision no")  # fmt: skip
+                             "load it in bfloat16 (--dtype bfloat16) or use mixed_precision no")
     if any(hasattr(p, "ds_id") for p in model.parameters()):
         raise ValueError("the model is already ZeRO-3 partitioned (zero3_init_flag: true / deepspeed.zero.Init): "
-                         "grow_depth needs whole weights; load and grow it with zero3_init_flag: false")  # fmt: skip
+                         "grow_depth needs whole weights; load and grow it with zero3_init_flag: false")
 
     accum, micro = cfg.gradient_accumulation_steps, cfg.per_device_train_batch_size
     clip = float(cfg.max_grad_norm or 0.0)
@@ -165,7 +165,7 @@ def check_deepspeed_config(ds: dict, cfg, *, model: nn.Module, num_processes: in
         "gradient_clipping": clip,
     }
     source = {"gradient_accumulation_steps": "gradient_accumulation_steps", "train_micro_batch_size_per_gpu": "per_device_train_batch_size",
-              "train_batch_size": "per_device_train_batch_size x gradient_accumulation_steps x processes", "gradient_clipping": "max_grad_norm"}  # fmt: skip
+              "train_batch_size": "per_device_train_batch_size x gradient_accumulation_steps x processes", "gradient_clipping": "max_grad_norm"}
     for key, value in wanted.items():
         if _is_auto(ds.get(key)):
             ds[key] = value
@@ -173,7 +173,7 @@ def check_deepspeed_config(ds: dict, cfg, *, model: nn.Module, num_processes: in
             raise ValueError(f"DeepSpeed {key}={ds[key]} but TrainConfig gives {value} ({source[key]}): set them equal, or 'auto' in the DeepSpeed config")
     if stage == 3 and cfg.output_dir and cfg.save_final_model and not zero.get("stage3_gather_16bit_weights_on_model_save"):
         raise ValueError("ZeRO-3 needs zero3_save_16bit_model: true (stage3_gather_16bit_weights_on_model_save) to write the final model; "
-                         "set it, or save_final_model false")  # fmt: skip
+                         "set it, or save_final_model false")
 
 
 def engine_backward(accelerator, loss: torch.Tensor, *, boundary: bool) -> None:

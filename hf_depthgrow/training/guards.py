@@ -126,15 +126,15 @@ def fingerprint_differences(stored: dict | None, current: dict) -> list[str]:
         diffs.append("the model differs (architecture, growth or parameter shapes)")
     elif "base" not in stored:
         diffs.append("the checkpoint records no hash of its base's weights (written by an older version), so the frozen base "
-                     "a resume would pair with its trained blocks cannot be checked")  # fmt: skip
+                     "a resume would pair with its trained blocks cannot be checked")
     elif stored["base"] != current["base"]:
         # Checkpoints hold the trainable set only: resuming would pair its new blocks with another frozen base.
         diffs.append("the starting model's weights differ (another base, fine-tune or revision of the same architecture: "
-                     "the checkpoint's trained blocks belong to the base it was trained on)")  # fmt: skip
+                     "the checkpoint's trained blocks belong to the base it was trained on)")
     if stored.get("data") != current["data"]:
         old, new = stored.get("data") or {}, current["data"]
         diffs.append(f"the training data differs (checkpoint: {old.get('rows')} rows, hash {old.get('sha256')}; "
-                     f"this run: {new['rows']} rows, hash {new['sha256']})")  # fmt: skip
+                     f"this run: {new['rows']} rows, hash {new['sha256']})")
     old_cfg, new_cfg = stored.get("config") or {}, current["config"]
     for key in sorted(set(old_cfg) | set(new_cfg)):
         if old_cfg.get(key) != new_cfg.get(key):
@@ -283,7 +283,7 @@ class OutputLock:
         if holder is None and time.time() - self.path.stat().st_mtime < 10:
             holder = {"pid": "?", "host": "?"}  # being written right now
         stale = holder is None or (holder.get("host") == self.owner["host"] and isinstance(holder.get("pid"), int)
-                                   and holder["pid"] != self.owner["pid"] and not pid_alive(holder["pid"]))  # fmt: skip
+                                   and holder["pid"] != self.owner["pid"] and not pid_alive(holder["pid"]))
         if not stale:
             raise OutputDirLockedError(
                 f"{self.path.parent} is in use by another hf_depthgrow run (pid {holder.get('pid')} on {holder.get('host')}): "

@@ -343,7 +343,7 @@ class FallbackCallback(TrainerCallback):
             raise NonFiniteTrainingLossError(
                 f"training diverged: the new blocks hold NaN/inf after step {state.global_step} ({', '.join(bad[:3])}); "
                 "the model is left as trained and must not be saved", state.global_step,
-            )  # fmt: skip
+            )
         self.result = self.decide(model, named, state.global_step, acc)
         setattr(model.config, FALLBACK_KEY, self.result.to_dict())
 
@@ -351,13 +351,13 @@ class FallbackCallback(TrainerCallback):
         """Both losses, `pick`, and the reset when `f_old` wins (see the class docstring)."""
         rows, order = self._rows, range(len(self._rows))
         kw = dict(model=model, stone=None, peft_model=None, index=None, cache=None, accelerator=acc,
-                  causal=is_causal_lm(model), batch_size=self.batch_size, progress=False)  # fmt: skip
+                  causal=is_causal_lm(model), batch_size=self.batch_size, progress=False)
         losses = {which: candidate_loss(which, rows, order, **kw) for which in ("new", "old")}
         if not math.isfinite(losses["new"]):
             raise NonFiniteTrainingLossError(
                 f"the trained model's loss on {self.data_name} is {losses['new']} (f_old: {losses['old']}); "
                 "the model is left as trained and must not be saved", step, losses["new"],
-            )  # fmt: skip
+            )
         selected, _, delta = pick(losses)
         reset = None
         if selected == "old":

@@ -51,7 +51,7 @@ QUANTIZE = ("4bit", "8bit")
 QUANT_BYTES = {"4bit": 0.5 + 4 / 64, "8bit": 1.0 + 4 / 64}
 ADAM_MOMENTS = 2
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 GiB = 2**30
 
 
@@ -324,7 +324,7 @@ def _activation_bytes(model: nn.Module, settings: PlanSettings, start: int) -> t
     transient = max(2 * saved["largest_tensor"], head_transient)
     total = body + saved["outside"] + head_saved + transient
     details = {"saved_per_layer": layers, "saved_outside": saved["outside"], "loss_head_saved": head_saved,
-               "loss_head_transient": head_transient, "tokens": tokens}  # fmt: skip
+               "loss_head_transient": head_transient, "tokens": tokens}
     return total, details
 
 
@@ -379,4 +379,4 @@ def plan_memory(config, settings: PlanSettings, device_memory: int | None = None
         trainable=settings.trainable, parameters=sum(p.numel() for p in model.parameters()), trainable_parameters=trainable,
         activation_bytes=activations, total_bytes=total, device_memory=device_memory,
         fits=None if device_memory is None else total <= device_memory, details=details, **per_device,
-    )  # fmt: skip
+    )

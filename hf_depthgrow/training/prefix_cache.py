@@ -381,7 +381,7 @@ def build_caches(model: nn.Module, train_rows, eval_rows, index: int | None, *, 
         return PrefixCache.build(
             model, rows, index, accelerator=accelerator, batch_size=config.prefix_cache_batch_size or eval_batch_size,
             storage=storage, dtype=config.prefix_cache_dtype, directory=cache_dir(config), progress=config.progress_bar, desc=desc,
-        )  # fmt: skip
+        )
 
     train_cache = build(train_rows, "prefix cache (train)")
     eval_cache = build(eval_rows, "prefix cache (eval)")

@@ -170,13 +170,13 @@ def fsdp2_plugin(*, reshard_after_forward: bool = True, state_dict_type: str = "
     return FullyShardedDataParallelPlugin(
         fsdp_version=2, reshard_after_forward=reshard_after_forward, auto_wrap_policy="transformer_based_wrap",
         state_dict_type=state_dict_type,
-    )  # fmt: skip
+    )
 
 
 def fsdp2_accelerator(
     *, mixed_precision: str = "no", reshard_after_forward: bool = True, state_dict_type: str = "SHARDED_STATE_DICT",
     timeout_s: int = 1800, plugin=None,
-):  # fmt: skip
+):
     """An `Accelerator` on accelerate's FSDP2 path, on GPUs and on CPU processes (gloo) alike.
 
     Pass it to `GrownTrainer(..., accelerator=...)` / `train(..., accelerator=...)` in a script started
@@ -275,7 +275,7 @@ def launched_fsdp_accelerator(*, mixed_precision: str | None = None, timeout_s: 
     plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables the launcher set
     if plugin.fsdp_version != 2:
         raise ValueError(f"the launch config asks for FSDP{plugin.fsdp_version}; on CPU processes hf_depthgrow shards "
-                         "with FSDP2 only: set fsdp_version: 2 (recipes/accelerate_configs/fsdp.yaml)")  # fmt: skip
+                         "with FSDP2 only: set fsdp_version: 2 (recipes/accelerate_configs/fsdp.yaml)")
     if mixed_precision is None:
         mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
     return fsdp2_accelerator(mixed_precision=mixed_precision, timeout_s=timeout_s, plugin=plugin)

@@ -47,7 +47,7 @@ DEFAULT_PROJECT = "hf_depthgrow"
 _PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb>=0.19.10"}
 
 __all__ = ["REPORT_TO", "Tracking", "NO_TRACKING", "active_trackers", "check_available", "check_logging_dir", "check_report_to",
-           "log_probe_run", "make_accelerator", "make_trackers", "start_tracking", "trainer_tracking", "tracking_run"]  # fmt: skip
+           "log_probe_run", "make_accelerator", "make_trackers", "start_tracking", "trainer_tracking", "tracking_run"]
 
 
 def check_report_to(value, name: str = "report_to") -> list[str]:
@@ -196,7 +196,7 @@ class Tracking:
     def log_train(self, entry: Mapping, unit: str = "tokens") -> None:
         """One entry of the trainer's `history` (`step`, `loss`, `lr`, `grad_norm`, `<unit>_per_s`)."""
         self.log({"train/loss": entry["loss"], "train/learning_rate": entry.get("lr"), "train/grad_norm": entry.get("grad_norm"),
-                  f"train/{unit}_per_s": entry.get(f"{unit}_per_s")}, entry["step"])  # fmt: skip
+                  f"train/{unit}_per_s": entry.get(f"{unit}_per_s")}, entry["step"])
 
     def log_eval(self, step: int, loss: float) -> None:
         """The held-out loss at `step` (0: before training)."""
@@ -206,7 +206,7 @@ class Tracking:
         """The end of training: the final held-out loss, the fallback rule's training losses, `Delta_ERM`, the selected model's loss."""
         losses = {f"selection/loss_{k}": v for k, v in (result.train_losses or {}).items()}
         self.log({"eval/loss": result.eval_loss_after, **losses, "selection/delta_erm": result.delta_erm,
-                  "eval/loss_selected": result.eval_loss_selected}, step)  # fmt: skip
+                  "eval/loss_selected": result.eval_loss_selected}, step)
 
     def log_probe(self, probe) -> None:
         """The probe's per-position statistics, `probe/signal` and `probe/z`, with step = the position k."""
@@ -238,7 +238,7 @@ class Tracking:
                 row = ((stats.get(key) or {}).get("arms") or {}).get(arm.name)
                 if row:
                     values.update({f"compare/{arm.name}/{label}": row["mean"], f"compare/{arm.name}/{label}_low": row["low"],
-                                   f"compare/{arm.name}/{label}_high": row["high"]})  # fmt: skip
+                                   f"compare/{arm.name}/{label}_high": row["high"]})
             self.log(values, step)
 
     def finish(self) -> None:
@@ -258,7 +258,7 @@ NO_TRACKING = Tracking()  # shared by every run with report_to="none": it holds 
 
 
 def start_tracking(accelerator, report_to, *, logging_dir=None, project_name: str = DEFAULT_PROJECT,
-                   run_name: str = "train", config: Mapping | None = None) -> Tracking:  # fmt: skip
+                   run_name: str = "train", config: Mapping | None = None) -> Tracking:
     """Start a tracker run on `accelerator` (or write into the trackers its owner already started).
 
     Args:
@@ -301,7 +301,7 @@ def trainer_tracking(trainer) -> Tracking:
     """The tracker run of a `GrownTrainer` from its `TrainConfig` (`report_to`, `logging_dir`, `project_name`, `run_name`)."""
     cfg = trainer.config
     return start_tracking(trainer.accelerator, cfg.report_to, logging_dir=cfg.resolved_logging_dir(), project_name=cfg.project_name,
-                          run_name=cfg.resolved_run_name(), config=cfg.to_dict())  # fmt: skip
+                          run_name=cfg.resolved_run_name(), config=cfg.to_dict())
 
 
 def log_probe_run(probe, report_to, **kwargs) -> None:

@@ -67,7 +67,7 @@ STOP_EXIT_CODE = 17  # what `stop_after_step` exits with, so a test can tell it 
 # The names below `GrownTrainer`/`train` lived in this module before the split; re-exported so
 # `from hf_depthgrow.training.trainer import ...` keeps working.
 __all__ = ["GrownTrainer", "STOP_EXIT_CODE", "train", "CHECKPOINT_PREFIX", "FINAL_MODEL", "TRAINABLE_WEIGHTS",
-           "TRAINER_STATE", "PrefixCache", "TrainResult", "lora_target_names", "shares_prefix"]  # fmt: skip
+           "TRAINER_STATE", "PrefixCache", "TrainResult", "lora_target_names", "shares_prefix"]
 
 
 class GrownTrainer:
@@ -242,7 +242,7 @@ class GrownTrainer:
         self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.num_train_epochs * self.order.batches_per_epoch / accum))
         if self.streamed and self.total_steps * accum > self.order.batches_per_epoch:
             raise ValueError(f"the streamed training data holds {len(self.train_dataset)} rows, fewer than {self.total_steps} steps "
-                             f"x {accum * self.order.global_batch} rows per step: stream more blocks or lower max_steps")  # fmt: skip
+                             f"x {accum * self.order.global_batch} rows per step: stream more blocks or lower max_steps")
         self.warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * self.total_steps)
         # Not passed to `prepare`: accelerate's wrapper steps a scheduler once per process.
         self.scheduler = build_scheduler(cfg.lr_scheduler, optimizer, warmup=self.warmup, total=self.total_steps, decay_ratio=cfg.decay_ratio)
@@ -259,7 +259,7 @@ class GrownTrainer:
         self.train_cache, self.eval_cache, self.cache_info = build_caches(
             self.model, self.train_dataset, self.eval_dataset, self.prefix_index,
             config=self.config, accelerator=self.accelerator, eval_batch_size=self.eval_batch_size,
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ state, baselines, resume
 
@@ -281,7 +281,7 @@ class GrownTrainer:
         if cfg.fallback:
             self.baseline["old"] = reuse.train if reuse else self._dataset_loss(
                 self.train_dataset, self.selection_rows, which="old", cache=self.train_cache, desc="train loss (f_old)"
-            )  # fmt: skip
+            )
             if self.stone is not None:
                 self.stone.to(self.accelerator.device)
                 self.baseline["stepping_stone"] = self._dataset_loss(
@@ -297,20 +297,20 @@ class GrownTrainer:
             which, dataset, rows, model=self.model, stone=self.stone, peft_model=self.peft_model, index=self.prefix_index,
             cache=cache, accelerator=self.accelerator, causal=self.causal, batch_size=self.eval_batch_size,
             progress=self.config.progress_bar, desc=desc, chunk_size=self.config.loss_chunk,
-        )  # fmt: skip
+        )
 
     def _save_checkpoint(self, step: int):
         return save_checkpoint(
             self.accelerator, self.config.output_dir, step, sharded=self.sharded, named=self.trainable_named,
             optimizer=self.optimizer, scheduler=self.scheduler, trainer_state=trainer_state(self, step),
             save_total_limit=self.config.save_total_limit,
-        )  # fmt: skip
+        )
 
     def _load_checkpoint(self, path) -> int:
         state = load_checkpoint(
             path, self.accelerator, global_batch=self.order.global_batch, sharded=self.sharded,
             named=self.trainable_named, optimizer=self.optimizer, scheduler=self.scheduler,
-        )  # fmt: skip
+        )
         self.history, self.eval_history = state["history"], state["eval_history"]
         self.baseline = state["baseline"]
         self.units_seen = state["units_seen"]
@@ -346,7 +346,7 @@ class GrownTrainer:
             sync = contextlib.nullcontext() if i == accum - 1 else acc.no_sync(self.wrapped)
             with sync, activation_checkpointing(self.model, self.checkpoint_from, enabled=cfg.gradient_checkpointing):
                 el = batch_losses(self.wrapped, self.model, batch, r, self.train_cache, self.prefix_index, accelerator=acc, causal=self.causal,
-                                  chunk_size=self.config.loss_chunk)  # fmt: skip
+                                  chunk_size=self.config.loss_chunk)
                 total = el.total.sum()
                 # Sum of token losses over the global weight, times the process count because
                 # DDP (and DeepSpeed) average gradients over processes: the gradient of the global mean.
@@ -477,12 +477,12 @@ class GrownTrainer:
     def _stop_nonfinite(self, step: int, out: dict | None = None) -> bool:
         """Check a step's loss (`out`) or the trainable weights (`out=None`); `True`: stop (see `guards.nonfinite_stop`)."""
         self.nonfinite = nonfinite_stop(step, out, named=self.trainable_named, accelerator=self.accelerator,
-                                        sharded=self.sharded, fallback=self.config.fallback)  # fmt: skip
+                                        sharded=self.sharded, fallback=self.config.fallback)
         return self.nonfinite is not None
 
     def _log_step(self, step: int, out: dict, rate: float) -> None:
         entry = {"step": step, "loss": out["loss"], "lr": self.scheduler.get_last_lr()[0], f"{self.unit}_per_s": rate,
-                 "step_seconds": out["seconds"]}  # fmt: skip
+                 "step_seconds": out["seconds"]}
         if out["grad_norm"] is not None:
             entry["grad_norm"] = out["grad_norm"]
         self.history.append(entry)
@@ -527,7 +527,7 @@ class GrownTrainer:
         result.model = selected_model(
             result.selected, model=self.model, stone=self.stone, peft_model=self.peft_model,
             named=self.trainable_named, initial=self._initial, merge_lora=self.config.merge_lora,
-        )  # fmt: skip
+        )
         if result.selected == "old":
             result.eval_loss_selected = result.eval_loss_before
         elif result.selected == "stepping_stone" and self.eval_dataset is not None:
@@ -598,5 +598,5 @@ def train(
         raise ValueError(f"pass either config= or keyword arguments, not both (got {sorted(kwargs)})")
     config = config or TrainConfig(**kwargs)
     trainer = GrownTrainer(model, config, train_data, eval_data, stepping_stone=stepping_stone, tokenizer=tokenizer,
-                           accelerator=accelerator, original_losses=original_losses)  # fmt: skip
+                           accelerator=accelerator, original_losses=original_losses)
     return trainer.train()

@@ -51,9 +51,9 @@ def plateau_check(curve: list[tuple[int, float]], *, tolerance: float = 0.01, wi
     why = "" if len(points) >= 3 else f" (only {len(points)} evaluations in the window: too few to say)"
     text = (f"plateau check: held-out losses from step {points[0][0]} to {final} ({len(points)} evaluations, the last "
             f"{window:.0%} of the steps) lie within {deviation:.2%} of the last ({last:.4f}); drop over the window "
-            f"{drop:.2%}; tolerance {tolerance:.2%}: {'FLAT' if flat else 'NOT flat'}{why}")  # fmt: skip
+            f"{drop:.2%}; tolerance {tolerance:.2%}: {'FLAT' if flat else 'NOT flat'}{why}")
     return {"flat": flat, "window_start": points[0][0], "points": len(points), "last": last, "max_deviation": deviation,
-            "first_in_window": points[0][1], "drop": drop, "tolerance": tolerance, "window": window, "text": text}  # fmt: skip
+            "first_in_window": points[0][1], "drop": drop, "tolerance": tolerance, "window": window, "text": text}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def page_split(num_pages: int, cfg) -> dict[str, list[int]]:
     n_ret = max(1, round(cfg.retention_page_fraction * num_pages))
     n_held = max(1, round(cfg.base_heldout_page_fraction * num_pages))
     return {"retention": sorted(order[:n_ret]), "base_heldout": sorted(order[n_ret:n_ret + n_held]),
-            "base_train": sorted(order[n_ret + n_held:])}  # fmt: skip
+            "base_train": sorted(order[n_ret + n_held:])}
 
 
 def block_rows(tokenizer, texts: list[str], block_size: int, max_blocks: int | None, documents=None) -> list[dict]:
@@ -110,7 +110,7 @@ def sampled_rows(tokenizer, texts: list[str], block_size: int, max_blocks: int, 
     from hf_depthgrow.data import DOCUMENT_COLUMN, sampled_document_blocks
 
     blocks, owners = sampled_document_blocks(tokenizer, texts, block_size, per_document=per_document, max_blocks=max_blocks,
-                                             seed=seed, documents=list(documents))  # fmt: skip
+                                             seed=seed, documents=list(documents))
     ones = torch.ones(block_size, dtype=torch.long)
     return [{"input_ids": b, "attention_mask": ones, "labels": b, DOCUMENT_COLUMN: int(d)} for b, d in zip(blocks, owners)]
 
@@ -123,7 +123,7 @@ def build_base(cfg, vocab_size: int):
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                          num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
                          max_position_embeddings=cfg.block_size, tie_word_embeddings=True, bos_token_id=None, eos_token_id=1,
-                         pad_token_id=0)  # fmt: skip
+                         pad_token_id=0)
     return LlamaForCausalLM(config)
 
 
@@ -204,7 +204,7 @@ def train_base(model, train_rows: list[dict], heldout_rows: list[dict], cfg, log
     if cap:
         check["text"] += f"; the cap (base_max_steps={cfg.base_max_steps}) was hit before the curve was flat"
     return {"curve": curve, "plateau": check, "steps": curve[-1][0], "seconds": seconds, "cpu_seconds": cpu,
-            "tokens": curve[-1][0] * cfg.base_batch_size * cfg.block_size}  # fmt: skip
+            "tokens": curve[-1][0] * cfg.base_batch_size * cfg.block_size}
 
 
 def prepare_base(cfg, log=print):
@@ -247,7 +247,7 @@ def prepare_base(cfg, log=print):
     # Retention blocks sampled across the retention pages (documents), so its selection and test parts can be disjoint
     # pages and its bootstrap resamples pages, not neighbouring blocks of a few.
     retention = sampled_rows(tokenizer, text("retention"), cfg.block_size, cfg.retention_blocks, cfg.retention_per_page, cfg.seed,
-                             split["retention"])  # fmt: skip
+                             split["retention"])
     return model.eval(), tokenizer, retention, info
 
 

@@ -78,7 +78,7 @@ class RegimeStudyConfig:
     def __post_init__(self):
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "block_size", "vocab_sample_chars",
                      "base_train_blocks", "base_heldout_blocks", "retention_blocks", "retention_per_page", "base_batch_size", "base_min_steps",
-                     "base_max_steps", "base_eval_every", "heldout_blocks", "test_blocks", "batch_size", "min_char_count"):  # fmt: skip
+                     "base_max_steps", "base_eval_every", "heldout_blocks", "test_blocks", "batch_size", "min_char_count"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -132,7 +132,7 @@ class RegimeStudyConfig:
                              max_forgetting=self.max_forgetting,
                              seed=seed, n_bootstrap=self.n_bootstrap, progress=self.progress,
                              selection_max_examples=self.selection_max_examples, engine=self.engine,
-                             max_concurrent_trials=self.max_concurrent_trials, **grids)  # fmt: skip
+                             max_concurrent_trials=self.max_concurrent_trials, **grids)
 
     def oracle_config(self):
         """The `CompareConfig` of the oracle sweep: the continued training's, at `oracle_budgets` (the first seed's; the
@@ -147,5 +147,5 @@ class RegimeStudyConfig:
         keys = ("seed", "docs_chars", "vocab_sample_chars", "min_char_count", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                 "block_size", "retention_page_fraction", "base_heldout_page_fraction", "base_train_blocks", "base_heldout_blocks",
                 "base_batch_size", "base_learning_rate", "base_warmup_steps", "base_min_steps", "base_decay_steps", "base_final_learning_rate", "base_max_steps",
-                "base_eval_every", "plateau_tolerance", "plateau_window")  # fmt: skip
+                "base_eval_every", "plateau_tolerance", "plateau_window")
         return {k: getattr(self, k) for k in keys}

@@ -32,7 +32,7 @@ def regime_figures(cfg, model) -> dict:
     per = lambda budgets: [b * cfg.batch_size * cfg.block_size / block for b in budgets]  # noqa: E731
     tokens = [b * cfg.batch_size * cfg.block_size for b in cfg.budgets]
     return {"block_parameters": block, "tokens": tokens, "tokens_per_parameter": per(cfg.budgets), "span": cfg.budgets[-1] / cfg.budgets[0],
-            "oracle_budgets": cfg.oracle_budgets, "oracle_tokens_per_parameter": per(cfg.oracle_budgets or [])}  # fmt: skip
+            "oracle_budgets": cfg.oracle_budgets, "oracle_tokens_per_parameter": per(cfg.oracle_budgets or [])}
 
 
 def figures_text(cfg, figures: dict) -> str:
@@ -40,7 +40,7 @@ def figures_text(cfg, figures: dict) -> str:
     largest = figures["tokens_per_parameter"][-1]
     text = (f"tokens per trainable parameter of the one-block growth arm ({figures['block_parameters']:,} parameters): "
             + ", ".join(f"{b} steps: {x:.1f}" for b, x in zip(cfg.budgets, figures["tokens_per_parameter"]))
-            + f"; the largest {'>=' if largest >= 100 else 'BELOW'} 100; budgets span {figures['span']:g}x")  # fmt: skip
+            + f"; the largest {'>=' if largest >= 100 else 'BELOW'} 100; budgets span {figures['span']:g}x")
     if cfg.oracle_budgets:
         text += "; oracle sweep at " + ", ".join(f"{b} steps ({x:.1f})" for b, x in zip(cfg.oracle_budgets, figures["oracle_tokens_per_parameter"]))
     return text
@@ -66,12 +66,12 @@ def lookahead_pick(cfg, model, train_rows, heldout_rows, probe_result) -> dict:
     positions = list(range(cfg.num_layers + 1))
     cpu = time.process_time()
     scores = lookahead_scores(model, train_rows, positions, eval_data=heldout_rows, steps=cfg.lookahead_steps, batch_size=cfg.batch_size,
-                              seed=cfg.seeds[0])  # fmt: skip
+                              seed=cfg.seeds[0])
     pick = positions[int(np.argmax(scores))]
     key = lambda spec: [(e.at, e.source, e.init) for e in resolve_growth(spec, cfg.num_layers, probe_result=probe_result, seed=cfg.seed)]  # noqa: E731
     same = next((g for g in cfg.growth if key(g) == key(f"at:{pick}")), None)
     return {"positions": positions, "scores": [float(s) for s in scores], "pick": pick, "arm": f"at:{pick}", "same_as": same,
-            "cpu_seconds": time.process_time() - cpu}  # fmt: skip
+            "cpu_seconds": time.process_time() - cpu}
 
 
 def lookahead_text(pick: dict) -> str:
@@ -95,7 +95,7 @@ def run_oracle(cfg, model, data: dict, probe_result, learning_rate: float, trial
     positions = cfg.oracle_positions if cfg.oracle_positions is not None else list(range(cfg.num_layers + 1))
     return validate_probe(model, data["train"], data["held"], data["test"], positions=positions, seeds=cfg.oracle_seeds or cfg.seeds, learning_rate=learning_rate,
                           config=cfg.oracle_config(), probe_result=probe_result, predictors=tuple(cfg.oracle_predictors),
-                          lookahead_steps=cfg.lookahead_steps, retention_data=data["retention"], trials_dir=trials_dir)  # fmt: skip
+                          lookahead_steps=cfg.lookahead_steps, retention_data=data["retention"], trials_dir=trials_dir)
 
 
 def oracle_summary(validation) -> dict:
@@ -105,5 +105,5 @@ def oracle_summary(validation) -> dict:
     keep = ("budget", "realized", "forgetting", "forgetting_high", "within", "table", "within_table")
     out = {"positions": validation.positions, "seeds": validation.seeds, "learning_rate": validation.learning_rate,
            "max_forgetting": validation.max_forgetting, "budgets": [{k: getattr(v, k) for k in keep} for v in views],
-           "across_budgets": validation.across_budgets()}  # fmt: skip
+           "across_budgets": validation.across_budgets()}
     return out

@@ -19,7 +19,7 @@ def summarize(results: dict, base: dict, figures: dict, lookahead: dict | None =
                        "best_within": (v["frontier_detail"] or {}).get("best_within"), "verdict": v["verdict"]} for v in seeds[s]],
                        "crossover": curves.get("crossover_text"), "within_forgetting": curves.get("within_text"),
                        "validation": curves.get("validation_text"), "best_control": r.statistics.get("best_control"),
-                       "best_growth": r.statistics.get("best_growth"), "half": half_check(r)}  # fmt: skip
+                       "best_growth": r.statistics.get("best_growth"), "half": half_check(r)}
     first = next(iter(seeds.values()))
     table = []
     for i, view in enumerate(first):
@@ -33,9 +33,9 @@ def summarize(results: dict, base: dict, figures: dict, lookahead: dict | None =
                           "gain": {s: r["gain"] for s, r in rows.items()}, "gain_spread": max(gains) - min(gains),
                           "forgetting": {s: r["forgetting"] for s, r in rows.items()},
                           "forgetting_spread": (max(forget) - min(forget)) if forget else None,
-                          "on_frontier": [s for s in seeds if arm in (seeds[s][i]["frontier"] or [])]})  # fmt: skip
+                          "on_frontier": [s for s in seeds if arm in (seeds[s][i]["frontier"] or [])]})
     return {"seeds": list(results), "base": {k: v for k, v in base.items() if k != "curve"}, "base_curve": base.get("curve"),
-            "regime": figures, "per_seed": per_seed, "table": table, "lookahead": lookahead, "oracle": oracle}  # fmt: skip
+            "regime": figures, "per_seed": per_seed, "table": table, "lookahead": lookahead, "oracle": oracle}
 
 
 def half_check(result, n_bootstrap: int = 500, seed: int = 0) -> dict | None:
@@ -63,17 +63,17 @@ def half_check(result, n_bootstrap: int = 500, seed: int = 0) -> dict | None:
     last = small[-1]
     fresh = last.units_seen / last.epochs if last.epochs else None  # one pass over the training data, in tokens
     cross = predict_crossover([v.units_seen for v in small], losses, growth=growth, controls=controls, best_growth=g, best_control=c,
-                              n_bootstrap=n_bootstrap, seed=seed, fresh_tokens=fresh)["on_gain"]  # fmt: skip
+                              n_bootstrap=n_bootstrap, seed=seed, fresh_tokens=fresh)["on_gain"]
     rng, measured = np.random.default_rng(seed), []
     for v in large:
         lead = v.arm_result(c).test_per_example - v.arm_result(g).test_per_example  # > 0: growth's test loss is lower
         draws = [lead[rng.integers(0, len(lead), len(lead))].mean() for _ in range(n_bootstrap)]
         measured.append({"steps": v.steps, "tokens": v.units_seen, "lead": float(lead.mean()),
-                         "interval": [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]})  # fmt: skip
+                         "interval": [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]})
     ahead = [m["tokens"] for m in measured if m["interval"][0] > 0]
     return {"growth": g, "control": c, "fit_steps": [v.steps for v in small], "predicted": cross.get("text"),
             "predicted_tokens": cross.get("tokens"), "predicted_interval": cross.get("interval"), "measured": measured,
-            "measured_crossover_tokens": ahead[0] if ahead else None}  # fmt: skip
+            "measured_crossover_tokens": ahead[0] if ahead else None}
 
 
 def _half_lines(s, half: dict | None) -> list[str]:
@@ -81,7 +81,7 @@ def _half_lines(s, half: dict | None) -> list[str]:
         return []
     at = "; ".join(f"{m['steps']} steps {m['lead']:+.4f} [{m['interval'][0]:+.4f}, {m['interval'][1]:+.4f}]" for m in half["measured"])
     seen = (f"growth certainly ahead from {half['measured_crossover_tokens']:,} tokens on" if half["measured_crossover_tokens"]
-            else "growth not certainly ahead at any of them")  # fmt: skip
+            else "growth not certainly ahead at any of them")
     return [f"- seed {s}, fitted on {half['fit_steps']} steps only ({half['growth']} against {half['control']}, chosen on held-out at "
             f"{half['fit_steps'][-1]} steps): {half['predicted']}. Measured lead of growth (control's test loss minus growth's, "
             f"95% bootstrap) at the larger half: {at}: {seen}."]
@@ -95,13 +95,13 @@ def summary_markdown(summary: dict) -> str:
              f"{base['plateau']['text']}.",
              f"- One-block growth arm: {fig['block_parameters']:,} trainable parameters; tokens per trainable parameter at the "
              f"budgets: {', '.join(f'{x:.1f}' for x in fig['tokens_per_parameter'])} (budgets span {fig['span']:g}x).",
-             f"- Seeds (data order): {seeds}.", "", "## Verdicts", ""]  # fmt: skip
+             f"- Seeds (data order): {seeds}.", "", "## Verdicts", ""]
     lines += [f"- seed {s}: {p['verdict']}." for s, p in summary["per_seed"].items()]
     head = " | ".join(f"gain s{s}" for s in seeds) + " | gain spread | " + " | ".join(f"forgetting s{s}" for s in seeds)
     lines += ["", "## Per budget, every seed", "", "gain = paired test delta vs the original (nats, positive = better), forgetting = "
               "retention loss rise (positive = forgot), each with its corrected interval; spread = max - min of the seeds' means; "
               "F = on the gain x forgetting frontier in these seeds.", "",
-              f"| steps | arm | tok/param | {head} | forgetting spread | F |", "|---" * (6 + 2 * len(seeds)) + "|"]  # fmt: skip
+              f"| steps | arm | tok/param | {head} | forgetting spread | F |", "|---" * (6 + 2 * len(seeds)) + "|"]
     for row in summary["table"]:
         gains = " | ".join(_interval(row["gain"][s]) for s in seeds)
         forget = " | ".join(_interval(row["forgetting"][s]) for s in seeds)
@@ -142,7 +142,7 @@ def _oracle_lines(oracle: dict | None) -> list[str]:
     lines = ["", "## Oracle sweep over positions", "",
              f"One block at each of the positions {oracle['positions']}, seeds {oracle['seeds']}, learning rate {oracle['learning_rate']:g}; "
              f"gain = seed-averaged paired test delta (nats); forgetting = retention loss rise and its corrected upper bound; "
-             f"within = the gain where that bound is <= {oracle['max_forgetting']} nats, else 0 (the original kept)."]  # fmt: skip
+             f"within = the gain where that bound is <= {oracle['max_forgetting']} nats, else 0 (the original kept)."]
     for view in oracle["budgets"]:
         lines += ["", f"### {view['budget']} steps", "", "| k | gain | forgetting | its upper bound | within |", "|---|---|---|---|---|"]
         for i, k in enumerate(oracle["positions"]):
@@ -160,5 +160,5 @@ def _oracle_lines(oracle: dict | None) -> list[str]:
     if across:
         held = across["smallest_ranks_largest"]
         lines += ["", f"The realized gains at {across['budgets'][0]} steps rank those at {across['budgets'][-1]} at Spearman "
-                  f"{_num(held['spearman'])} (regret {_num(held['regret'])})."]  # fmt: skip
+                  f"{_num(held['spearman'])} (regret {_num(held['regret'])})."]
     return lines

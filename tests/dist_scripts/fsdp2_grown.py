@@ -43,7 +43,7 @@ def pretrain_base(path: Path, steps: int = 40) -> None:
 
     torch.manual_seed(SEED)
     config = LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=100)  # fmt: skip
+                         intermediate_size=128, vocab_size=100)
     model = LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     rows = lm_rows(256, seed=0)
@@ -159,7 +159,7 @@ def trainer_config(**overrides):
 
     world = overrides.pop("world", 2)
     defaults = dict(max_steps=6, per_device_train_batch_size=GLOBAL_BATCH // world, learning_rate=LR, logging_steps=1,
-                progress_bar=False, fallback=True, seed=5, eval_steps=0)  # fmt: skip
+                progress_bar=False, fallback=True, seed=5, eval_steps=0)
     return TrainConfig(**{**defaults, **overrides})
 
 
