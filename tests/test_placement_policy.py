@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("placement_track_record", ROOT / "recipes" / "placement_track_record.py")
+    spec = importlib.util.spec_from_file_location("placement_track_record", ROOT / "docs" / "decisions" / "placement" / "track_record.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["placement_track_record"] = module
     spec.loader.exec_module(module)
@@ -159,6 +159,6 @@ def test_added_scores_sit_on_the_oracles_positions_and_say_how_they_were_made():
         added = json.loads(path.read_text())
         validation = json.loads((folder / "probe_validation.json").read_text())
         assert added["positions"] == validation["positions"], name
-        assert added["command"].startswith("python recipes/placement_scores.py " + name), name
+        assert added["command"].startswith("python docs/decisions/placement/scores.py " + name), name
         assert not set(added["scores"]) & set(validation["scores"]), name  # added, never a second version of a committed score
         assert all(len(v) == len(validation["positions"]) for v in added["scores"].values()), name

@@ -20,7 +20,7 @@ import torch
 from hf_depthgrow import grow_depth
 from hf_depthgrow.testing import tiny_model
 from hf_depthgrow.training.config import TrainConfig
-from hf_depthgrow.training.guards import CheckpointMismatchError
+from hf_depthgrow.training.checkpoints import CheckpointMismatchError
 from hf_depthgrow.training.trainer import GrownTrainer, train
 
 

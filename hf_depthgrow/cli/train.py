@@ -141,8 +141,8 @@ def _resume_hint(config: TrainConfig):
 def _left_by_a_killed_run(out: Path) -> list[Path]:
     """What a run of this command killed before its end (no chance to record its files) left in `out`, provably its own:
     the checkpoints whose files match their digest, and the trainer's lock file."""
-    from ..training.checkpoints import list_checkpoints, verify_digest
-    from ..training.guards import LOCK_NAME, CheckpointIntegrityError
+    from ..training.checkpoints import CheckpointIntegrityError, list_checkpoints, verify_digest
+    from ..training.guards import LOCK_NAME
 
     found = [out / LOCK_NAME] if (out / LOCK_NAME).is_file() else []
     for checkpoint in list_checkpoints(out):

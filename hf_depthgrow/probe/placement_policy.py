@@ -65,7 +65,7 @@ POLICIES = {
     "adept": "one retention-set forward pass per candidate layer, and a retention set",
     "lookahead": "a few training steps at every candidate position",
 }
-# The choice on the committed oracle sweeps and its row (`recipes/placement_track_record.py` writes the table; a test
+# The choice on the committed oracle sweeps and its row (`docs/decisions/placement/track_record.py` writes the table; a test
 # recomputes both from the committed JSON).
 DEFAULT_PLACEMENT = "z"
 DEFAULT_TRACK_RECORD = {

@@ -1,9 +1,9 @@
 """The placement policies' track record on every committed oracle sweep, and the default it chooses.
 
-    python recipes/placement_track_record.py            # writes docs/decisions/placement/track_record.json and .md
-    python recipes/placement_track_record.py --check    # exit 1 if the library's default or its row differ from it
+    python docs/decisions/placement/track_record.py            # writes docs/decisions/placement/track_record.json and .md
+    python docs/decisions/placement/track_record.py --check    # exit 1 if the library's default or its row differ from it
 
-Reads each task's `probe_validation.json` and `placement_scores.json` (`recipes/placement_scores.py`) and nothing
+Reads each task's `probe_validation.json` and `placement_scores.json` (`docs/decisions/placement/scores.py`) and nothing
 else: no model is loaded. `hf_depthgrow.probe.placement_policy` holds the rules (regret, relative regret, Spearman,
 the worst case and the tie-break); `DEFAULT_PLACEMENT` and `DEFAULT_TRACK_RECORD` there must equal what this writes.
 """
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 DECISIONS = REPO / "docs" / "decisions"
 # Every committed oracle sweep, by the name the table prints.
 TASKS = {
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if same else 1
     from hf_depthgrow.utils import atomic_write_text, write_json
 
-    record["command"] = "python recipes/placement_track_record.py"
+    record["command"] = "python docs/decisions/placement/track_record.py"
     write_json(OUTPUT / "track_record.json", record)
     table = track_record_markdown(record)
     atomic_write_text(OUTPUT / "track_record.md", f"# Placement policies on the committed oracle sweeps\n\nRule: {record['rule']}.\n"

@@ -6,16 +6,16 @@ MIDAS, the per-layer gradient norm), computed on the same model, data and positi
 `placement_scores.json` next to it. It recomputes block influence too (a forward pass) and stores its largest
 difference from the committed scores: 0 up to float noise says the model and data are the oracle's.
 
-    python recipes/placement_scores.py smollm2-shakespeare
-    python recipes/placement_scores.py vit-fashion-mnist-to-digits --model runs/bases/vit/base/model
-    python recipes/placement_scores.py minilm-tweets --layers 6          # MIDAS only: the trained base is not committed
-    python recipes/placement_scores.py regime-study --base-dir runs/regime_study
+    python docs/decisions/placement/scores.py smollm2-shakespeare
+    python docs/decisions/placement/scores.py vit-fashion-mnist-to-digits --model runs/bases/vit/base/model
+    python docs/decisions/placement/scores.py minilm-tweets --layers 6          # MIDAS only: the trained base is not committed
+    python docs/decisions/placement/scores.py regime-study --base-dir runs/regime_study
 
 `smollm2-shakespeare`, `vit-fashion-mnist-to-digits` and `minilm-tweets` re-load what their committed `compare`
 command loaded (its `command.txt`; `--model` replaces the base folder). The committed runs predate per-document
 retention sampling, so the retention set is read as then: consecutive blocks (`--retention-blocks-per-document 0`).
 `regime-study` re-creates (or reuses, in `--base-dir`) the study's base with `recipes/configs/regime_study/default.yaml`
-and its Shakespeare training blocks. `recipes/placement_track_record.py` turns the scores into the policy table.
+and its Shakespeare training blocks. `docs/decisions/placement/track_record.py` turns the scores into the policy table.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the track-record script beside it names the tasks
 
-from placement_track_record import REPO, TASKS  # noqa: E402
+from track_record import REPO, TASKS  # noqa: E402
 # How the base of a task was made, where it is not in the repository (docs/decisions.md gives the same commands).
 BASES = {
     "vit-fashion-mnist-to-digits": "python recipes/image_classification.py --config "
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = TASKS[args.task]
     committed = json.loads((folder / "probe_validation.json").read_text())
     which = tuple(args.predictors or MISSING[args.task])
-    record = {"command": "python recipes/placement_scores.py " + shlex.join(argv if argv is not None else sys.argv[1:])}
+    record = {"command": "python docs/decisions/placement/scores.py " + shlex.join(argv if argv is not None else sys.argv[1:])}
     if args.task in BASES:
         record["base_made_by"] = BASES[args.task]
     started = time.perf_counter()
