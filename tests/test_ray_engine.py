@@ -326,8 +326,18 @@ def test_cli_resume_after_the_driver_is_killed_and_gather_give_the_uninterrupted
     for other in ("resumed", "gathered"):
         report = _timeless(json.loads((tmp_path / other / "compare.json").read_text()))
         assert report["budgets"] == whole["budgets"] and report["rows"] == whole["rows"], other
+    # The folder records its comparison: --gather rebuilds it from the folder alone, with no model or data to load.
+    with monkeypatch.context() as no_model:
+        _never_load(no_model)
+        alone = ["--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "no-data.txt")]
+        assert main(argv(tmp_path / "alone", "--gather", str(trials), *alone)) == 0
+    report = _timeless(json.loads((tmp_path / "alone" / "compare.json").read_text()))
+    assert report["budgets"] == whole["budgets"] and report["rows"] == whole["rows"]
     capsys.readouterr()
     out = tmp_path / "other"
+    assert main(argv(out, "--gather", str(trials), "--learning-rates", "1e-3")) == 2
+    _one_line(capsys, "learning_rates [0.001] (recorded: [0.003]) differ from the comparison recorded there")
+    (trials / "sweeps").rename(tmp_path / "sweeps-aside")  # an older store, without the record: rebuilt with the model and data
     assert main(argv(out, "--gather", str(trials), "--learning-rates", "1e-3")) == 2
     _one_line(capsys, "2 of 2 trials are not stored in", "top:1@lr0.001@seed0, layers@lr0.001@seed0")
     assert main(argv(out, "--gather", str(tmp_path / "nowhere"))) == 2

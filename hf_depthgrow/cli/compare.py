@@ -82,7 +82,8 @@ class CompareScript:
                           "from their last checkpoint (without it they start over); refused if there is nothing to resume."},
     )
     gather: str | None = field(
-        default=None, metadata={"help": "Rebuild the result from the trials stored in this folder (a --trials-dir), training nothing."}
+        default=None, metadata={"help": "Rebuild the result from the trials stored in this folder (a --trials-dir), training nothing; from the folder alone "
+                                   "(no model or data loaded) where it records its comparison, as compare --trials-dir now does."}
     )
     trust_remote_code: bool = shared_field("trust_remote_code", False)
 
@@ -188,7 +189,7 @@ def _logs(cfg: CompareConfig, out: Path, sub: str = "") -> CompareConfig:
 def _run(argv: list[str]) -> int:
     # Everything the command will run is imported now: a long run never picks up code edited meanwhile.
     from ..comparison import compare_plans
-    from ..comparison.gather import gathering
+    from ..comparison.gather import gathering, recorded_in
     from ..comparison.validation import validate_probe
     from ..growth.towers import resolve_family
     from ..pipeline.output import check_output_dir, staged_output
@@ -209,9 +210,37 @@ def _run(argv: list[str]) -> int:
         script, cfg = gathering(script, cfg)
     check_output_dir(script.output_dir, overwrite=script.overwrite, inputs={"model": script.model, "data": script.data})
     _check_trials_dir(script)
+    if script.gather is not None and recorded_in(script.gather):
+        return _gathered(script, cfg, argv)
     with contextlib.ExitStack() as stack:
         _ray_first(stack, cfg)  # an unreachable --ray-address or resources Ray lacks: one line, nothing loaded
         return _compare(script, cfg, argv)
+
+
+def _gathered(script: CompareScript, cfg: CompareConfig, argv: list[str]) -> int:
+    """`--gather DIR` on a folder that records its comparison: rebuilt from the folder alone (no model or data loaded).
+    A comparison setting given here that differs from the recorded one is refused: it names another comparison."""
+    from dataclasses import fields
+
+    from ..comparison.gather import gather_comparison
+    from ..pipeline.output import staged_output
+    from ..utils import json_safe
+
+    result = gather_comparison(script.gather)
+    default, ignored = CompareConfig(), {"engine", "ray_address", "max_concurrent_trials", "resources_per_trial",
+                                         "workers_per_trial", "accelerate_config", "progress", "report_to", "logging_dir",
+                                         "project_name", "gradient_checkpointing"}
+    differ = [f.name for f in fields(CompareConfig) if f.name not in ignored and getattr(cfg, f.name) != getattr(default, f.name)
+              and json_safe(getattr(cfg, f.name)) != result.config.get(f.name)]
+    if differ:
+        shown = ", ".join(f"{n} {getattr(cfg, n)!r} (recorded: {result.config.get(n)!r})" for n in differ)
+        raise ValueError(f"gather {script.gather}: {shown} differ from the comparison recorded there; drop them to rebuild it")
+    with staged_output(script.output_dir) as tmp:
+        result.save(tmp)
+        (tmp / "command.txt").write_text(scrub_paths("hf-depthgrow compare " + shlex.join(argv)) + "\n")
+    print(result.to_markdown())
+    print(f"Everything is in {script.output_dir}/ (rebuilt from {script.gather} alone)")
+    return 0
 
 
 def _compare(script: CompareScript, cfg: CompareConfig, argv: list[str]) -> int:

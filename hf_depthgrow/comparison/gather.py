@@ -38,6 +38,15 @@ def gathering(script, cfg):
     return replace(script, trials_dir=script.gather), replace(cfg, engine="stored")
 
 
+def recorded_in(trials_dir) -> bool:
+    """Whether `trials_dir` holds a comparison's own record (`compare_plans` with `trials_dir` writes one beside its
+    trials), so that `gather_comparison` can rebuild it from the folder alone."""
+    from ..storage import ENTRY_FILE
+    from .store import SWEEPS
+
+    return any(Path(trials_dir, SWEEPS).glob(f"*/{ENTRY_FILE}"))
+
+
 def gather_comparison(trials_dir):
     """The `CompareResult` whose trials `trials_dir` holds, rebuilt from that folder alone: no model, no data, nothing trained.
 
