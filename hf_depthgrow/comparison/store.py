@@ -124,7 +124,7 @@ class TrialStore(EntryStore):
         parts = {"spec": spec.to_dict(), **self.context}
         seed = block_seed(self.context["settings"]["grow_kwargs"], spec.seed)
         if spec.arm.kind == "growth" and seed != 0:
-            # Keys of trials whose new blocks start from seed 0 (every seed-0 trial) stay those they always were.
+            # Block seed 0 (every seed-0 trial) is the default and is left out, so such a key names the arm and spec alone.
             parts["block_seed"] = seed
         return parts
 
