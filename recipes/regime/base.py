@@ -93,26 +93,32 @@ def page_split(num_pages: int, cfg) -> dict[str, list[int]]:
 def block_rows(tokenizer, texts: list[str], block_size: int, max_blocks: int | None, documents=None) -> list[dict]:
     """Causal-LM rows (`input_ids`, `attention_mask`, `labels`, `document`) of consecutive blocks of `texts`; a
     block's document is the id (in `documents`, else the position) of the text it starts in."""
-    import torch
 
-    from hf_depthgrow.data import DOCUMENT_COLUMN, causal_lm_blocks
+    from hf_depthgrow.data import causal_lm_blocks
 
     blocks, owners = causal_lm_blocks(tokenizer, texts, block_size, max_blocks=max_blocks, with_documents=True)
     names = list(range(len(texts))) if documents is None else list(documents)
-    ones = torch.ones(block_size, dtype=torch.long)
-    return [{"input_ids": b, "attention_mask": ones, "labels": b, DOCUMENT_COLUMN: int(names[d])} for b, d in zip(blocks, owners.tolist())]
+    return _rows(blocks, [names[d] for d in owners.tolist()])
 
 
 def sampled_rows(tokenizer, texts: list[str], block_size: int, max_blocks: int, per_document: int, seed: int, documents) -> list[dict]:
     """Rows of `per_document` blocks from each of many documents (a seeded sample), each with its `document`."""
-    import torch
 
-    from hf_depthgrow.data import DOCUMENT_COLUMN, sampled_document_blocks
+    from hf_depthgrow.data import sampled_document_blocks
 
     blocks, owners = sampled_document_blocks(tokenizer, texts, block_size, per_document=per_document, max_blocks=max_blocks,
                                              seed=seed, documents=list(documents))
-    ones = torch.ones(block_size, dtype=torch.long)
-    return [{"input_ids": b, "attention_mask": ones, "labels": b, DOCUMENT_COLUMN: int(d)} for b, d in zip(blocks, owners)]
+    return _rows(blocks, owners)
+
+
+def _rows(blocks, documents) -> list[dict]:
+    """Causal-LM rows of `blocks`, each labelled with its document."""
+    import torch
+
+    from hf_depthgrow.data import DOCUMENT_COLUMN
+
+    ones = torch.ones(blocks.shape[1], dtype=torch.long)
+    return [{"input_ids": b, "attention_mask": ones, "labels": b, DOCUMENT_COLUMN: int(d)} for b, d in zip(blocks, documents)]
 
 
 def build_base(cfg, vocab_size: int):
