@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import re
+import subprocess
 import sys
 from bisect import bisect_left
 from pathlib import Path
@@ -35,10 +36,13 @@ NOT_RESULTS = {
     "75.11": "LLaMA Pro (arXiv:2401.02415), Table 5: 8 interleaved blocks on the law task",
     "65.34": "LLaMA Pro (arXiv:2401.02415), Table 5: LoRA on the law task",
     "5.24": "the transformers release the family survey was measured with",
+    "3.3e-6": "the lowest rate of full's default forgetting grid: 3e-5 two x3 steps down, a rule, not a result",
     "95%": "the confidence level of every interval",
     "90%": "the agreement successive halving must reach to be switched on by default, a rule set before the runs",
 }
-_FIGURE = re.compile(r"(?<![\w.:/-])(\d+(?:,\d{3})*\.\d+|\d+(?:,\d{3})*)(\s?[Mk]\b|\s?%|x\b)?(?![\w.]*\d)")
+_FIGURE = re.compile(
+    r"(?<![\w.:/-])((?:\d+(?:,\d{3})*\.\d+|\d+(?:,\d{3})*)(?:e[-+]?\d+)?)(\s?[Mk]\b|\s?%|x\b)?(?![\w.]*\d)"
+)
 _OF = re.compile(r"(\d+) of (\d+) \((\d+(?:\.\d+)?)%\)")
 _LINK = re.compile(r"decisions/([\w.-]+)/")
 _ARXIV = re.compile(r"arXiv:\d{4}\.\d{4,5}")
@@ -121,7 +125,14 @@ class Pool:
 
 
 def _json_files(folder: Path) -> list[Path]:
-    return sorted(folder.rglob("*.json")) if folder.is_dir() else []
+    """The JSON files under `folder` that git tracks: a local run's ignored checkpoints are not committed results."""
+    if not folder.is_dir():
+        return []
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", "*.json"], cwd=folder, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(folder.rglob("*.json"))  # not a git checkout (an unpacked release): every file is committed
+    return sorted(folder / name for name in listed.stdout.decode().split("\0") if name)
 
 
 def _sections(text: str):
@@ -149,10 +160,12 @@ def _figures(line: str):
         digits, unit = match.group(1), (match.group(2) or "").strip()
         if "." not in digits and unit not in ("M", "k", "%"):
             continue  # counts, steps and sizes are integers: not checked
-        value = float(digits.replace(",", ""))
-        places = len(digits.split(".")[1]) if "." in digits else 0
+        value = float(digits.replace(",", ""))  # a rate printed 8.1e-3 is 0.0081
+        mantissa, _, exponent = digits.partition("e")
+        places = len(mantissa.split(".")[1]) if "." in mantissa else 0
         scale = {"M": 1e6, "k": 1e3}.get(unit, 1.0)
-        yield digits + (unit if unit else ""), value * scale, 0.5 * 10**-places * scale, unit == "%"
+        half = 0.5 * 10**-places * 10 ** int(exponent or 0) * scale
+        yield digits + (unit if unit else ""), value * scale, half, unit == "%"
 
 
 def results_pool(doc: Path) -> Pool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,6 +44,28 @@ def test_an_interval_must_match_one_stored_object(tmp_path, monkeypatch):
     assert found[(8, "0.844")] is not None and found[(8, "89.6%")] == "(its own arithmetic)"
     assert found[(8, "95%")] == "(not a result)"
     assert not any(text == "0.123" for _, text in found)
+
+
+def test_only_files_git_tracks_are_committed_results(tmp_path):
+    # A local run's ignored checkpoints once supplied a figure that a clean clone does not have.
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "compare.json").write_text('{"learning_rate": 0.0081}')
+    (run / "checkpoints" / "entry.json").write_text('{"learning_rate": 8.1}')
+    (tmp_path / ".gitignore").write_text("checkpoints/\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    assert figures._json_files(run) == [run / "compare.json"]
+
+
+def test_a_figure_in_exponent_form_is_checked_at_its_printed_precision(tmp_path):
+    (tmp_path / "compare.json").write_text('{"learning_rate": 0.0081}')
+    pool_values = figures.Pool([tmp_path / "compare.json"])
+    [(text, value, half, _)] = list(figures._figures("full at 8.1e-3 gains"))
+    assert text == "8.1e-3" and pool_values.find(value, half) is not None
+    [(_, value, half, _)] = list(figures._figures("full at 8.3e-3 gains"))
+    assert pool_values.find(value, half) is None
+    assert list(figures._figures("grids {1e-3, 3e-3}")) == []  # a grid, not a measured figure
 
 
 _gen_spec = importlib.util.spec_from_file_location("doc_generate", ROOT / "docs" / "generate.py")
