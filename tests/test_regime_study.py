@@ -155,7 +155,7 @@ def test_smoke_and_config_together_is_refused(capsys):
     assert rc == 2 and "give one of them" in err
 
 
-def test_smoke_end_to_end(tmp_path):
+def test_smoke_end_to_end(tmp_path, capsys):
     """`--smoke` as CI runs it: base, plateau check, compare at every budget for two seeds, the summary."""
     out = tmp_path / "study"
     # The wall-time limit only catches a hang (on a shared machine wall time was 10-20x the CPU time); the smoke size's
@@ -206,14 +206,16 @@ def test_smoke_end_to_end(tmp_path):
 
     assert AutoModelForCausalLM.from_pretrained(base).config.hidden_size == cfg.hidden_size
     before = (base / "model.safetensors").read_bytes()
-    rerun = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only",
-                            "--resume"], capture_output=True, text=True, timeout=900)
-    assert rerun.returncode == 0 and "reusing the base" in rerun.stdout and "base step" not in rerun.stdout
+    # The reruns call the recipe's main in process: the subprocess above already runs the script as a user does, and
+    # each further launch only paid for another interpreter and its imports.
+    capsys.readouterr()
+    rc = recipe.main(["--smoke", "--output-dir", str(out), "--base-only", "--resume"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "reusing the base" in printed and "base step" not in printed
     # Other base settings: refused in one line, the saved base untouched.
-    other = subprocess.run([sys.executable, str(REPO / "recipes" / "regime_study.py"), "--smoke", "--output-dir", str(out), "--base-only",
-                            "--resume", "--base-learning-rate", "0.01"], capture_output=True, text=True, timeout=900)
-    assert other.returncode == 2 and "other settings (base_learning_rate)" in other.stderr
-    assert len(other.stderr.strip().splitlines()) == 1
+    rc, err = run_main(["--smoke", "--output-dir", str(out), "--base-only", "--resume", "--base-learning-rate", "0.01"], capsys)
+    assert rc == 2 and "other settings (base_learning_rate)" in err
+    assert len(err.strip().splitlines()) == 1
     assert (base / "model.safetensors").read_bytes() == before
 
 
