@@ -148,7 +148,10 @@ def test_eval_without_a_test_share_scores_every_loaded_example(saved):
     (args,) = build_parser().parse(["--model", "m", "--data", str(saved / "data.txt"), "--output-dir", "o", *DATA])
     model, tokenizer = tiny_model("llama", vocab_size=300), AutoTokenizer.from_pretrained(saved / "model")
     parts, evaluated = load_splits(args, model, tokenizer)
-    assert len(evaluated) == 40 and sorted(parts) == ["all", "held_out", "train"]
+    assert _rows(evaluated) == _rows(parts["all"]) and len(evaluated) == 40 and list(parts) == ["all"]
+    args.block_terms = "train"  # the block terms of the train part: the parts are made, every example is still evaluated
+    parts, evaluated = load_splits(args, model, tokenizer)
+    assert len(evaluated) == 40 and sorted(parts) == ["all", "held_out", "train"] and len(parts["train"]) == 36
     (args,) = build_parser().parse(["--model", "m", "--data", str(saved / "data.txt"), "--output-dir", "o", *DATA, "--eval-split", "held_out",
                                     "--held-out-fraction", "0"])
     with pytest.raises(ValueError, match="--eval-split held_out: that part is empty .its --held-out-fraction is 0."):

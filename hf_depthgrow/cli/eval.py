@@ -137,7 +137,8 @@ def _fractions(text: str) -> dict[str, float]:
 
 
 def check_inputs(args: EvalArguments) -> None:
-    """Everything checkable before a model loads: model folders, data, --splits, --routes, --output-dir (then locked)."""
+    """Everything checkable before a model loads: model folders, data, --routes, --output-dir (then locked); the split is
+    checked as the arguments are built."""
     from ..hub.loading import check_model_source
     from ..pipeline.checks import check_data_source
     from ..pipeline.output import check_output_dir
@@ -223,6 +224,8 @@ def load_splits(args: EvalArguments, model, tokenizer) -> tuple[dict, object]:
 
     data = load_data(args.data, model=model, tokenizer=tokenizer, block_size=args.block_size,
                      max_examples=args.max_examples, split=args.split, seed=args.split_seed)
+    if evaluates_all(args) and args.block_terms in (None, "all"):
+        return {"all": data}, data  # no part is asked for: nothing is split (a few rows need not fill every share)
     fractions = split_fractions(args.train_fraction, args.held_out_fraction, args.test_fraction)
     splits = split_dataset(data, fractions, seed=args.split_seed, by=args.split_by) if len(fractions) > 1 else {"train": data}
     if evaluates_all(args):
