@@ -79,6 +79,15 @@ SHARED_HELP = {
     "dtype": "Torch dtype the weights load in: float32, bfloat16 or float16.",
     "progress": "Show progress bars.",
     "batch_size": "Examples per batch (per device).",
+    # The split: one scheme in every command (`hf_depthgrow.data.split_fractions`), so that the same shares and seed
+    # give the same parts in `run`, `train`, `eval` and `compare`.
+    "train_fraction": "Share of the loaded examples to train on, dealt first from the seeded order of the split; "
+                      "none: what the held-out and test shares leave.",
+    "held_out_fraction": "Share held out from training, dealt next.",
+    "test_fraction": "Share kept for the final test, dealt last, never trained or chosen on.",
+    "split_seed": "Seed of the train / held-out / test split (and of which examples load, where --max-examples samples them).",
+    "split_by": "A column whose values never straddle train / held-out / test, e.g. document (whole documents per part); "
+                "none: examples are split.",
 }
 
 
@@ -498,8 +507,14 @@ class ScriptArguments:
         default=64, metadata={"help": "With --streaming: the stream's first blocks, kept as held-out data (0: none)."}
     )
     max_examples: int | None = shared_field("max_examples", None)
-    eval_fraction: float = field(default=0.1, metadata={"help": "Held-out share for evaluation; 0: none."})
-    split_seed: int = field(default=0, metadata={"help": "Seed of the train/held-out split."})
+    # With these defaults `--eval-fraction F` (the old spelling of --held-out-fraction) gives the split it names:
+    # 1 - F trains, F is held out, nothing is kept for a test.
+    train_fraction: float | None = shared_field("train_fraction", None)
+    held_out_fraction: float = shared_field("held_out_fraction", 0.1, more="Here: evaluation during training and the fallback rule; 0: none.",
+                                            deprecated=["--eval-fraction"])
+    test_fraction: float = shared_field("test_fraction", 0.0, more="0: none; give it (and the same shares to hf-depthgrow eval) to keep a test part training never sees.")
+    split_seed: int = shared_field("split_seed", 0)
+    split_by: str | None = shared_field("split_by", None)
     dtype: str = shared_field("dtype", "float32")
     quantize: str | None = field(
         default=None,
@@ -516,8 +531,9 @@ class ScriptArguments:
             raise ValueError(f"block must be auto, native or adapter, got {self.block!r}")
         if self.init not in ("copy", "random"):
             raise ValueError(f"init must be copy or random, got {self.init!r}")
-        if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
-            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
+        from .data.sources import split_fractions
+
+        split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction)  # checked before anything loads
         if self.dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(TORCH_DTYPES)}, got {self.dtype!r}")
         if self.quantize is not None and self.quantize not in ("4bit", "8bit"):
@@ -527,11 +543,17 @@ class ScriptArguments:
         if self.stepping_stone and self.positions is not None and len(self.positions) != 1:
             raise ValueError("stepping_stone=True needs exactly one growth position")
 
-    def split(self, dataset):
-        """`(train, held_out or None)`: a seeded split by `eval_fraction` (`hf_depthgrow.data.split_dataset`)."""
-        if not self.eval_fraction:
-            return dataset, None
-        from .data.sources import split_dataset
+    def parts(self, dataset) -> dict:
+        """The parts of `dataset` by the three shares, `split_seed` and `split_by` (`hf_depthgrow.data.split_fractions`):
+        the same parts `eval` and `compare` make with the same settings. A share of 0 makes no part."""
+        from .data.sources import split_dataset, split_fractions
 
-        parts = split_dataset(dataset, {"train": 1 - self.eval_fraction, "held_out": self.eval_fraction}, seed=self.split_seed)
-        return parts["train"], parts["held_out"]
+        fractions = split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction)
+        if list(fractions) == ["train"]:
+            return {"train": dataset}  # nothing to split off: every row, in its order
+        return split_dataset(dataset, fractions, seed=self.split_seed, by=self.split_by)
+
+    def split(self, dataset):
+        """`(train, held_out or None)`: what training reads of `parts(dataset)`; the test part is left out."""
+        parts = self.parts(dataset)
+        return parts["train"], parts.get("held_out")

@@ -98,8 +98,8 @@ def run(args: ScriptArguments, sft: SFTArguments) -> dict:
         raise ValueError("set positions (where to insert the new block), e.g. positions: [24]")
     if args.stepping_stone:
         raise ValueError("stepping_stone is not supported by this recipe (its fallback rule compares f_new with f_old only)")
-    if sft.fallback and not args.eval_fraction:
-        raise ValueError("fallback: true needs held-out blocks; set eval_fraction > 0 (or fallback: false)")
+    if sft.fallback and not args.held_out_fraction:
+        raise ValueError("fallback: true needs held-out blocks; set held_out_fraction > 0 (or fallback: false)")
     model, tokenizer = load_model(args.model or "smollm2", dtype=getattr(torch, args.dtype))
     if tokenizer is None:
         raise ValueError(f"{args.model}: no tokenizer found; SFTTrainer needs one")

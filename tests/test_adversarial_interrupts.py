@@ -128,7 +128,7 @@ def test_ctrl_c_during_the_oracle_sweep_keeps_the_comparison_and_says_how_to_rer
 def test_a_real_sigterm_stops_train_with_143_and_resume_continues(saved, tmp_path):
     out = tmp_path / "train"
     argv = [sys.executable, "-m", "hf_depthgrow.cli.train", "--model", str(saved / "model"), "--positions", "1",
-            "--data", str(saved / "data.txt"), "--block-size", "16", "--max-examples", "24", "--eval-fraction", "0",
+            "--data", str(saved / "data.txt"), "--block-size", "16", "--max-examples", "24", "--held-out-fraction", "0",
             "--max-steps", "40", "--save-steps", "1", "--batch-size", "2",
             "--output-dir", str(out), "--no-progress", "--no-fallback"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

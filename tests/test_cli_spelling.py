@@ -33,12 +33,31 @@ def test_the_spelling_check_names_every_kind_of_departure():
     class EstimateArguments:  # a field the table lists (EstimateArguments.batch_size) under another flag
         batch_size: int = field(default=1, metadata={"help": "Batch.", "flag": "--micro-batch"})
 
-    problems = check_spelling({"grow": ConfigParser([Odd]), "estimate": ConfigParser([EstimateArguments])})
+    @dataclass
+    class EvalArguments:  # the split spelled otherwise than in run, train and compare
+        eval_fraction: float = field(default=0.1, metadata={"help": "Held-out share."})
+        test_fraction: float = field(default=0.1, metadata={"help": "Test share.", "flag": "--test-share"})
+
+    problems = check_spelling({"grow": ConfigParser([Odd]), "estimate": ConfigParser([EstimateArguments]),
+                               "eval": ConfigParser([EvalArguments])})
     assert "grow: --train-steps (Odd.steps) is an old spelling of steps: use --max-steps" in problems
     assert "grow: --batch (Odd.batch_size) is an old spelling of batch size: use --batch-size" in problems
     assert "estimate: EstimateArguments.batch_size is batch size but its flag is --micro-batch: use --batch-size" in problems
     assert "grow: no --trust-remote-code" in problems and "grow: no --overwrite" in problems
     assert any(p.startswith("RunConfig.train_steps (in the table of steps) is in no command") for p in problems)
+    assert "eval: --eval-fraction (EvalArguments.eval_fraction) is an old spelling of held-out share: use --held-out-fraction" in problems
+    assert "eval: EvalArguments.test_fraction is test share but its flag is --test-share: use --test-fraction" in problems
+
+
+def test_every_command_that_splits_takes_the_same_split_flags():
+    """run, train, eval and compare split their data one way: the same five flags, each with its one help text."""
+    split = {"--train-fraction": "train_fraction", "--held-out-fraction": "held_out_fraction", "--test-fraction": "test_fraction",
+             "--split-seed": "split_seed", "--split-by": "split_by"}
+    for command in ("run", "train", "eval", "compare"):
+        parser = PARSERS[command]
+        for flag, name in split.items():
+            assert flag in parser.flags, (command, flag)
+            assert parser.specs[parser.flags[flag]].metadata["help"].startswith(SHARED_HELP[name]), (command, flag)
 
 
 def test_docs_cli_flag_table_is_up_to_date():

@@ -25,7 +25,7 @@ def saved(tmp_path_factory):
 
 def _argv(saved, out, *extra):
     return ["train", "--model", str(saved / "model"), "--positions", "1", "--data", str(saved / "data.txt"), "--block-size", "16",
-            "--max-examples", "16", "--eval-fraction", "0", "--max-steps", "2", "--batch-size", "4", "--no-progress", "--no-fallback",
+            "--max-examples", "16", "--held-out-fraction", "0", "--max-steps", "2", "--batch-size", "4", "--no-progress", "--no-fallback",
             "--output-dir", str(out), *extra]
 
 

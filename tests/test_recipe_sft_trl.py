@@ -57,7 +57,7 @@ def test_short_run_on_a_tiny_llama_trains_only_the_new_block_and_reloads(tmp_pat
     out = tmp_path / "run"
     argv = ["--config", str(CONFIGS[0]), "--model", str(tmp_path / "tiny"), "--positions", "2", "--block-size", "32",
             "--dataset", str(tmp_path / "sample.txt"),
-            "--max-examples", "40", "--eval-fraction", "0.2", "--max-steps", "3", "--warmup-steps", "0",
+            "--max-examples", "40", "--held-out-fraction", "0.2", "--max-steps", "3", "--warmup-steps", "0",
             "--per-device-train-batch-size", "4", "--per-device-eval-batch-size", "8", "--output-dir", str(out)]
     assert recipe.main(argv) == 0
 

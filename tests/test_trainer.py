@@ -322,7 +322,7 @@ def _final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
 
 def _common_args(base: Path, ds: Path, out: Path) -> list[str]:
     return [
-        "--model", str(base), "--positions", "2", "--dataset", str(ds), "--eval-fraction", "0.25",
+        "--model", str(base), "--positions", "2", "--dataset", str(ds), "--held-out-fraction", "0.25",
         "--learning-rate", "5e-3", "--max-steps", "6", "--logging-steps", "1", "--no-progress",
         "--seed", "5", "--output-dir", str(out), "--fallback", "false",
     ]

@@ -59,18 +59,15 @@ class CompareScript:
         metadata={"help": "Blocks sampled from each document of --data (seeded, across many documents); none: the source's "
                           "default (consecutive blocks from the start; python_docs: 2 per page), 0: consecutive blocks."},
     )
-    split_by: str | None = field(
-        default=None,
-        metadata={"help": "A column whose values never straddle train / held-out / test, e.g. document (whole documents per "
-                          "split); none: blocks are split."},
-    )
     output_dir: str = shared_field("output_dir", "runs/compare", more="compare.json, .md and .png go here.")
     overwrite: bool = shared_field("overwrite", False)
     block_size: int = shared_field("block_size", 64)
     max_examples: int | None = shared_field("max_examples", 320)
-    train_fraction: float = field(default=0.6, metadata={"help": "Share of examples to train on."})
-    held_out_fraction: float = field(default=0.15, metadata={"help": "Share that chooses learning rates and the best control."})
-    test_fraction: float = field(default=0.25, metadata={"help": "Share every arm is scored on."})
+    train_fraction: float | None = shared_field("train_fraction", 0.6)
+    held_out_fraction: float = shared_field("held_out_fraction", 0.15, more="Here: it chooses learning rates and the best control.")
+    test_fraction: float = shared_field("test_fraction", 0.25, more="Here: every arm is scored on it.")
+    split_seed: int | None = shared_field("split_seed", None, more="none: --seed.")
+    split_by: str | None = shared_field("split_by", None)
     oracle_positions: list[int] | None = field(default=None, metadata={"help": "Probe validation: one single-block arm per position."})
     oracle_seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Data-order seeds of the oracle sweep."})
     trials_dir: str | None = field(
@@ -94,6 +91,13 @@ class CompareScript:
             raise ValueError(f"oracle_positions needs at least 4 distinct positions >= 0, got {positions}")
         if not self.oracle_seeds or len(set(self.oracle_seeds)) != len(self.oracle_seeds):
             raise ValueError(f"oracle_seeds must be distinct and non-empty, got {self.oracle_seeds}")
+        from ..data.sources import split_fractions
+
+        if len(split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction)) < 3:
+            raise ValueError(f"compare needs a held-out and a test part: held_out_fraction and test_fraction must be > 0, "
+                             f"got {self.held_out_fraction} and {self.test_fraction}")
+        if self.split_seed is not None and self.split_seed < 0:
+            raise ValueError(f"split_seed must be >= 0, got {self.split_seed}")
         for name in ("blocks_per_document", "retention_blocks_per_document"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -164,15 +168,16 @@ def build_parser() -> ConfigParser:
 
 def _load(script: CompareScript, cfg: CompareConfig):
     from ..data.retention import load_retention
-    from ..data.sources import load_data, split_dataset
+    from ..data.sources import load_data, split_dataset, split_fractions
     from ..hub.loading import load_model
 
     model, tokenizer = load_model(script.model, trust_remote_code=script.trust_remote_code)
     model.eval()
+    seed = cfg.seed if script.split_seed is None else script.split_seed
     data = load_data(script.data, model=model, tokenizer=tokenizer, block_size=script.block_size,
-                     max_examples=script.max_examples, seed=cfg.seed, blocks_per_document=_per_document(script.blocks_per_document))
-    fractions = {"train": script.train_fraction, "held_out": script.held_out_fraction, "test": script.test_fraction}
-    splits = split_dataset(data, fractions, seed=cfg.seed, by=script.split_by)
+                     max_examples=script.max_examples, seed=seed, blocks_per_document=_per_document(script.blocks_per_document))
+    fractions = split_fractions(script.train_fraction, script.held_out_fraction, script.test_fraction)
+    splits = split_dataset(data, fractions, seed=seed, by=script.split_by)
     retention = load_retention(script.retention_data, model, tokenizer, block_size=script.block_size,
                                max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed,
                                blocks_per_document=_per_document(script.retention_blocks_per_document))

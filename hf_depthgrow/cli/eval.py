@@ -1,7 +1,12 @@
 """`hf-depthgrow eval`: paired test-risk delta of a grown model (or of two models), written as a report.
 
     hf-depthgrow eval --model out/grown --data shakespeare --block-size 256 --max-examples 400 \
-        --splits train=0.8,held_out=0.1,test=0.1 --eval-split test --loss-bound 20 --output-dir out/eval
+        --held-out-fraction 0.1 --test-fraction 0.1 --split-seed 0 --eval-split test --loss-bound 20 --output-dir out/eval
+
+The data is split as `hf-depthgrow train` and `compare` split it: the same `--train-fraction`,
+`--held-out-fraction`, `--test-fraction`, `--split-seed` (and `--split-by`) give the same parts, so the test part
+evaluated here is the one training never saw. With `--test-fraction 0` (the default) every loaded example is
+evaluated.
 
 With `--base PATH` the model is compared with a separate base model (both run fully); without it
 the model must carry a growth record, and the original is the same model with its new blocks
@@ -17,10 +22,11 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..config import ConfigParser, shared_field
+from ..config import ConfigParser, FlagDeprecation, shared_field
 from .common import dtype_of, run_command
 
 
@@ -71,9 +77,17 @@ class EvalArguments:
     block_size: int = shared_field("block_size", 256)
     max_examples: int | None = shared_field("max_examples", None)
     split: str = field(default="train", metadata={"help": "Split of a Hub dataset to load."})
-    splits: str | None = field(default=None, metadata={"help": "Split the loaded data, e.g. train=0.8,held_out=0.1,test=0.1 (as the trainer did)."})
-    eval_split: str = field(default="test", metadata={"help": "Which of --splits to evaluate on."})
-    split_seed: int = field(default=0, metadata={"help": "Seed of --splits (use the trainer's)."})
+    # The split of hf-depthgrow train (its defaults too): the same shares and seed give the same parts there, here and
+    # in compare.
+    train_fraction: float | None = shared_field("train_fraction", None)
+    held_out_fraction: float = shared_field("held_out_fraction", 0.1, more="0: none.")
+    test_fraction: float = shared_field("test_fraction", 0.0, more="0: none, and every loaded example is evaluated.")
+    split_seed: int = shared_field("split_seed", 0, more="Use the trainer's.")
+    split_by: str | None = shared_field("split_by", None)
+    eval_split: str = field(default="test", metadata={"help": "The part evaluated: train, held_out or test."})
+    # The old spelling of the three shares, `train=0.8,held_out=0.1,test=0.1`: hidden, moved to them with a warning.
+    splits: str | None = field(default=None, metadata={"help": "Deprecated: use --train-fraction, --held-out-fraction, --test-fraction.",
+                                                       "hidden": True})
     delta: float = field(default=0.05, metadata={"help": "Allowed failure probability of each interval."})
     loss_bound: float | None = field(default=None, metadata={"help": "A-priori bound B of a per-example loss (default: from the data, with a warning)."})
     n_bootstrap: int = field(default=2000, metadata={"help": "Bootstrap resamples."})
@@ -83,12 +97,36 @@ class EvalArguments:
     routes: str | None = field(default=None, metadata={"help": "JSON file (an object) with Route A/B inputs: any of " + ", ".join(ROUTE_KEYS) + ", and sources."})
     n_train: int | None = field(default=None, metadata={"help": "Training-set size n (Route A/B)."})
     delta_erm: float | None = field(default=None, metadata={"help": "Delta_ERM from the trainer (Route A/B)."})
-    block_terms: str | None = field(default=None, metadata={"help": "Estimate rho, B_a, B_W of the new blocks on this split of --splits (usually train)."})
+    block_terms: str | None = field(default=None, metadata={"help": "Estimate rho, B_a, B_W of the new blocks on this part (usually train)."})
     retention_data: str | None = field(default=None, metadata={"help": "Also measure forgetting on this general-domain set (e.g. python_docs; any --data source), outside the training domain."})
     retention_max_examples: int = field(default=256, metadata={"help": "Examples (LM blocks of --block-size tokens) of --retention-data to evaluate."})
     lm_eval: bool = field(default=False, metadata={"help": "Also score --retention-data with lm-evaluation-harness (word perplexity, bits per byte; pip install lm-eval)."})
     evaluate: bool = field(default=True, metadata={"help": "Also try the Hugging Face `evaluate` metrics."})
     progress: bool = shared_field("progress", True)
+
+    def __post_init__(self):
+        from ..data.sources import SPLIT_PARTS, split_fractions
+
+        if self.splits is not None:
+            self._move_splits()
+        split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction)  # checked before anything loads
+        if self.eval_split not in SPLIT_PARTS:
+            raise ValueError(f"eval_split must be one of {', '.join(SPLIT_PARTS)}, got {self.eval_split!r}")
+
+    def _move_splits(self) -> None:
+        """`--splits train=0.8,held_out=0.1,test=0.1`, the old spelling, as the three shares (with a warning)."""
+        from ..data.sources import SPLIT_PARTS
+
+        shares = _fractions(self.splits)
+        moved = " ".join(f"--{name.replace('_', '-')}-fraction {shares.get(name, 0)}" for name in SPLIT_PARTS)
+        if list(shares) != [name for name in SPLIT_PARTS if name in shares]:
+            raise ValueError(f"--splits {self.splits}: the parts are {', '.join(SPLIT_PARTS)}, in that order; use {moved}")
+        defaults = {f.name: f.default for f in fields(self) if f.name.endswith("_fraction")}
+        if any(getattr(self, name) != value for name, value in defaults.items()):
+            raise ValueError(f"--splits and --train-fraction, --held-out-fraction, --test-fraction give the split twice: use {moved}")
+        warnings.warn(f"--splits is deprecated, use {moved}", FlagDeprecation, stacklevel=3)
+        self.train_fraction, self.held_out_fraction, self.test_fraction = (shares.get(name, 0.0) for name in SPLIT_PARTS)
+        self.splits = None
 
 
 def _fractions(text: str) -> dict[str, float]:
@@ -99,7 +137,8 @@ def _fractions(text: str) -> dict[str, float]:
 
 
 def check_inputs(args: EvalArguments) -> None:
-    """Everything checkable before a model loads: model folders, data, --splits, --routes, --output-dir (then locked)."""
+    """Everything checkable before a model loads: model folders, data, --routes, --output-dir (then locked); the split is
+    checked as the arguments are built."""
     from ..hub.loading import check_model_source
     from ..pipeline.checks import check_data_source
     from ..pipeline.output import check_output_dir
@@ -108,8 +147,6 @@ def check_inputs(args: EvalArguments) -> None:
         if name is not None:
             check_model_source(name)
     check_data_source(args.data)
-    if args.splits:
-        _fractions(args.splits)
     read_routes(args.routes)
     check_retention_source(args)
     inputs = {"model": args.model, "base": args.base, "data": args.data, "tokenizer": args.tokenizer,
@@ -175,17 +212,26 @@ def load_models(args: EvalArguments):
     return model, base, tokenizer
 
 
+def evaluates_all(args: EvalArguments) -> bool:
+    """Whether every loaded example is evaluated: `--test-fraction 0` keeps no test part, and the test part is asked for."""
+    return args.eval_split == "test" and not args.test_fraction
+
+
 def load_splits(args: EvalArguments, model, tokenizer) -> tuple[dict, object]:
-    """`(splits, test)`: the named splits of `--splits` (or `{"all": data}`) and the one evaluated."""
-    from ..data.sources import load_data, split_dataset
+    """`(parts, evaluated)`: the train / held-out / test parts (`hf_depthgrow.data.split_fractions`, as `train` and
+    `compare` make them) and the one `--eval-split` names; every loaded example where `evaluates_all`."""
+    from ..data.sources import load_data, split_dataset, split_fractions
 
     data = load_data(args.data, model=model, tokenizer=tokenizer, block_size=args.block_size,
                      max_examples=args.max_examples, split=args.split, seed=args.split_seed)
-    if not args.splits:
-        return {"all": data}, data
-    splits = split_dataset(data, _fractions(args.splits), seed=args.split_seed)
+    if evaluates_all(args) and args.block_terms in (None, "all"):
+        return {"all": data}, data  # no part is asked for: nothing is split (a few rows need not fill every share)
+    fractions = split_fractions(args.train_fraction, args.held_out_fraction, args.test_fraction)
+    splits = split_dataset(data, fractions, seed=args.split_seed, by=args.split_by) if len(fractions) > 1 else {"train": data}
+    if evaluates_all(args):
+        return {**splits, "all": data}, data
     if args.eval_split not in splits:
-        raise ValueError(f"--eval-split {args.eval_split!r} is not one of --splits {sorted(splits)}")
+        raise ValueError(f"--eval-split {args.eval_split}: that part is empty (its --{args.eval_split.replace('_', '-')}-fraction is 0)")
     return splits, splits[args.eval_split]
 
 
@@ -243,7 +289,7 @@ def _eval(argv: list[str]) -> int:
         result = evaluate_delta(model, test, routes=routes, **kwargs)
     result.models["old"]["name_or_path"] = args.base or f"{args.model} (new blocks bypassed)"
     result.models["new"]["name_or_path"] = args.model
-    extra = {"data": args.data, "eval split": args.eval_split if args.splits else "all", "examples": result.num_examples}
+    extra = {"data": args.data, "eval split": "all" if evaluates_all(args) else args.eval_split, "examples": result.num_examples}
     retained = None
     if retention_data is not None:
         # Route A/B terms are about the training domain; the retention run only needs the paired intervals.

@@ -98,6 +98,9 @@ def run(args: ScriptArguments, config: TrainConfig, before_training=None):
     check_data_source(args.dataset)
     if args.streaming and config.max_steps <= 0:
         raise ValueError("--streaming needs --max-steps > 0: a stream has no epochs")
+    if args.streaming and (args.train_fraction is not None or args.test_fraction or args.split_by is not None):
+        raise ValueError("--streaming holds out the stream's first --held-out-blocks and splits nothing: "
+                         "drop --train-fraction, --test-fraction and --split-by")
     if args.quantize is not None:
         check_quantizable(args.model, args.quantize)
         if config.trainable != "new":

@@ -17,12 +17,14 @@ from .retention import load_retention
 from .streaming import StreamedBlocks, StreamTooShortError, stream_data
 from .sources import (
     EMBEDDED_SOURCES,
+    SPLIT_PARTS,
     group_parts,
     images_to_pixels,
     infer_task,
     load_data,
     make_loader,
     split_dataset,
+    split_fractions,
 )
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "stream_data",
     "DOCUMENT_COLUMN",
     "EMBEDDED_SOURCES",
+    "SPLIT_PARTS",
     "DataFormError",
     "as_batches",
     "as_rows",
@@ -55,4 +58,5 @@ __all__ = [
     "load_data",
     "make_loader",
     "split_dataset",
+    "split_fractions",
 ]

@@ -24,7 +24,7 @@ from ..losses import DOCUMENT_COLUMN, is_causal_lm
 from .checks import check_batch
 from .text_files import TextFile, data_files
 
-__all__ = ["EMBEDDED_SOURCES", "images_to_pixels", "infer_task", "load_data", "make_loader", "split_dataset"]
+__all__ = ["EMBEDDED_SOURCES", "SPLIT_PARTS", "images_to_pixels", "infer_task", "load_data", "make_loader", "split_dataset", "split_fractions"]
 
 EMBEDDED_SOURCES = ("shakespeare", "python_docs", "tweets", "fashion_mnist", "digits")
 
@@ -283,10 +283,49 @@ def _per_document(value, source: str) -> int | None:
     return int(value)
 
 
+# The parts every command splits its data into, in the order they are dealt from the seeded permutation.
+SPLIT_PARTS = ("train", "held_out", "test")
+
+
+def split_fractions(train: float | None, held_out: float, test: float) -> dict[str, float]:
+    """The shares of the train / held-out / test parts, as `split_dataset` takes them: one meaning in every command.
+
+    The parts are dealt in this order from one seeded permutation of the rows, so a part's rows depend only on the
+    shares before it and its own: `train`, `eval` and `compare` given the same three shares (and seed) make the same
+    parts. A share of 0 makes no such part and moves no other part.
+
+    Args:
+        train: Share of the rows to train on; `None`: what `held_out` and `test` leave (`1 - held_out - test`).
+        held_out: Share held out from training (evaluation during training, choosing between models); 0: none.
+        test: Share kept for the final test, never trained or chosen on; 0: none.
+
+    Raises:
+        ValueError: a share outside `[0, 1]`, shares summing to more than 1, or no rows left to train on.
+
+    Example:
+        ```python
+        >>> split_fractions(None, 0.1, 0.0)
+        {'train': 0.9, 'held_out': 0.1}
+        ```
+    """
+    given = {"train": train, "held_out": held_out, "test": test}
+    for name, share in given.items():
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1):
+            raise ValueError(f"{name}_fraction must be a share in [0, 1], got {share!r}")
+    if train is None:
+        train = 1 - held_out - test
+    shares = {"train": float(train), "held_out": float(held_out), "test": float(test)}
+    if sum(shares.values()) > 1 + 1e-9:
+        raise ValueError(f"train_fraction, held_out_fraction and test_fraction sum to more than 1: {train}, {held_out}, {test}")
+    if not shares["train"] > 1e-9:
+        raise ValueError(f"train_fraction must be > 0 (it is {train} with held_out_fraction {held_out} and test_fraction {test})")
+    return {name: share for name, share in shares.items() if share > 0}
+
+
 def split_dataset(
     dataset: datasets.Dataset, fractions: dict[str, float], *, seed: int = 0, by: str | None = None
 ) -> dict[str, datasets.Dataset]:
-    """Disjoint, seeded splits, e.g. `{"train": 0.8, "held_out": 0.1, "test": 0.1}`.
+    """Disjoint, seeded splits, e.g. `{"train": 0.8, "held_out": 0.1, "test": 0.1}` (the commands' shares: `split_fractions`).
 
     Args:
         dataset: The rows to split.

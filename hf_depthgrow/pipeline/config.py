@@ -50,9 +50,11 @@ class RunConfig:
     overwrite: bool = shared_field("overwrite", False)
     block_size: int = shared_field("block_size", 64)
     max_examples: int | None = shared_field("max_examples", 640)
-    train_fraction: float = field(default=0.7, metadata={"help": "Share of examples to train on."})
-    held_out_fraction: float = field(default=0.15, metadata={"help": "Share for evaluation during training and f~_pop."})
-    test_fraction: float = field(default=0.15, metadata={"help": "Share for the final paired test."})
+    train_fraction: float | None = shared_field("train_fraction", 0.7)
+    held_out_fraction: float = shared_field("held_out_fraction", 0.15, more="Here: evaluation during training and f~_pop.")
+    test_fraction: float = shared_field("test_fraction", 0.15, more="Here: the final paired test.")
+    split_seed: int | None = shared_field("split_seed", None, more="none: --seed.")
+    split_by: str | None = shared_field("split_by", None)
     positions: list[int] | None = field(default=None, metadata={"help": "Grow here instead of where the probe recommends (in Python also a preset string, moved to placement)."})
     placement: str | None = field(default=None, metadata={"help": "Instead of positions: interleave:N, top:N, probe:N (the run's probe, top N by z) or a plan/mergekit YAML file."})
     num_blocks: int = field(default=1, metadata={"help": "How many of the probe's best positions to grow at."})
@@ -84,7 +86,7 @@ class RunConfig:
     )
     delta: float = field(default=0.05, metadata={"help": "Failure probability of each interval (confidence 1 - delta)."})
     loss_bound: float | None = field(default=None, metadata={"help": "A-priori bound B of a per-example loss (None: from the data, with a warning)."})
-    seed: int = field(default=0, metadata={"help": "Seeds splits, blocks, training and the bootstrap."})
+    seed: int = field(default=0, metadata={"help": "Seeds the split (unless --split-seed), blocks, training and the bootstrap."})
     push_to_hub: str | None = field(default=None, metadata={"help": "Push the result to this repo id (explicit; never pushed otherwise)."})
     hub_private: bool | None = field(default=None, metadata={"help": "Create the Hub repo as private."})
     hub_endpoint: str | None = field(default=None, metadata={"help": "Another Hub endpoint (default: HF_ENDPOINT or huggingface.co)."})
@@ -122,7 +124,8 @@ class RunConfig:
             if problem:
                 raise ValueError(problem)
         for name in ("train_fraction", "held_out_fraction", "test_fraction", "learning_rate", "delta"):
-            setattr(self, name, float(getattr(self, name)))
+            if getattr(self, name) is not None:
+                setattr(self, name, float(getattr(self, name)))
         self._check_values()
 
     def _check_values(self):
@@ -130,9 +133,11 @@ class RunConfig:
             raise ValueError(f"block must be one of {BLOCK_KINDS}, got {self.block!r}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        fractions = (self.train_fraction, self.held_out_fraction, self.test_fraction)
-        if any(not 0 < f < 1 for f in fractions) or sum(fractions) > 1 + 1e-9:
-            raise ValueError(f"train/held_out/test fractions must be in (0, 1) and sum to at most 1, got {fractions}")
+        from ..data.sources import split_fractions
+
+        if len(split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction)) < 3:
+            raise ValueError(f"run needs a held-out and a test part: held_out_fraction and test_fraction must be > 0, "
+                             f"got {self.held_out_fraction} and {self.test_fraction}")
         for name in ("route_max_examples", "selection_max_examples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
@@ -157,8 +162,9 @@ class RunConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
-        if self.seed < 0:  # numpy refuses it much later, without naming the setting
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        for name in ("seed", "split_seed"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:  # numpy refuses it much later, without naming the setting
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.push_to_hub is not None and not self.push_to_hub.strip():
             raise ValueError("push_to_hub needs a repo id such as 'me/grown-smollm2'")
         if self.loss_bound is not None:
@@ -217,6 +223,11 @@ class RunConfig:
         from ..config import load_config
 
         return load_config(path, cls, **overrides)[0]
+
+    @property
+    def resolved_split_seed(self) -> int:
+        """The seed of the split and of which examples load: `split_seed`, else `seed`."""
+        return self.seed if self.split_seed is None else self.split_seed
 
     def to_dict(self) -> dict:
         return asdict(self)

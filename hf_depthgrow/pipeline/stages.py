@@ -118,7 +118,7 @@ def public_command(command: str | None) -> str | None:
 
 def _load(run: _Run) -> None:
     """Model, tokenizer and the seeded train / held-out / test splits."""
-    from ..data.sources import load_data, split_dataset
+    from ..data.sources import load_data, split_dataset, split_fractions
     from ..hub.loading import load_model
 
     cfg = run.cfg
@@ -127,10 +127,10 @@ def _load(run: _Run) -> None:
     run.model, run.tokenizer = load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, quantize=cfg.quantize)
     run.base_name = public_name(cfg.model)
     run.model.eval()
-    data = load_data(cfg.data, model=run.model, tokenizer=run.tokenizer, block_size=cfg.block_size, max_examples=cfg.max_examples, seed=cfg.seed)
-    run.splits = split_dataset(
-        data, {"train": cfg.train_fraction, "held_out": cfg.held_out_fraction, "test": cfg.test_fraction}, seed=cfg.seed
-    )
+    data = load_data(cfg.data, model=run.model, tokenizer=run.tokenizer, block_size=cfg.block_size, max_examples=cfg.max_examples,
+                     seed=cfg.resolved_split_seed)
+    fractions = split_fractions(cfg.train_fraction, cfg.held_out_fraction, cfg.test_fraction)
+    run.splits = split_dataset(data, fractions, seed=cfg.resolved_split_seed, by=cfg.split_by)
     control.load_retention(run)
     run.lap("load")
 
