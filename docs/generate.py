@@ -126,7 +126,19 @@ def regime_table(folder: str, steps: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"regime_table": regime_table, "curve_table": curve_table, "largest_budget_table": largest_budget_table}
+def placement_table(folder: str) -> str:
+    """The placement policies' track record, the table of `folder/track_record.md`, from its `track_record.json`."""
+    path = DECISIONS / folder / "track_record.json"
+    if not path.is_file():
+        raise SystemExit(f"docs/generate.py: {path.relative_to(ROOT)} does not exist (a generated block names it)")
+    sys.path.insert(0, str(ROOT))  # the library's own formatter, so the doc's table is the one track_record.md holds
+    from hf_depthgrow.probe.placement_policy import track_record_markdown
+
+    return track_record_markdown(json.loads(path.read_text()))
+
+
+GENERATORS = {"regime_table": regime_table, "curve_table": curve_table, "largest_budget_table": largest_budget_table,
+              "placement_table": placement_table}
 
 
 def render(args: str) -> str:

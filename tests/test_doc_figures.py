@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,14 @@ def test_a_figure_edited_by_hand_inside_a_generated_table_is_caught():
     assert generate.regenerate(block)[1] == []
     edited = block.replace("0.751 [0.613, 0.883]", "0.761 [0.613, 0.883]")
     assert edited != block and generate.regenerate(edited)[1] == ["largest_budget_table smollm2-budgets"]
+
+
+def test_the_placement_table_in_the_doc_is_the_track_records():
+    doc = (ROOT / "docs" / "decisions.md").read_text()
+    start = doc.index("<!-- generated: placement_table placement -->\n")
+    body = doc[start:doc.index("<!-- end generated -->", start)].split("\n", 1)[1]
+    track = (ROOT / "docs" / "decisions" / "placement" / "track_record.md").read_text()
+    assert body.startswith("| policy |") and track.endswith(body)  # the table track_record.py wrote, not a copy by hand
+    record = json.loads((ROOT / "docs" / "decisions" / "placement" / "track_record.json").read_text())
+    assert body.split("\n")[0].split(" | ")[1:1 + len(record["tasks"])] == record["tasks"]  # one column per task, in order
+    assert f"| **{record['default']}** |" in body

@@ -9,13 +9,15 @@ difference from the committed scores: 0 up to float noise says the model and dat
     python docs/decisions/placement/scores.py smollm2-shakespeare
     python docs/decisions/placement/scores.py vit-fashion-mnist-to-digits --model runs/bases/vit/base/model
     python docs/decisions/placement/scores.py minilm-tweets --layers 6          # MIDAS only: the trained base is not committed
-    python docs/decisions/placement/scores.py regime-study --base-dir runs/regime_study
+    python docs/decisions/placement/scores.py regime-v2
 
 `smollm2-shakespeare`, `vit-fashion-mnist-to-digits` and `minilm-tweets` re-load what their committed `compare`
 command loaded (its `command.txt`; `--model` replaces the base folder). The committed runs predate per-document
 retention sampling, so the retention set is read as then: consecutive blocks (`--retention-blocks-per-document 0`).
-`regime-study` re-creates (or reuses, in `--base-dir`) the study's base with `recipes/configs/regime_study/default.yaml`
-and its Shakespeare training blocks. `docs/decisions/placement/track_record.py` turns the scores into the policy table.
+`regime-v2` loads the re-run regime study's committed base (`docs/decisions/regime-v2/base`; never re-trained here: a
+base whose settings differ from `recipes/configs/regime_study/default.yaml` is refused) and builds the training blocks
+and retention set the study built from that config; their counts are checked against the study's own.
+`docs/decisions/placement/track_record.py` turns the scores into the policy table.
 """
 
 from __future__ import annotations
@@ -35,14 +37,15 @@ BASES = {
     "vit-fashion-mnist-to-digits": "python recipes/image_classification.py --config "
     "recipes/configs/image_classification/vit_fashion_mnist.yaml --output-dir runs/bases/vit --max-steps 1 (its base stage)",
     "minilm-tweets": "docs/decisions/minilm-tweets/command.txt, step 1 (not re-created here: 1,130 s of training)",
-    "regime-study": "recipes/regime_study.py's base (recipes/configs/regime_study/default.yaml), re-created or reused in --base-dir",
+    "regime-v2": "recipes/regime_study.py's base (recipes/configs/regime_study/default.yaml), committed in docs/decisions/regime-v2/base",
 }
 MISSING = {  # what each committed task lacks
     "smollm2-shakespeare": ("adept", "midas"),
     "minilm-tweets": ("adept", "midas"),
     "vit-fashion-mnist-to-digits": ("adept", "midas"),
-    "regime-study": ("gradient_norm",),
+    "regime-v2": ("gradient_norm",),
 }
+REGIME = REPO / "docs" / "decisions" / "regime-v2"  # the study's folder: base/ (reused as it is) and seed0/compare.json
 
 
 def _compare_argv(folder: Path, model: str | None) -> list[str]:
@@ -64,8 +67,9 @@ def _compare_inputs(folder: Path, model: str | None):
     return loaded, splits["train"], retention, cfg.batch_size, argv
 
 
-def _regime_inputs(base_dir: str):
-    """`(model, train rows, retention rows, batch size)` of the regime study: its base (trained or reused) and data."""
+def _regime_inputs():
+    """`(model, train rows, retention rows, batch size, base info)` of the re-run regime study: its committed base and its
+    Shakespeare training blocks and retention set, built from the study's config as `recipes/regime_study.py` built them."""
     sys.path.insert(0, str(REPO / "recipes"))
     from regime.base import prepare_base
     from regime.config import RegimeStudyConfig
@@ -73,10 +77,17 @@ def _regime_inputs(base_dir: str):
 
     from hf_depthgrow.config import parse_args
 
-    (cfg,) = parse_args(RegimeStudyConfig, argv=["--config", str(REPO / "recipes/configs/regime_study/default.yaml"), "--output-dir", base_dir])
-    model, tokenizer, retention, base = prepare_base(cfg)
+    if not (REGIME / "base" / "settings.json").is_file():  # prepare_base would train a new base into docs/
+        raise SystemExit(f"error: {(REGIME / 'base').relative_to(REPO)} holds no committed base (settings.json)")
+    config = REPO / "recipes" / "configs" / "regime_study" / "default.yaml"
+    (cfg,) = parse_args(RegimeStudyConfig, argv=["--config", str(config), "--output-dir", str(REGIME)])
+    model, tokenizer, retention, base = prepare_base(cfg)  # reuses the base only when its settings are the config's
     print(base["plateau"]["text"], f"({base.get('steps')} steps)")
     train, _, _ = shakespeare_rows(cfg, tokenizer)
+    study = json.loads((REGIME / "seed0" / "compare.json").read_text())["num_examples"]
+    if (len(train), len(retention)) != (study["train"], study["retention"]):
+        raise SystemExit(f"error: {len(train)} training and {len(retention)} retention rows, where the study used {study['train']} "
+                         f"and {study['retention']}: the config is not the one the study ran")
     return model, train, retention, cfg.batch_size, base
 
 
@@ -91,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("task", choices=sorted(TASKS))
     parser.add_argument("--model", help="the base folder of a compare task (default: the committed command's)")
-    parser.add_argument("--base-dir", default="runs/regime_study", help="regime-study: where its base is trained or reused")
     parser.add_argument("--layers", type=int, help="score MIDAS only, from the base's layer count (no model is loaded)")
     parser.add_argument("--predictors", nargs="+", help="default: what the task lacks")
     parser.add_argument("--output", help="where the JSON goes (default: placement_scores.json beside the oracle's)")
@@ -109,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from hf_depthgrow.probe.baselines import predictor_scores
 
-        if args.task == "regime-study":
-            model, train, retention, batch_size, base = _regime_inputs(args.base_dir)
-            record["base"] = {"steps": base.get("steps"), "plateau_last": base["plateau"]["last"]}
+        if args.task == "regime-v2":
+            model, train, retention, batch_size, base = _regime_inputs()
+            record["base"] = {"folder": str((REGIME / "base").relative_to(REPO)), "steps": base.get("steps"),
+                              "plateau_last": base["plateau"]["last"]}
         else:
             model, train, retention, batch_size, compare_argv = _compare_inputs(folder, args.model)
             record["compare_arguments"] = compare_argv
@@ -127,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                   "model (or not its data); the scores are of a re-created one")
         import torch
 
-        record["torch_threads"] = torch.get_num_threads()  # the regime base's plateau step depends on it
+        record["torch_threads"] = torch.get_num_threads()  # float reductions, so the last digits, depend on it
         record["retention_examples"] = len(retention) if retention is not None else None
         record["train_examples"] = len(train)
     record.update(positions=out["positions"], scores=out["scores"], seconds=out["seconds"], total_seconds=time.perf_counter() - started)
