@@ -24,12 +24,28 @@ def local_ray():
     ray.shutdown()
 
 
+_frozen_at = [None]
+
+
 def pytest_collection_finish(session):
-    """Move what the suite has loaded by now (torch, transformers, every test module) out of the collector's sight.
+    _freeze_long_lived()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # At a module's first test the previous module's fixtures are torn down: what is left is long-lived
+    # (imports, session fixtures), including what earlier tests imported lazily.
+    if item.module is not _frozen_at[0]:
+        _frozen_at[0] = item.module
+        _freeze_long_lived()
+
+
+def _freeze_long_lived() -> None:
+    """Move what is loaded now (torch, transformers, test and benchmark modules) out of the collector's sight.
 
     Half a million long-lived objects made each full `gc.collect()` (after every comparison trial, and
     Python's own periodic full collections) cost 0.2 s of scanning objects that are never garbage.
-    Only what exists now is frozen, after a collection: everything a test creates is collected as before.
+    Garbage is collected first, so none is frozen; everything a test creates is collected as before.
     """
     gc.collect()
     gc.freeze()
