@@ -35,8 +35,9 @@ def pytest_collection_finish(session):
 def pytest_runtest_setup(item):
     # At a module's first test the previous module's fixtures are torn down: what is left is long-lived
     # (imports, session fixtures), including what earlier tests imported lazily.
-    if item.module is not _frozen_at[0]:
-        _frozen_at[0] = item.module
+    module = getattr(item, "module", None)
+    if module is not _frozen_at[0]:
+        _frozen_at[0] = module
         _freeze_long_lived()
 
 
