@@ -9,10 +9,12 @@ from pathlib import Path
 from bench_loader import load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_budget_sweep.py"
+# Loaded at collection, with the other imports: the comparison code it loads is then long-lived for the
+# collector (see conftest.py), instead of rescanned at every trial's collection.
+bench = load_benchmark(BENCH)
 
 
 def test_budget_sweep_benchmark_checks_identity_and_writes_its_section(tmp_path):
-    bench = load_benchmark(BENCH)
     results_md = tmp_path / "RESULTS.md"
     m = bench.main(["--quick", "--repeats", "1", "--write-results", "--results", str(results_md)])
     assert [len(v) for v in m["times"].values()] == [1, 1] and all(t > 0 for v in m["times"].values() for t in v)

@@ -6,18 +6,15 @@ results section is replaced in place); timings are not asserted: speed is measur
 
 from pathlib import Path
 
-import pytest
 from bench_loader import load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_compare.py"
+# Loaded at collection, with the other imports: the comparison code it loads is then long-lived for the
+# collector (see conftest.py), instead of rescanned at every trial's collection.
+bench = load_benchmark(BENCH)
 
 
-@pytest.fixture(scope="module")
-def bench():
-    return load_benchmark(BENCH)
-
-
-def test_compare_benchmark_times_both_ways_and_replaces_its_section(bench, tmp_path):
+def test_compare_benchmark_times_both_ways_and_replaces_its_section(tmp_path):
     results_md = tmp_path / "RESULTS.md"
     heading = bench.section_heading("tiny")
     results_md.write_text(f"# Benchmark results\n\n## Before\n\nkept\n\n{heading}\n\nstale\n\n## After\n\nkept too\n")

@@ -53,10 +53,10 @@ SUBSTITUTIONS = {
         "max_steps=200": "max_steps=2",
     },
     1: {
-        "block_size=128": "block_size=16",
-        "max_examples=1024": "max_examples=48",
+        "block_size=128": "block_size=8",
+        "max_examples=1024": "max_examples=24",
         "max_examples=64": "max_examples=8",
-        "budgets=[10, 20, 40, 80]": "budgets=[2, 4], lr_extensions=0, n_bootstrap=100",
+        "budgets=[10, 20, 40, 80]": "budgets=[2, 4], lr_extensions=0, n_bootstrap=100, batch_size=4",
     },
     2: {
         "grow_depth(model, [15],": "grow_depth(model, [2],",  # the tiny Llama has 4 layers
