@@ -51,13 +51,13 @@ def config(args, out: Path):
 def minimal_evaluation(cfg, model) -> tuple[float, object]:
     """Seconds of `evaluate_delta` alone on the run's test split (rebuilt with the run's seed), and its `EvalResult`."""
     from hf_depthgrow import evaluate_delta, load_model
-    from hf_depthgrow.data import load_data, split_dataset, split_fractions
+    from hf_depthgrow.data import load_data, split_parts
 
     _, tokenizer = load_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
     data = load_data(cfg.data, model=model, tokenizer=tokenizer, block_size=cfg.block_size, max_examples=cfg.max_examples,
                      seed=cfg.resolved_split_seed)
-    fractions = split_fractions(cfg.train_fraction, cfg.held_out_fraction, cfg.test_fraction)  # the run's own split
-    test = split_dataset(data, fractions, seed=cfg.resolved_split_seed, by=cfg.split_by)["test"]
+    test = split_parts(data, cfg.train_fraction, cfg.held_out_fraction, cfg.test_fraction,  # the run's own split
+                       seed=cfg.resolved_split_seed, by=cfg.split_by)["test"]
     start = time.perf_counter()
     result = evaluate_delta(model, test, delta=cfg.delta, loss_bound=cfg.loss_bound, seed=cfg.seed, batch_size=cfg.batch_size)
     return time.perf_counter() - start, result

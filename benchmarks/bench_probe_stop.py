@@ -61,14 +61,14 @@ def load(quick: bool):
         batch = tiny_inputs(model, batch=64, seq=16, seed=0)
         rows = [{k: v[i] for k, v in batch.items()} for i in range(64)]
         return model, rows, 8, 8, "a tiny random Llama, 64 random sequences of 16 tokens"
-    from hf_depthgrow.data import load_data, split_dataset, split_fractions
+    from hf_depthgrow.data import load_data, split_parts
 
     model, tok = load_model(cfg.model)
     model.eval()
     data = load_data(cfg.data, model=model, tokenizer=tok, block_size=cfg.block_size, max_examples=cfg.max_examples,
                      seed=cfg.resolved_split_seed)
-    fractions = split_fractions(cfg.train_fraction, cfg.held_out_fraction, cfg.test_fraction)  # the run's own split
-    train = split_dataset(data, fractions, seed=cfg.resolved_split_seed, by=cfg.split_by)["train"]
+    train = split_parts(data, cfg.train_fraction, cfg.held_out_fraction, cfg.test_fraction,  # the run's own split
+                        seed=cfg.resolved_split_seed, by=cfg.split_by)["train"]
     what = f"SmolLM2-135M-Instruct (fp32), the default run's {len(train)} Shakespeare training blocks of {cfg.block_size} tokens"
     return model, train, cfg.batch_size, cfg.probe_max_batches, what
 

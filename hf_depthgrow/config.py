@@ -544,14 +544,12 @@ class ScriptArguments:
             raise ValueError("stepping_stone=True needs exactly one growth position")
 
     def parts(self, dataset) -> dict:
-        """The parts of `dataset` by the three shares, `split_seed` and `split_by` (`hf_depthgrow.data.split_fractions`):
+        """The parts of `dataset` by the three shares, `split_seed` and `split_by` (`hf_depthgrow.data.split_parts`):
         the same parts `eval` and `compare` make with the same settings. A share of 0 makes no part."""
-        from .data.sources import split_dataset, split_fractions
+        from .data.sources import split_parts
 
-        fractions = split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction)
-        if list(fractions) == ["train"]:
-            return {"train": dataset}  # nothing to split off: every row, in its order
-        return split_dataset(dataset, fractions, seed=self.split_seed, by=self.split_by)
+        return split_parts(dataset, self.train_fraction, self.held_out_fraction, self.test_fraction, seed=self.split_seed,
+                           by=self.split_by)
 
     def split(self, dataset):
         """`(train, held_out or None)`: what training reads of `parts(dataset)`; the test part is left out."""

@@ -168,7 +168,7 @@ def build_parser() -> ConfigParser:
 
 def _load(script: CompareScript, cfg: CompareConfig):
     from ..data.retention import load_retention
-    from ..data.sources import load_data, split_dataset, split_fractions
+    from ..data.sources import load_data, split_parts
     from ..hub.loading import load_model
 
     model, tokenizer = load_model(script.model, trust_remote_code=script.trust_remote_code)
@@ -176,8 +176,8 @@ def _load(script: CompareScript, cfg: CompareConfig):
     seed = cfg.seed if script.split_seed is None else script.split_seed
     data = load_data(script.data, model=model, tokenizer=tokenizer, block_size=script.block_size,
                      max_examples=script.max_examples, seed=seed, blocks_per_document=_per_document(script.blocks_per_document))
-    fractions = split_fractions(script.train_fraction, script.held_out_fraction, script.test_fraction)
-    splits = split_dataset(data, fractions, seed=seed, by=script.split_by)
+    splits = split_parts(data, script.train_fraction, script.held_out_fraction, script.test_fraction, seed=seed,
+                         by=script.split_by)
     retention = load_retention(script.retention_data, model, tokenizer, block_size=script.block_size,
                                max_examples=script.retention_max_examples, split=script.retention_split, seed=cfg.seed,
                                blocks_per_document=_per_document(script.retention_blocks_per_document))

@@ -218,16 +218,16 @@ def evaluates_all(args: EvalArguments) -> bool:
 
 
 def load_splits(args: EvalArguments, model, tokenizer) -> tuple[dict, object]:
-    """`(parts, evaluated)`: the train / held-out / test parts (`hf_depthgrow.data.split_fractions`, as `train` and
+    """`(parts, evaluated)`: the train / held-out / test parts (`hf_depthgrow.data.split_parts`, as `train` and
     `compare` make them) and the one `--eval-split` names; every loaded example where `evaluates_all`."""
-    from ..data.sources import load_data, split_dataset, split_fractions
+    from ..data.sources import load_data, split_parts
 
     data = load_data(args.data, model=model, tokenizer=tokenizer, block_size=args.block_size,
                      max_examples=args.max_examples, split=args.split, seed=args.split_seed)
     if evaluates_all(args) and args.block_terms in (None, "all"):
         return {"all": data}, data  # no part is asked for: nothing is split (a few rows need not fill every share)
-    fractions = split_fractions(args.train_fraction, args.held_out_fraction, args.test_fraction)
-    splits = split_dataset(data, fractions, seed=args.split_seed, by=args.split_by) if len(fractions) > 1 else {"train": data}
+    splits = split_parts(data, args.train_fraction, args.held_out_fraction, args.test_fraction, seed=args.split_seed,
+                         by=args.split_by)
     if evaluates_all(args):
         return {**splits, "all": data}, data
     if args.eval_split not in splits:

@@ -25,6 +25,7 @@ from .sources import (
     make_loader,
     split_dataset,
     split_fractions,
+    split_parts,
 )
 
 __all__ = [
@@ -59,4 +60,5 @@ __all__ = [
     "make_loader",
     "split_dataset",
     "split_fractions",
+    "split_parts",
 ]

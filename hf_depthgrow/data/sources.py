@@ -24,7 +24,7 @@ from ..losses import DOCUMENT_COLUMN, is_causal_lm
 from .checks import check_batch
 from .text_files import TextFile, data_files
 
-__all__ = ["EMBEDDED_SOURCES", "SPLIT_PARTS", "images_to_pixels", "infer_task", "load_data", "make_loader", "split_dataset", "split_fractions"]
+__all__ = ["EMBEDDED_SOURCES", "SPLIT_PARTS", "images_to_pixels", "infer_task", "load_data", "make_loader", "split_dataset", "split_fractions", "split_parts"]
 
 EMBEDDED_SOURCES = ("shakespeare", "python_docs", "tweets", "fashion_mnist", "digits")
 
@@ -320,6 +320,24 @@ def split_fractions(train: float | None, held_out: float, test: float) -> dict[s
     if not shares["train"] > 1e-9:
         raise ValueError(f"train_fraction must be > 0 (it is {train} with held_out_fraction {held_out} and test_fraction {test})")
     return {name: share for name, share in shares.items() if share > 0}
+
+
+def split_parts(dataset, train: float | None, held_out: float, test: float, *, seed: int = 0, by: str | None = None) -> dict:
+    """The train / held-out / test parts of `dataset` by the commands' three shares (`split_fractions`), the rule every
+    command splits by. With only a train share, every row is the train part, in its order (nothing is shuffled).
+
+    Example:
+        ```python
+        >>> import datasets
+        >>> parts = split_parts(datasets.Dataset.from_dict({"x": list(range(10))}), None, 0.2, 0.0, seed=0)
+        >>> {name: len(part) for name, part in parts.items()}
+        {'train': 8, 'held_out': 2}
+        ```
+    """
+    fractions = split_fractions(train, held_out, test)
+    if list(fractions) == ["train"]:
+        return {"train": dataset}
+    return split_dataset(dataset, fractions, seed=seed, by=by)
 
 
 def split_dataset(

@@ -118,7 +118,7 @@ def public_command(command: str | None) -> str | None:
 
 def _load(run: _Run) -> None:
     """Model, tokenizer and the seeded train / held-out / test splits."""
-    from ..data.sources import load_data, split_dataset, split_fractions
+    from ..data.sources import load_data, split_parts
     from ..hub.loading import load_model
 
     cfg = run.cfg
@@ -129,8 +129,8 @@ def _load(run: _Run) -> None:
     run.model.eval()
     data = load_data(cfg.data, model=run.model, tokenizer=run.tokenizer, block_size=cfg.block_size, max_examples=cfg.max_examples,
                      seed=cfg.resolved_split_seed)
-    fractions = split_fractions(cfg.train_fraction, cfg.held_out_fraction, cfg.test_fraction)
-    run.splits = split_dataset(data, fractions, seed=cfg.resolved_split_seed, by=cfg.split_by)
+    run.splits = split_parts(data, cfg.train_fraction, cfg.held_out_fraction, cfg.test_fraction, seed=cfg.resolved_split_seed,
+                             by=cfg.split_by)
     control.load_retention(run)
     run.lap("load")
 
