@@ -374,8 +374,20 @@ def test_cli_reports_documents_per_part_and_resamples_them(lm_dir, tmp_path, cap
     assert {k: p["blocks"] for k, p in parts.items()} == {"train": 40, "heldout": 8, "test": 16, "retention_selection": 12, "retention_test": 12}
     assert {k: p["documents"] for k, p in parts.items()} == {"train": 5, "heldout": 1, "test": 2, "retention_selection": 3, "retention_test": 3}
     assert parts["test"]["resampled"] == parts["retention_test"]["resampled"] == "documents"
-    assert "retention selection 12 blocks of 3 documents; retention test 12 blocks of 3 documents" in (out / "compare.md").read_text()
+    report = (out / "compare.md").read_text()
+    assert "retention selection 12 blocks of 3 documents; retention test 12 blocks of 3 documents" in report
+    assert "for a document-level interval to stand for the domain on test (2), retention selection (3), retention test (3):" in report
     assert saved["config"]["cluster_key"] == "auto"
+
+
+def test_data_parts_text_says_when_a_part_has_too_few_documents_to_resample():
+    from hf_depthgrow.evaluation.formatting import FEW_DOCUMENTS, data_parts_text
+
+    few = {"test": {"blocks": 80, "documents": FEW_DOCUMENTS - 1, "resampled": "documents"}}
+    enough = {"test": {"blocks": 80, "documents": FEW_DOCUMENTS, "resampled": "documents"},
+              "train": {"blocks": 80, "documents": 2}}  # train is never resampled: its count is no warning
+    assert f"Too few documents for a document-level interval to stand for the domain on test ({FEW_DOCUMENTS - 1})" in data_parts_text(few)
+    assert "Too few" not in data_parts_text(enough)
 
 
 def test_cli_refuses_a_cluster_key_the_data_lacks(lm_dir, tmp_path, capsys):

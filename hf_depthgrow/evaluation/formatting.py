@@ -101,13 +101,26 @@ _PART_NAMES = {"train": "train", "heldout": "held-out", "held_out": "held-out", 
                "retention_selection": "retention selection", "retention_test": "retention test"}
 
 
+# Below this many documents a cluster bootstrap has too few distinct resamples to stand for the domain.
+FEW_DOCUMENTS = 10
+
+
+def _few_documents(parts: dict) -> str:
+    few = [f"{_PART_NAMES.get(n, n)} ({p['documents']})" for n, p in parts.items()
+           if p.get("resampled") == "documents" and p.get("documents") is not None and p["documents"] < FEW_DOCUMENTS]
+    if not few:
+        return ""
+    return (f" Too few documents for a document-level interval to stand for the domain on {', '.join(few)}: there it is the "
+            "spread between those documents (sample blocks across more documents and split the parts by document).")
+
+
 def data_parts_text(parts: dict, cluster_key: str | None = "auto") -> str:
     """One sentence: blocks and documents per part, and whether the intervals resampled documents.
 
     Example:
         ```python
-        >>> data_parts_text({"test": {"blocks": 80, "documents": 2, "resampled": "documents"}})
-        'Data: test 80 blocks of 2 documents. Intervals resample documents (cluster bootstrap) on test.'
+        >>> data_parts_text({"test": {"blocks": 80, "documents": 40, "resampled": "documents"}})
+        'Data: test 80 blocks of 40 documents. Intervals resample documents (cluster bootstrap) on test.'
         ```
     """
     def one(name, part):
@@ -120,7 +133,8 @@ def data_parts_text(parts: dict, cluster_key: str | None = "auto") -> str:
     by_blocks = [_PART_NAMES.get(n, n) for n, p in parts.items() if p.get("resampled") == "blocks"]
     if by_documents:
         text += f" Intervals resample documents (cluster bootstrap) on {', '.join(by_documents)}"
-        return text + (f"; blocks on {', '.join(by_blocks)}." if by_blocks else ".")
+        text += f"; blocks on {', '.join(by_blocks)}." if by_blocks else "."
+        return text + _few_documents(parts)
     if by_blocks:
         why = " (cluster_key none)" if cluster_key is None else ""
         return text + f" Intervals resample blocks{why}: blocks of one document are treated as independent."
