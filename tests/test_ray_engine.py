@@ -11,6 +11,7 @@ import pytest
 from hf_depthgrow.comparison import CompareConfig, compare_plans
 from hf_depthgrow.comparison import ray_engine
 from hf_depthgrow.testing import tiny_inputs, tiny_model
+from ray_kill import kill_after_second_checkpoint
 
 
 def lm_rows(model, n: int, seed: int, seq: int = 12) -> list[dict]:
@@ -101,31 +102,6 @@ def test_impossible_resources_and_halving_are_refused_under_ray(local_ray, setti
         _run(setting, engine="ray", successive_halving=True, budgets=None, max_steps=8)
 
 
-def _kill_after_second_checkpoint(storage, killed: list, timeout: float = 180.0) -> None:
-    """SIGKILL the Tune trial process (titled ray::ImplicitFunc) of trial 0 once its second checkpoint is in `storage`.
-
-    The second, not the first: the trial went on after its first report only once the driver had taken it (Tune's
-    function trainables wait for that), so the driver knows a checkpoint to retry from.
-    """
-    import os
-    import signal
-    import time
-
-    psutil = pytest.importorskip("psutil")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not killed:
-        if any(storage.glob("*/*index=0*/checkpoint_000001")):
-            for proc in psutil.Process().children(recursive=True):  # the local Ray's processes, not another Ray's
-                try:
-                    if "ImplicitFunc" in " ".join(proc.cmdline()):
-                        os.kill(proc.pid, signal.SIGKILL)
-                        killed.append(proc.pid)
-                        return
-                except psutil.Error:
-                    continue
-        time.sleep(0.02)
-
-
 @pytest.mark.ray
 def test_a_killed_trial_resumes_from_its_checkpoint_and_ends_identical(local_ray, setting, tmp_path, caplog):
     """Trial 0 is SIGKILLed after its second checkpoint: Tune retries it from its checkpoint. Trial 1 continues from the
@@ -153,7 +129,7 @@ def test_a_killed_trial_resumes_from_its_checkpoint_and_ends_identical(local_ray
     store = TrialStore(tmp_path / "trials", inputs(), resume=True)
     store.save_checkpoint(resumed_spec, saved[0])  # what an interrupted sweep left
     killed, storage = [], tmp_path / "tune"
-    killer = threading.Thread(target=_kill_after_second_checkpoint, args=(storage, killed))
+    killer = threading.Thread(target=kill_after_second_checkpoint, args=(storage, killed))
     killer.start()
     with caplog.at_level(logging.INFO, logger=ray_engine.__name__):
         with pytest.warns(UserWarning, match=r"trial at:2@lr0\.003@seed0 failed \(1 time\(s\)\): Ray runs it again from its checkpoint at step \d+"):

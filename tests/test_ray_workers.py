@@ -9,6 +9,7 @@ from hf_depthgrow.comparison import build_arms, ray_engine
 from hf_depthgrow.comparison.runner import example_losses
 from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec, run_trial
 from hf_depthgrow.testing import fsdp2_cpu_config, tiny_inputs, tiny_model
+from ray_kill import kill_after_second_checkpoint
 
 # Two workers each take half of every global batch; DDP all-reduces the halves' gradients (the trainer scales
 # each half's token sum by world / global weight), which is the full batch's mean gradient up to float
@@ -73,6 +74,31 @@ def test_a_two_worker_trial_equals_the_one_process_trial(local_ray):
     assert np.abs(got.scores[8].test - original["test"][0]).max() > 20 * RTOL * np.abs(original["test"][0]).max()
     with pytest.raises(ValueError, match=r"2 workers per trial with 2 CPU each need 4 CPU, but the Ray cluster has 2"):
         ray_engine.run_ray([spec], inputs(), workers_per_trial=2, resources_per_trial=2)
+
+
+
+@pytest.mark.ray
+def test_a_killed_two_worker_trial_resumes_from_its_checkpoint_and_ends_identical(local_ray, tmp_path):
+    """The Tune trial of a 2-worker trial is SIGKILLed after its second checkpoint (its workers die with it): Tune runs
+    it again from that checkpoint, on both workers, and it ends bit for bit as the uninterrupted 2-worker trial."""
+    import threading
+
+    pytest.importorskip("ray.train.torch")
+    base, original, inputs = trial_setup(train=24, test=12)
+    # Checkpoints after the branches of budgets 4 and 8; 40 more steps after the second leave time to kill it.
+    spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 3e-3, 0, (4, 8, 48), warmup_steps=1, scheduler="wsd")
+    (want,) = ray_engine.run_ray([spec], inputs(), workers_per_trial=2, max_failures=0)
+    killed, storage = [], tmp_path / "tune"
+    killer = threading.Thread(target=kill_after_second_checkpoint, args=(storage, killed))
+    killer.start()
+    with pytest.warns(UserWarning, match=r"trial at:2@lr0\.003@seed0 failed \(1 time\(s\)\): Ray runs it again from its checkpoint at step \d+"):
+        (got,) = ray_engine.run_ray([spec], inputs(), workers_per_trial=2, storage=str(storage))
+    killer.join()
+    assert killed and got.heldout_curve == want.heldout_curve and sorted(got.scores) == sorted(want.scores) == [4, 8, 48]
+    for budget in want.scores:
+        assert got.scores[budget].units_seen == want.scores[budget].units_seen
+        np.testing.assert_array_equal(got.scores[budget].test, want.scores[budget].test)
+    assert np.abs(got.scores[48].test - original["test"][0]).max() > 1e-3  # trained: not the untrained model's equality
 
 
 @pytest.mark.ray

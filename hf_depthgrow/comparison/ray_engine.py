@@ -2,12 +2,14 @@
 
 `run_ray(specs, inputs)` has `run_serial`'s contract (results in the specs' order, each what `run_trial` gives:
 bit-identical per-example losses on CPU fp32 at the same number of torch threads). Each spec is one Tune trial
-of a function trainable that runs `run_trial`; the `TrialInputs` (base model, rows) go into Ray's object store
-once (`tune.with_parameters`), not to every trial; each trial gets `resources_per_trial` CPUs and as many torch
+of one function trainable (`tune_units`) that runs `run_trial`, in its own process or, with `workers_per_trial`
+above 1, on a Ray Train `TorchTrainer` of that many (`comparison.ray_workers`). The `TrialInputs` (base model,
+rows) go into Ray's object store once per sweep, and each trial process, reused from trial to trial (Tune's
+`reuse_actors`), reads them once; each trial gets `resources_per_trial` CPUs (per worker) and as many torch
 threads. A trial reports a Tune checkpoint (`comparison.trial_checkpoint`: its trained parameters, optimizer,
 scheduler and RNG state, and its scores so far) after each budget and rung it scores; a trial whose process
-dies is run again from its last checkpoint (from its start before the first) (`FailureConfig(max_failures)`),
-and ends bit-identical to the uninterrupted trial on CPU fp32. With a store the driver also keeps each
+(or one of its workers) dies is run again from its last checkpoint (from its start before the first)
+(`FailureConfig(max_failures)`), and ends bit-identical to the uninterrupted trial on CPU fp32. With a store the driver also keeps each
 trial's latest checkpoint under `trials_dir` (`TrialStore.save_checkpoint`), so that `compare --resume` after
 the driver itself died continues the unfinished trials from there. With a `TrialStore` each trial is stored on the driver as it
 finishes, and stored trials are not run again (resume): the serial engine's step, `store.stored_or_run`.
@@ -133,7 +135,7 @@ def run_ray(
     use_store = store if store is not None and store.enabled else None
 
     def tune(todo):
-        with ray_cluster(address, resources):
+        with ray_cluster(address, resources, workers_per_trial):
             return _tune(todo, inputs, resources, max_concurrent_trials, storage, max_failures, use_store, bar, workers_per_trial,
                          accelerate_config).values()
 
@@ -177,8 +179,9 @@ def _connect(ray, address: str | None) -> bool:
 
 
 @contextlib.contextmanager
-def ray_cluster(address: str | None, resources_per_trial=None):
-    """Ray joined (or started: then shut down at the end), yielding the resources per trial it was checked to give.
+def ray_cluster(address: str | None, resources_per_trial=None, workers: int = 1):
+    """Ray joined (or started: then shut down at the end), yielding the resources per trial (per worker of a trial of
+    `workers` processes) it was checked to give.
 
     What every sweep on Ray does first (`run_ray`, the scaling study's cells): an unreachable address or
     resources the cluster cannot give are a `ValueError` naming them, before any trial starts.
@@ -197,7 +200,7 @@ def ray_cluster(address: str | None, resources_per_trial=None):
     try:
         from .ray_workers import check_resources
 
-        check_resources(ray, resources)
+        check_resources(ray, resources, workers)
         yield resources
     finally:
         if started:
@@ -222,8 +225,10 @@ def _resources(resources_per_trial) -> dict:
 # --------------------------------------------------------------------------- the trials
 
 
-def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, threads: int, gpus: float, resume: dict | None = None) -> None:
-    """One Tune trial: `run_trial` on the spec at `config["index"]`, checkpointed as it goes, its result reported as exact JSON.
+def _trial(spec: TrialSpec, shipped: list, *, workers: int = 1, resources: dict | None = None, launch: dict | None = None,
+           resume: dict | None = None) -> dict:
+    """One trial (`tune_units`' work): `run_trial` on `spec`, in this process or on `workers` processes (a Ray Train
+    `TorchTrainer`, `ray_workers.run_on_workers`), reporting a Tune checkpoint after each budget and rung either way.
 
     It starts from Tune's checkpoint (a retry after its process died), else from `resume[name]` (`--resume`).
     """
@@ -231,11 +236,15 @@ def _trainable(config: dict, specs: list[TrialSpec], inputs: TrialInputs, thread
 
     from .trial import result_text
 
-    trial_process(threads, gpus)
-    spec = specs[config["index"]]
     start = _tune_checkpoint(tune) or (resume or {}).get(spec.name)
-    result = run_trial(spec, inputs, checkpoint=functools.partial(_report_checkpoint, tune), resume=start)
-    tune.report({"trial": result_text(result), "seconds": result.seconds, "resumed_from": start.step if start is not None else 0})
+    report = functools.partial(_report_checkpoint, tune)
+    if workers > 1:
+        from .ray_workers import run_on_workers
+
+        packed = run_on_workers(spec, shipped, resources, workers, launch, start=start, checkpoint=report)
+    else:
+        packed = result_text(run_trial(spec, received(shipped), checkpoint=report, resume=start))
+    return {"trial": packed, "resumed_from": start.step if start is not None else 0}
 
 
 def _tune_checkpoint(tune):
@@ -286,19 +295,17 @@ def _compact(rows):
 
 
 def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar, workers=1, accelerate_config=None) -> dict[str, TrialResult]:
-    from ray import tune
-
     from .trial import result_from_text
 
-    if workers > 1:  # each trial a Ray Train TorchTrainer of `workers` processes (comparison.ray_workers)
-        from .ray_workers import worker_trainable
+    # --resume: each unfinished trial's checkpoint, read on the driver and shipped (no shared folder needed).
+    resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}
+    work = functools.partial(_trial, workers=workers, resources=resources, resume=resume)
+    threads, trial_resources = max(1, int(resources["cpu"])), resources
+    if workers > 1:  # the Tune trial only waits for its TorchTrainer's workers (comparison.ray_workers)
+        from .ray_workers import DRIVER_RESOURCES, launch_env
 
-        trainable, resources = worker_trainable(specs, _shippable(inputs), resources, workers, accelerate_config)
-    else:
-        # --resume: each unfinished trial's checkpoint, read on the driver and shipped (no shared folder needed).
-        resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}
-        trainable = tune.with_parameters(_trainable, specs=specs, inputs=_shippable(inputs), threads=max(1, int(resources["cpu"])),
-                                         gpus=resources.get("gpu", 0), resume=resume)
+        work.keywords["launch"] = launch_env(accelerate_config, workers) if accelerate_config is not None else {}
+        threads, trial_resources = 1, dict(DRIVER_RESOURCES)
 
     def keep(index, reported):
         spec = specs[index]
@@ -323,24 +330,31 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
         except Exception as err:  # noqa: BLE001
             warnings.warn(f"trial {specs[index].name}: its checkpoint was not kept under {store.root} ({err}); --resume would start it over", stacklevel=2)
 
-    done = tune_units(trainable, resources, [s.name for s in specs], what="trial", keep=keep, max_concurrent=max_concurrent, storage=storage,
-                      max_failures=max_failures, on_checkpoint=checkpointed)
+    done = tune_units(work, specs, _shippable(inputs), trial_resources, [s.name for s in specs], what="trial", keep=keep, threads=threads,
+                      max_concurrent=max_concurrent, storage=storage, max_failures=max_failures, on_checkpoint=checkpointed)
     return {specs[i].name: result for i, result in done.items()}
 
 
-def tune_units(trainable, resources: dict, names: list[str], *, what: str, keep, max_concurrent=None, storage=None, max_failures=2,
-               on_checkpoint=None) -> dict:
-    """Every sweep's Tune driver (compare's trials, the scaling study's cells): one Tune trial per unit, each running
-    `trainable(config)` on unit `config["index"]` with `resources` and reporting its result under the key `what`.
+def tune_units(work, units: list, shared, resources: dict, names: list[str], *, what: str, keep, threads: int = 1, max_concurrent=None,
+               storage=None, max_failures=2, on_checkpoint=None) -> dict:
+    """Every sweep's Tune driver (compare's trials, the scaling study's cells): one Tune trial per unit, each returning
+    `work(units[i], shipped)` to Tune as its final report, which holds the unit's result under the key `what`.
 
+    `shared` (the model, the rows, the task data) goes into Ray's object store once (`shipped`, a list holding its
+    reference: `received(shipped)` reads it); a trial process, reused from unit to unit, reads it once for them all.
+    Each trial has `resources`, `threads` torch threads, and CUDA hidden unless it asks for a GPU (`trial_process`).
     On the driver, `keep(index, metrics)` takes each unit's final report as it arrives (storing it, so an interrupted
     sweep keeps every finished unit) and `on_checkpoint(index, checkpoint)` each checkpoint a unit reports; a unit
     whose process dies runs again from its last checkpoint (its start before one), at most `max_failures` times.
-    Trial processes are reused from unit to unit; Tune's tables go to stderr. Returns `{index: what keep returned}`;
-    a unit that failed every retry is a `RuntimeError` naming it.
+    Tune's tables go to stderr. Returns `{index: what keep returned}`; a unit that failed every retry is a
+    `RuntimeError` naming it.
     """
+    import ray
     from ray import tune
 
+    # In a list, so that Tune hands each trial the reference, not the value: `received` reads it once per process.
+    trainable = tune.with_parameters(_trainable, work=work, units=units, shipped=[ray.put(shared)], threads=threads,
+                                     gpus=resources.get("gpu", 0))
     collect = _collector(names, what, keep, on_checkpoint)
     with tempfile.TemporaryDirectory(prefix="hf_depthgrow-ray-") as tmp:
         tuner = tune.Tuner(
@@ -372,6 +386,29 @@ def tune_units(trainable, resources: dict, names: list[str], *, what: str, keep,
 def _storage(storage: str | None) -> str | None:
     """Tune's `storage_path`: a local folder made absolute (Tune wants one), a URI (`s3://...`) as it is."""
     return os.path.abspath(storage) if storage and "://" not in storage else storage
+
+
+def _trainable(config: dict, work, units: list, shipped: list, threads: int, gpus: float) -> None:
+    """The one Tune trainable: `work` on the unit at `config["index"]`, its return value the trial's final report."""
+    from ray import tune
+
+    trial_process(threads, gpus)
+    tune.report(work(units[config["index"]], shipped))
+
+
+_RECEIVED: dict = {}  # this process's copy of a sweep's shared inputs, by object reference
+
+
+def received(shipped: list):
+    """The value `tune_units` put into Ray's object store, read once per process: every later trial a reused trial
+    process runs gets the same object (trials only read their inputs), not another copy deserialised from the store."""
+    import ray
+
+    key = shipped[0].hex()
+    if key not in _RECEIVED:
+        _RECEIVED.clear()  # one sweep's inputs at a time
+        _RECEIVED[key] = ray.get(shipped[0])
+    return _RECEIVED[key]
 
 
 def trial_process(threads: int, gpus: float) -> None:

@@ -7,7 +7,9 @@ worker function runs, so the `Accelerator` that `GrownTrainer` builds finds a mu
 data order split by rank (`DataOrder`), gradients all-reduced every optimizer step. The trial's batch stays the
 global batch: each of the N workers takes `batch_size / N` rows of it per step, and the trainer's loss is the
 global token-weighted mean, so the optimizer step is the 1-worker step up to float reassociation.
-Every rank evaluates; rank 0's `TrialResult` is the trial's (reported to Tune, stored by the driver).
+Every rank evaluates; rank 0's `TrialResult` is the trial's (reported to Tune, stored by the driver), and rank
+0's checkpoints are the trial's Tune checkpoints: a trial whose worker (or Tune trial) dies is run again by Tune
+from the latest, on every worker, and ends as the uninterrupted trial does (`run_on_workers`).
 
 The inputs (base model, rows) go into Ray's object store once per sweep; the Tune trial (a small driver that
 only starts the `TorchTrainer`) passes their reference on, and each worker reads them from there once
@@ -24,13 +26,12 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-import time
 
 import torch
 
-from .trial import TrialInputs, TrialSpec, run_trial
+from .trial import TrialSpec, run_trial
 
-__all__ = ["check_workers", "worker_trainable"]
+__all__ = ["check_workers", "launch_env", "run_on_workers"]
 
 # The Tune trial itself only waits for its TorchTrainer, so it asks for no CPU: N workers of one CPU each then fit
 # on N CPUs (any CPU share for it would leave the workers one short). A placement group bundle may not be empty,
@@ -106,32 +107,22 @@ def launch_env(path, workers: int) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(("ACCELERATE_", "FSDP_")) and os.environ.get(k) != v and k != "ACCELERATE_USE_CPU"}
 
 
-def worker_trainable(specs: list[TrialSpec], inputs: TrialInputs, resources: dict, workers: int, accelerate_config=None):
-    """`(trainable, trial resources)` for Tune: a trial that runs `specs[config["index"]]` as a TorchTrainer of `workers` processes.
+def run_on_workers(spec: TrialSpec, shipped: list, resources: dict, workers: int, launch: dict | None, *, start, checkpoint) -> str:
+    """Run `spec` as a TorchTrainer of `workers` processes of `resources` each; rank 0's packed `TrialResult` back.
 
-    `resources` are each worker's (`{"cpu": c}`, optionally `"gpu"`); the trial itself asks `DRIVER_RESOURCES`.
-    `accelerate_config`: a config file whose launch variables (`launch_env`, read here on the driver) every worker gets.
+    Every worker starts from the `TrialCheckpoint` `start` (or from the trial's start), and rank 0's checkpoint after
+    each budget and rung is handed to `checkpoint` here, in the Tune trial, as it comes: the ranks of a DDP trial
+    hold the same state (the same seed, all-reduced gradients), so rank 0's continues every rank. A sharded
+    trial (FSDP, DeepSpeed) takes none: it reruns from its start. `launch`: an accelerate config's variables.
     """
+    import threading
+
     import ray
-    from ray import tune
-
-    check_resources(ray, resources, workers)
-    # In a list, so that Tune hands the trial the reference and not the model: only the workers read it.
-    shipped = [ray.put(inputs)]
-    launch = launch_env(accelerate_config, workers) if accelerate_config is not None else {}
-    trainable = tune.with_parameters(_trial, specs=specs, shipped=shipped, resources=dict(resources), workers=workers, launch=launch)
-    return trainable, dict(DRIVER_RESOURCES)
-
-
-def _trial(config: dict, specs: list[TrialSpec], shipped: list, resources: dict, workers: int, launch: dict | None = None) -> None:
-    """One Tune trial: a TorchTrainer of `workers` processes on one spec; rank 0's packed result reported to Tune."""
-    import ray
-    from ray import train, tune
+    from ray import train
     from ray.train.torch import TorchTrainer
 
-    spec = specs[config["index"]]
-    # Ray Train keeps a worker's metrics only with a checkpoint; rank 0 hands its result to this actor instead
-    # (no CPU: the workers hold them all; no storage shared across nodes needed).
+    # Rank 0 hands its checkpoints and result to this actor: Ray Train would keep a worker's metrics only with a
+    # checkpoint of its own, in storage shared across nodes (no CPU: the workers hold them all).
     mailbox = ray.remote(num_cpus=0)(_Mailbox).remote()
     cpus, gpus = max(1, int(resources["cpu"])), resources.get("gpu", 0)
     per_worker = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
@@ -143,21 +134,38 @@ def _trial(config: dict, specs: list[TrialSpec], shipped: list, resources: dict,
     if not gpus:
         env.update(ACCELERATE_USE_CPU="true", CUDA_VISIBLE_DEVICES="")
     storage = tempfile.mkdtemp(prefix="hf_depthgrow-train-")  # Ray Train's run state; nothing is checkpointed there
-    started = time.perf_counter()
+    failed: list[BaseException] = []
     try:
         trainer = TorchTrainer(
-            _worker, train_loop_config={"spec": spec, "shipped": shipped, "threads": cpus, "mailbox": mailbox, "sharding": _sharding(env)},
+            _worker, train_loop_config={"spec": spec, "shipped": shipped, "threads": cpus, "mailbox": mailbox, "sharding": _sharding(env),
+                                        "start": start},
             scaling_config=train.ScalingConfig(num_workers=workers, use_gpu=bool(gpus), resources_per_worker=per_worker),
-            # A worker that dies fails the trial; Tune's FailureConfig runs the whole trial again (it is deterministic).
+            # A worker that dies fails the trial; Tune's FailureConfig runs it again from its latest checkpoint.
             run_config=train.RunConfig(name=f"{spec.name}".replace("@", "_"), storage_path=storage, worker_runtime_env={"env_vars": env},
                                        failure_config=train.FailureConfig(max_failures=0)),
         )
-        trainer.fit()
-        packed = ray.get(mailbox.take.remote())
+        # fit() blocks until the workers end: in a thread, so that rank 0's checkpoints reach Tune as they come.
+        fit = threading.Thread(target=lambda: _catch(trainer.fit, failed), daemon=True)
+        fit.start()
+        running = True
+        while running:
+            fit.join(timeout=0.2)
+            running = fit.is_alive()  # read before taking: the last take comes after the workers' last put
+            for taken in ray.get(mailbox.take_checkpoints.remote()):
+                checkpoint(taken)
+        if failed:
+            raise failed[0]
+        return ray.get(mailbox.take.remote())
     finally:
         shutil.rmtree(storage, ignore_errors=True)
         ray.kill(mailbox)
-    tune.report({"trial": packed, "seconds": time.perf_counter() - started, "workers": workers})
+
+
+def _catch(fn, failed: list) -> None:
+    try:
+        fn()
+    except BaseException as err:  # noqa: BLE001 - raised again in the trial's own thread
+        failed.append(err)
 
 
 def _sharding(env: dict) -> str | None:
@@ -168,13 +176,20 @@ def _sharding(env: dict) -> str | None:
 
 
 class _Mailbox:
-    """Holds rank 0's packed `TrialResult` until the trial's driver takes it."""
+    """Holds rank 0's checkpoints (until the trial's driver reports them to Tune) and its packed `TrialResult`."""
 
     def __init__(self):
-        self.packed = None
+        self.packed, self.checkpoints = None, []
 
     def put(self, packed: str) -> None:
         self.packed = packed
+
+    def put_checkpoint(self, checkpoint) -> None:
+        self.checkpoints.append(checkpoint)
+
+    def take_checkpoints(self) -> list:
+        out, self.checkpoints = self.checkpoints, []
+        return out
 
     def take(self) -> str:
         if self.packed is None:
@@ -187,16 +202,19 @@ def _worker(config: dict) -> None:
     import ray
     from ray import train
 
+    from .ray_engine import received
     from .trial import result_text
 
     torch.set_num_threads(config["threads"])
     context = train.get_context()
     world, rank = context.get_world_size(), context.get_world_rank()
-    inputs = ray.get(config["shipped"][0])
+    mailbox = config["mailbox"]
     # The trial's batch is the global one: TrainConfig's per-device batch is its share (DataOrder gives rank r
     # the r-th slice of the same seeded global batch), so N workers step as one process with the whole batch.
+    inputs = received(config["shipped"])
     inputs = dataclasses.replace(inputs, batch_size=inputs.batch_size // world)
-    result = run_trial(config["spec"], inputs)
+    keep = (lambda taken: ray.get(mailbox.put_checkpoint.remote(taken))) if rank == 0 else None
+    result = run_trial(config["spec"], inputs, checkpoint=keep, resume=config["start"])
     from accelerate.state import AcceleratorState, PartialState
 
     seen = PartialState().num_processes
@@ -206,7 +224,7 @@ def _worker(config: dict) -> None:
     if config["sharding"] is not None and config["sharding"] != ran:  # e.g. accelerate running DDP for an FSDP plugin on CPU
         raise RuntimeError(f"the trial's accelerate_config asks for {config['sharding']}, but its workers ran {ran}")
     if rank == 0:  # every rank holds the same trained model and scores; rank 0's is the trial's
-        ray.get(config["mailbox"].put.remote(result_text(result)))
+        ray.get(mailbox.put.remote(result_text(result)))
 
 
 def check_resources(ray, resources: dict, workers: int = 1) -> None:

@@ -11,7 +11,8 @@ On disk a checkpoint is a folder like an evidence-cache entry: `tensors.safetens
 moments, RNG states), `entry.json` (everything else, strict JSON, with the trial store's key of its trial)
 and `digest.json` (their sha256, written last): no pickle, and a damaged or half-written folder is never read. The Ray engine hands the folder to Tune
 (`tune.Checkpoint`: a retried trial starts from it), the trial store keeps the latest under `trials_dir` for
-`--resume`. Trials spread over several processes (sharded, or DDP with per-rank RNG) take none: they rerun.
+`--resume`. A DDP trial's ranks hold the same state (one seed, all-reduced gradients): rank 0's checkpoint
+continues every rank. Sharded trials (FSDP, DeepSpeed) take none: each rank holds a part; they rerun.
 """
 
 from __future__ import annotations
@@ -123,8 +124,8 @@ def capture(trainer, result, events_done: int, seconds: float) -> TrialCheckpoin
     from ..training.checkpoints import rng_state
     from .trial_record import result_entry
 
-    if getattr(trainer, "sharded", False) or trainer.accelerator.num_processes > 1 or trainer.stopped or trainer.nonfinite is not None:
-        return None  # several processes: the state is per rank; a diverged trunk: the rerun is as short
+    if getattr(trainer, "sharded", False) or trainer.stopped or trainer.nonfinite is not None:
+        return None  # sharded: each rank holds a part of the state; a diverged trunk: the rerun is as short
     tensors = {_PARAM + n: p.detach().cpu().clone() for n, p in trainer.trainable_named}
     optimizer = trainer.optimizer.state_dict()
     scalars = {}

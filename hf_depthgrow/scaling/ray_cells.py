@@ -2,9 +2,9 @@
 
 Run by compare's Ray driver (`comparison.ray_engine`): the same connection and resource checks (`ray_cluster`:
 an unreachable address or more CPUs per cell than the cluster has is one line before any work), the same Tune
-driver (`tune_units`: Tune's tables on stderr, trial processes reused from cell to cell, a failed cell run again
-from its start). The task data (every split of every task) goes into Ray's object store once
-(`tune.with_parameters`), not to every cell. Each cell runs with the study's `threads` torch threads, as the
+driver and trainable (`tune_units`: Tune's tables on stderr, trial processes reused from cell to cell, a failed
+cell run again from its start). The task data (every split of every task) goes into Ray's object store once, and
+each trial process reads it once for every cell it runs. Each cell runs with the study's `threads` torch threads, as the
 serial engine does, so on CPU fp32 its result is bit-identical to the serial one. The driver stores each cell
 (`units.save_cell`) as it finishes, so an interrupted study keeps every finished cell and resumes.
 """
@@ -33,23 +33,17 @@ def run_cells_ray(config, specs: list[CellSpec], path_of, *, prepare=None, stora
     from ..comparison.ray_engine import ray_cluster, tune_units
 
     with ray_cluster(config.ray_address, config.resources_per_trial) as resources:
-        from ray import tune
-
         names = dict.fromkeys(spec.name for spec in specs)
         data = {name: load_task_data(config.tasks[name], config.seed) for name in names}
         if prepare is not None:
             prepare()
-        trainable = tune.with_parameters(_trainable, specs=specs, data=data, threads=config.threads, gpus=resources.get("gpu", 0))
-        tune_units(trainable, resources, [s.stem for s in specs], what="cell", keep=lambda i, reported: save_cell(path_of(specs[i]), json.loads(reported["cell"])),
+        tune_units(_cell, specs, data, resources, [s.stem for s in specs], what="cell", threads=config.threads,
+                   keep=lambda i, reported: save_cell(path_of(specs[i]), json.loads(reported["cell"])),
                    max_concurrent=config.max_concurrent_trials, storage=storage, max_failures=max_failures)
 
 
-def _trainable(config: dict, specs: list[CellSpec], data: dict, threads: int, gpus: float) -> None:
-    """One Tune trial: the cell at `config["index"]`, its result reported as JSON (floats read back bit for bit)."""
-    from ray import tune
+def _cell(spec: CellSpec, shipped: list) -> dict:
+    """One Tune trial's work: the cell's result as JSON (floats read back bit for bit)."""
+    from ..comparison.ray_engine import received
 
-    from ..comparison.ray_engine import trial_process
-
-    trial_process(threads, gpus)
-    spec = specs[config["index"]]
-    tune.report({"cell": json.dumps(compute_cell(spec, data[spec.name], cell_device()))})
+    return {"cell": json.dumps(compute_cell(spec, received(shipped)[spec.name], cell_device()))}
