@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 
-def kill_after_second_checkpoint(storage, killed: list, timeout: float = 180.0) -> None:
-    """SIGKILL the Tune trial process (titled ray::ImplicitFunc) of trial 0 once its second checkpoint is in `storage`.
+def kill_after_second_checkpoint(storage, killed: list, timeout: float = 180.0, title: str = "ImplicitFunc") -> None:
+    """SIGKILL a process titled `title` (the Tune trial process, ray::ImplicitFunc, by default; a Ray Train worker is
+    ray::RayTrainWorker) once trial 0's second checkpoint is in `storage`.
 
     The second, not the first: the trial went on after its first report only once the driver had taken it (Tune's
     function trainables wait for that), so the driver knows a checkpoint to retry from.
@@ -21,7 +22,7 @@ def kill_after_second_checkpoint(storage, killed: list, timeout: float = 180.0) 
         if any(storage.glob("*/*index=0*/checkpoint_000001")):
             for proc in psutil.Process().children(recursive=True):  # the local Ray's processes, not another Ray's
                 try:
-                    if "ImplicitFunc" in " ".join(proc.cmdline()):
+                    if title in " ".join(proc.cmdline()):
                         os.kill(proc.pid, signal.SIGKILL)
                         killed.append(proc.pid)
                         return

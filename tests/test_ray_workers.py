@@ -79,8 +79,8 @@ def test_a_two_worker_trial_equals_the_one_process_trial(local_ray):
 
 @pytest.mark.ray
 def test_a_killed_two_worker_trial_resumes_from_its_checkpoint_and_ends_identical(local_ray, tmp_path):
-    """The Tune trial of a 2-worker trial is SIGKILLed after its second checkpoint (its workers die with it): Tune runs
-    it again from that checkpoint, on both workers, and it ends bit for bit as the uninterrupted 2-worker trial."""
+    """A worker of a 2-worker trial is SIGKILLed after the trial's second checkpoint: the trial fails, Tune runs it again
+    from that checkpoint, on both workers, and it ends bit for bit as the uninterrupted 2-worker trial."""
     import threading
 
     pytest.importorskip("ray.train.torch")
@@ -89,7 +89,7 @@ def test_a_killed_two_worker_trial_resumes_from_its_checkpoint_and_ends_identica
     spec = TrialSpec(build_arms(base, ["at:2"], [])[1], 3e-3, 0, (4, 8, 48), warmup_steps=1, scheduler="wsd")
     (want,) = ray_engine.run_ray([spec], inputs(), workers_per_trial=2, max_failures=0)
     killed, storage = [], tmp_path / "tune"
-    killer = threading.Thread(target=kill_after_second_checkpoint, args=(storage, killed))
+    killer = threading.Thread(target=kill_after_second_checkpoint, args=(storage, killed), kwargs={"title": "RayTrainWorker"})
     killer.start()
     with pytest.warns(UserWarning, match=r"trial at:2@lr0\.003@seed0 failed \(1 time\(s\)\): Ray runs it again from its checkpoint at step \d+"):
         (got,) = ray_engine.run_ray([spec], inputs(), workers_per_trial=2, storage=str(storage))

@@ -243,6 +243,8 @@ def _trial(spec: TrialSpec, shipped: list, *, workers: int = 1, resources: dict 
 
         packed = run_on_workers(spec, shipped, resources, workers, launch, start=start, checkpoint=report)
     else:
+        from .ray_workers import received
+
         packed = result_text(run_trial(spec, received(shipped), checkpoint=report, resume=start))
     return {"trial": packed, "resumed_from": start.step if start is not None else 0}
 
@@ -394,21 +396,6 @@ def _trainable(config: dict, work, units: list, shipped: list, threads: int, gpu
 
     trial_process(threads, gpus)
     tune.report(work(units[config["index"]], shipped))
-
-
-_RECEIVED: dict = {}  # this process's copy of a sweep's shared inputs, by object reference
-
-
-def received(shipped: list):
-    """The value `tune_units` put into Ray's object store, read once per process: every later trial a reused trial
-    process runs gets the same object (trials only read their inputs), not another copy deserialised from the store."""
-    import ray
-
-    key = shipped[0].hex()
-    if key not in _RECEIVED:
-        _RECEIVED.clear()  # one sweep's inputs at a time
-        _RECEIVED[key] = ray.get(shipped[0])
-    return _RECEIVED[key]
 
 
 def trial_process(threads: int, gpus: float) -> None:

@@ -202,7 +202,6 @@ def _worker(config: dict) -> None:
     import ray
     from ray import train
 
-    from .ray_engine import received
     from .trial import result_text
 
     torch.set_num_threads(config["threads"])
@@ -225,6 +224,21 @@ def _worker(config: dict) -> None:
         raise RuntimeError(f"the trial's accelerate_config asks for {config['sharding']}, but its workers ran {ran}")
     if rank == 0:  # every rank holds the same trained model and scores; rank 0's is the trial's
         ray.get(mailbox.put.remote(result_text(result)))
+
+
+_RECEIVED: dict = {}  # this process's copy of a sweep's shared inputs, by object reference
+
+
+def received(shipped: list):
+    """The value `tune_units` put into Ray's object store, read once per process: every later trial a reused trial
+    process runs gets the same object (trials only read their inputs), not another copy deserialised from the store."""
+    import ray
+
+    key = shipped[0].hex()
+    if key not in _RECEIVED:
+        _RECEIVED.clear()  # one sweep's inputs at a time
+        _RECEIVED[key] = ray.get(shipped[0])
+    return _RECEIVED[key]
 
 
 def check_resources(ray, resources: dict, workers: int = 1) -> None:

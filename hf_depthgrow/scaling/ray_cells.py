@@ -44,6 +44,6 @@ def run_cells_ray(config, specs: list[CellSpec], path_of, *, prepare=None, stora
 
 def _cell(spec: CellSpec, shipped: list) -> dict:
     """One Tune trial's work: the cell's result as JSON (floats read back bit for bit)."""
-    from ..comparison.ray_engine import received
+    from ..comparison.ray_workers import received
 
     return {"cell": json.dumps(compute_cell(spec, received(shipped)[spec.name], cell_device()))}
