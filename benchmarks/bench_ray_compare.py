@@ -57,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--learning-rates", type=float, nargs="+", default=[1e-3, 3e-3], help="every arm's grid: 2 arms x this many trials")
     p.add_argument("--serial-threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--quick", action="store_true", help="smoke sizes: 8 steps, 32 examples")
+    p.add_argument("--split-steps", type=int, default=8,
+                   help="steps of the short trials that split Ray's cost into its one-time and per-trial parts (0: skip)")
     p.add_argument("--write-results", action="store_true")
     p.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
     args = p.parse_args(argv)
@@ -123,8 +125,46 @@ def measure(args) -> dict:
     for got in ray_runs:
         if any(not np.array_equal(losses, want[arm]) for arm, losses in got.items()):
             raise SystemExit("a Ray run differs from the serial run at one thread: not the same work")
-    return {"times": times, "trial_seconds": seconds["ray"], "serial_trial_seconds": seconds["serial"], "sizes": [len(d) for d in data],
+    return {"split": _split(model, data, args) if args.split_steps else [], "times": times, "trial_seconds": seconds["ray"], "serial_trial_seconds": seconds["serial"], "sizes": [len(d) for d in data],
             "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _split(model, data, args) -> list[tuple[float, float]]:
+    """Per repeat, `(one-time seconds, seconds per trial)` of Ray beyond the trials' compute, from runs of short trials
+    (`--split-steps`), n and 2n of them: the one-time part (starting Ray, the trial processes and their imports) is
+    paid once, the per-trial part (Tune's bookkeeping, a reused process taking one more trial) n more times. The
+    compute is the serial engine's trial seconds of the same trials at one thread, so a fresh process's first-call
+    costs and two trials sharing the memory bus count as Ray's."""
+    short = argparse.Namespace(**{**vars(args), "steps": args.split_steps})
+    doubled = argparse.Namespace(**{**vars(short), "learning_rates": [*args.learning_rates, *(1.5 * lr for lr in args.learning_rates)]})
+    _threads(1)
+    compute = {len(s.learning_rates): sum(a.train_seconds for a in run(model, data, s, "serial").arms) for s in (short, doubled)}
+    n, out = 2 * len(args.learning_rates), []
+    for r in range(args.repeats):
+        cost = {}  # CPU-slot seconds beyond the compute: every slot waits through the wall
+        for setting in (short, doubled):
+            started = time.perf_counter()
+            run(model, data, setting, "ray")
+            cost[len(setting.learning_rates)] = (time.perf_counter() - started) * args.concurrent - compute[len(setting.learning_rates)]
+        per_trial = (cost[2 * len(args.learning_rates)] - cost[len(args.learning_rates)]) / n
+        out.append((cost[len(args.learning_rates)] - n * per_trial, per_trial))
+        print(f"repeat {r + 1}/{args.repeats}: one-time {out[-1][0]:.1f} s, per trial {per_trial:.2f} s", file=sys.stderr)
+    return out
+
+
+def _split_text(split: list, args) -> list[str]:
+    if not split:
+        return []
+    n = 2 * len(args.learning_rates)
+    rows = [f"| repeat {i + 1} | {a:.1f} | {b:.2f} |" for i, (a, b) in enumerate(split)]
+    return [
+        f"Ray's cost split into a one-time and a per-trial part, from Ray runs of {n} and {2 * n} short trials "
+        f"({args.split_steps} steps each), in CPU-slot seconds ({args.concurrent} slots: Ray's wall x {args.concurrent} - the same trials' seconds on the serial engine at one thread):", "",
+        "| | one-time (s) | per trial (s) |", "|---|---:|---:|", *rows,
+        f"| **median** | **{statistics.median(a for a, _ in split):.1f}** | **{statistics.median(b for _, b in split):.2f}** |", "",
+        "The one-time part is starting Ray and the trial processes (imports included), paid once per run however many "
+        "trials it holds; the per-trial part is what reusing a process for one more trial costs.", "",
+    ]
 
 
 def section_text(m: dict, args, command: str, load: tuple) -> str:
@@ -158,7 +198,7 @@ def section_text(m: dict, args, command: str, load: tuple) -> str:
         f"- the trials' own seconds on Ray) / {trials}: starting Ray, a process per concurrent trial importing torch and "
         f"transformers (reused for the next trial), shipping the inputs, Tune's bookkeeping. The column before it leaves "
         f"the set-up in. Peak memory of the driver process: {m['driver_peak_mib']:.0f} MiB (the trial processes are not "
-        "included).", "",
+        "included).", "", *_split_text(m["split"], args),
     ])
 
 
