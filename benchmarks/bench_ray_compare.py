@@ -66,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.steps, args.examples = 8, 32
     if args.repeats < 1 or args.steps < 2 or args.examples < 16 or args.concurrent < 1 or args.serial_threads < 1:
         p.error("--repeats >= 1, --steps >= 2, --examples >= 16, --concurrent >= 1 and --serial-threads >= 1 are needed")
+    # Checked here, before any timing: a grid with a repeated rate is refused by compare_plans.
+    if args.split_steps < 0 or len({f"{lr:.12g}" for lr in _doubled(args.learning_rates)}) < 2 * len(args.learning_rates):
+        p.error("--split-steps must be >= 0, and --learning-rates distinct with none 1.1 times another")
     return args
 
 
@@ -104,6 +107,7 @@ def measure(args) -> dict:
     model = tiny_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512).eval()
     data = _data(model, args.examples)
+    split = _split(model, data, args) if args.split_steps else []  # first: the short runs, before the long ones
     want = None
     if args.serial_threads != 1:  # else the timed serial runs are the one-thread reference
         _threads(1)
@@ -125,8 +129,13 @@ def measure(args) -> dict:
     for got in ray_runs:
         if any(not np.array_equal(losses, want[arm]) for arm, losses in got.items()):
             raise SystemExit("a Ray run differs from the serial run at one thread: not the same work")
-    return {"split": _split(model, data, args) if args.split_steps else [], "times": times, "trial_seconds": seconds["ray"], "serial_trial_seconds": seconds["serial"], "sizes": [len(d) for d in data],
+    return {"split": split, "times": times, "trial_seconds": seconds["ray"], "serial_trial_seconds": seconds["serial"], "sizes": [len(d) for d in data],
             "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _doubled(rates: list[float]) -> list[float]:
+    """The rates and as many more (each 1.1 times one of them): twice the trials."""
+    return [*rates, *(1.1 * lr for lr in rates)]
 
 
 def _split(model, data, args) -> list[tuple[float, float]]:
@@ -136,7 +145,7 @@ def _split(model, data, args) -> list[tuple[float, float]]:
     compute is the serial engine's trial seconds of the same trials at one thread, so a fresh process's first-call
     costs and two trials sharing the memory bus count as Ray's."""
     short = argparse.Namespace(**{**vars(args), "steps": args.split_steps})
-    doubled = argparse.Namespace(**{**vars(short), "learning_rates": [*args.learning_rates, *(1.5 * lr for lr in args.learning_rates)]})
+    doubled = argparse.Namespace(**{**vars(short), "learning_rates": _doubled(args.learning_rates)})
     _threads(1)
     compute = {len(s.learning_rates): sum(a.train_seconds for a in run(model, data, s, "serial").arms) for s in (short, doubled)}
     n, out = 2 * len(args.learning_rates), []
