@@ -101,6 +101,10 @@ CASES = [
     (["train", "--model", "in/model", "--data", "missing.jsonl", "--max-steps", "2"],
      "hf-depthgrow train: no such data file or folder: missing.jsonl"),
     (["train", "--model", "./gone", "--data", "data.txt"], "hf-depthgrow train: no such model folder: ./gone"),
+    (RUN + ["--output-dir", "o", "--test-fraction", "0"],
+     "hf-depthgrow run: run needs a held-out and a test part: --held-out-fraction and --test-fraction must be > 0, got 0.15 and 0.0"),
+    (["compare", "--model", "in/model", "--data", "data.txt", "--output-dir", "c", "--held-out-fraction", "0"],
+     "hf-depthgrow compare: compare needs a held-out and a test part: --held-out-fraction and --test-fraction must be > 0, got 0.0 and 0.25"),
     (["demo", "--positions", "-1"], "hf-depthgrow demo: --positions must be >= 0, got -1"),
     (["demo", "--output-dir", "foreign"], "hf-depthgrow demo: foreign exists and is not empty, and --overwrite would not replace it: it was not written by hf-depthgrow (no .hf_depthgrow_run file); choose another output folder"),
 ]
