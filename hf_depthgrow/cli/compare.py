@@ -93,9 +93,7 @@ class CompareScript:
             raise ValueError(f"oracle_seeds must be distinct and non-empty, got {self.oracle_seeds}")
         from ..data.sources import split_fractions
 
-        if len(split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction)) < 3:
-            raise ValueError(f"compare needs a held-out and a test part: held_out_fraction and test_fraction must be > 0, "
-                             f"got {self.held_out_fraction} and {self.test_fraction}")
+        split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction, every_part="compare")
         if self.split_seed is not None and self.split_seed < 0:
             raise ValueError(f"split_seed must be >= 0, got {self.split_seed}")
         for name in ("blocks_per_document", "retention_blocks_per_document"):

@@ -287,7 +287,7 @@ def _per_document(value, source: str) -> int | None:
 SPLIT_PARTS = ("train", "held_out", "test")
 
 
-def split_fractions(train: float | None, held_out: float, test: float) -> dict[str, float]:
+def split_fractions(train: float | None, held_out: float, test: float, *, every_part: str | None = None) -> dict[str, float]:
     """The shares of the train / held-out / test parts, as `split_dataset` takes them: one meaning in every command.
 
     The parts are dealt in this order from one seeded permutation of the rows, so a part's rows depend only on the
@@ -298,9 +298,11 @@ def split_fractions(train: float | None, held_out: float, test: float) -> dict[s
         train: Share of the rows to train on; `None`: what `held_out` and `test` leave (`1 - held_out - test`).
         held_out: Share held out from training (evaluation during training, choosing between models); 0: none.
         test: Share kept for the final test, never trained or chosen on; 0: none.
+        every_part: The command (`run`, `compare`) that needs all three parts: a held-out or test share of 0 is refused.
 
     Raises:
-        ValueError: a share outside `[0, 1]`, shares summing to more than 1, or no rows left to train on.
+        ValueError: a share outside `[0, 1]`, shares summing to more than 1, no rows left to train on, or (with
+            `every_part`) no held-out or no test part.
 
     Example:
         ```python
@@ -319,6 +321,9 @@ def split_fractions(train: float | None, held_out: float, test: float) -> dict[s
         raise ValueError(f"train_fraction, held_out_fraction and test_fraction sum to more than 1: {train}, {held_out}, {test}")
     if not shares["train"] > 1e-9:
         raise ValueError(f"train_fraction must be > 0 (it is {train} with held_out_fraction {held_out} and test_fraction {test})")
+    if every_part is not None and not (shares["held_out"] > 0 and shares["test"] > 0):
+        raise ValueError(f"{every_part} needs a held-out and a test part: held_out_fraction and test_fraction must be > 0, "
+                         f"got {held_out} and {test}")
     return {name: share for name, share in shares.items() if share > 0}
 
 

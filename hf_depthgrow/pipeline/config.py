@@ -135,9 +135,7 @@ class RunConfig:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         from ..data.sources import split_fractions
 
-        if len(split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction)) < 3:
-            raise ValueError(f"run needs a held-out and a test part: held_out_fraction and test_fraction must be > 0, "
-                             f"got {self.held_out_fraction} and {self.test_fraction}")
+        split_fractions(self.train_fraction, self.held_out_fraction, self.test_fraction, every_part="run")
         for name in ("route_max_examples", "selection_max_examples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
