@@ -147,16 +147,16 @@ def _split(model, data, args) -> list[tuple[float, float]]:
     short = argparse.Namespace(**{**vars(args), "steps": args.split_steps})
     doubled = argparse.Namespace(**{**vars(short), "learning_rates": _doubled(args.learning_rates)})
     _threads(1)
-    compute = {len(s.learning_rates): sum(a.train_seconds for a in run(model, data, s, "serial").arms) for s in (short, doubled)}
+    compute = [sum(a.train_seconds for a in run(model, data, s, "serial").arms) for s in (short, doubled)]
     n, out = 2 * len(args.learning_rates), []
     for r in range(args.repeats):
-        cost = {}  # CPU-slot seconds beyond the compute: every slot waits through the wall
-        for setting in (short, doubled):
+        cost = []  # CPU-slot seconds beyond the compute, n then 2n trials: every slot waits through the wall
+        for setting, seconds in zip((short, doubled), compute):
             started = time.perf_counter()
             run(model, data, setting, "ray")
-            cost[len(setting.learning_rates)] = (time.perf_counter() - started) * args.concurrent - compute[len(setting.learning_rates)]
-        per_trial = (cost[2 * len(args.learning_rates)] - cost[len(args.learning_rates)]) / n
-        out.append((cost[len(args.learning_rates)] - n * per_trial, per_trial))
+            cost.append((time.perf_counter() - started) * args.concurrent - seconds)
+        per_trial = (cost[1] - cost[0]) / n
+        out.append((cost[0] - n * per_trial, per_trial))
         print(f"repeat {r + 1}/{args.repeats}: one-time {out[-1][0]:.1f} s, per trial {per_trial:.2f} s", file=sys.stderr)
     return out
 

@@ -301,13 +301,13 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
 
     # --resume: each unfinished trial's checkpoint, read on the driver and shipped (no shared folder needed).
     resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}
-    work = functools.partial(_trial, workers=workers, resources=resources, resume=resume)
-    threads, trial_resources = max(1, int(resources["cpu"])), resources
+    launch, threads, trial_resources = None, max(1, int(resources["cpu"])), resources
     if workers > 1:  # the Tune trial only waits for its TorchTrainer's workers (comparison.ray_workers)
         from .ray_workers import DRIVER_RESOURCES, launch_env
 
-        work.keywords["launch"] = launch_env(accelerate_config, workers) if accelerate_config is not None else {}
+        launch = launch_env(accelerate_config, workers) if accelerate_config is not None else {}
         threads, trial_resources = 1, dict(DRIVER_RESOURCES)
+    work = functools.partial(_trial, workers=workers, resources=resources, launch=launch, resume=resume)
 
     def keep(index, reported):
         spec = specs[index]
