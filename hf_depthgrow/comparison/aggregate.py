@@ -61,11 +61,13 @@ def retention_parts(n: int, fraction: float, seed: int, documents=None) -> tuple
     return np.sort(order[:cut]), np.sort(order[cut:])
 
 
-def _corrected(diffs: dict, cfg, delta: float | None = None, clusters=None) -> dict | None:
+def _corrected(diffs: dict, cfg, delta: float | None = None, clusters=None, seed: int | None = None) -> dict | None:
+    """`corrected_intervals` of `diffs` with `cfg`'s statistics (its `delta` and `seed` unless given); `None` without diffs."""
     if not diffs:
         return None
     return corrected_intervals(diffs, delta=cfg.delta if delta is None else delta, method=cfg.method, kind=cfg.interval,
-                               loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, clusters=clusters)
+                               loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed if seed is None else seed,
+                               clusters=clusters)
 
 
 def _part(documents, index):

@@ -30,7 +30,6 @@ from ..growth.towers import resolve_family
 from ..growth.placement import PlacementEntry, check_placement, resolve_positions
 
 
-
 @dataclass(frozen=True)
 class ArmKind:
     """One kind of arm, the one place it is spelled: what it trains (`TrainConfig.trainable`; `None`: nothing),

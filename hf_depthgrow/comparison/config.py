@@ -13,7 +13,6 @@ from .arms import check_control_spec, check_growth_spec
 from .grids import DEFAULT_GRIDS, rates_below
 
 
-
 @dataclass
 class CompareConfig:
     """Settings of a comparison. Every arm gets the same budget: optimizer steps, batch size (so tokens),
@@ -135,11 +134,6 @@ class CompareConfig:
         def fail(msg):
             raise ValueError(msg)
 
-        def positive_int(name):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                fail(f"{name} must be an int >= 1, got {value!r}")
-
         # One spec given as a string is one arm (iterating it would read "top:1" as the arms "t", "o", ...).
         if isinstance(self.growth, str):
             self.growth = [self.growth]
@@ -157,9 +151,9 @@ class CompareConfig:
             if name != "learning_rates" or self.learning_rates is not None:
                 self._check_grid(name)
         for name in ("max_steps", "batch_size", "n_bootstrap"):
-            positive_int(name)
+            _check_int(self, name, 1)
         if self.selection_max_examples is not None:
-            positive_int("selection_max_examples")
+            _check_int(self, "selection_max_examples", 1)
         for name in ("successive_halving", "progress", "allow_repeated_data", "matched_controls"):
             if not isinstance(getattr(self, name), bool):
                 fail(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -179,8 +173,7 @@ class CompareConfig:
             fail(f"interval must be one of {INTERVALS}, got {self.interval!r}")
         if self.interval != "bootstrap" and self.loss_bound is None:
             fail(f"interval={self.interval!r} needs loss_bound (an a-priori bound B of a per-example loss)")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            fail(f"seed must be an int >= 0, got {self.seed!r}")
+        _check_int(self, "seed", 0)
         self.report_to = check_report_to(self.report_to)
         if not isinstance(self.project_name, str) or not self.project_name.strip():
             fail(f"project_name must be a non-empty string, got {self.project_name!r}")
@@ -221,8 +214,7 @@ class CompareConfig:
             raise ValueError("successive_halving stops rates at shares of one budget: use it with a single budget")
         if not _number(self.warmup_ratio) or not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
-        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
+        _check_int(self, "warmup_steps", 0)
         if not _number(self.decay_ratio) or not 0 < self.decay_ratio <= 1:
             raise ValueError(f"decay_ratio must be in (0, 1], got {self.decay_ratio!r}")
         if self.scheduler == "wsd":
@@ -236,9 +228,7 @@ class CompareConfig:
 
     def _check_extension(self) -> None:
         for name in ("lr_extensions", "forgetting_rates"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            _check_int(self, name, 0)
         if not _number(self.max_learning_rate) or self.max_learning_rate <= 0:
             raise ValueError(f"max_learning_rate must be a finite number > 0, got {self.max_learning_rate!r}")
         # Only the grids of the arms in the run: the full control's grid is no reason to refuse a growth-only sweep.
@@ -286,3 +276,9 @@ class CompareConfig:
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_int(cfg, name: str, low: int) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")

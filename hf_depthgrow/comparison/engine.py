@@ -12,13 +12,10 @@ import functools
 import math
 from collections import OrderedDict
 
+from .grids import _finite
 from .trial import TrialInputs, TrialResult, TrialSpec, run_trial, trial_steps
 
 __all__ = ["engine_for", "run_serial"]
-
-
-def _finite(x) -> float:
-    return x if x is not None and math.isfinite(x) else math.inf
 
 
 def _learn(known: list, result: TrialResult) -> TrialResult:

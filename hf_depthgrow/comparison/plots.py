@@ -16,6 +16,7 @@ import numpy as np
 
 from ..plots import new_figure, save_figure
 from ..utils import json_number
+from .frontier import pareto
 
 __all__ = ["plot_gain_forgetting", "plot_learning_curves"]
 
@@ -91,11 +92,8 @@ def _caption_and_layout(fig, text: str) -> None:
 
 def _lower_envelope(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
     """The controls that no other control beats on both axes (more gain *and* less forgetting), by gain."""
-    kept = [
-        p for p in points
-        if not any(q[0] >= p[0] and q[1] <= p[1] and (q[0] > p[0] or q[1] < p[1]) for q in points)
-    ]
-    return sorted(kept)
+    kept = set(pareto({name: (gain, forgetting) for gain, forgetting, name in points}))
+    return sorted(p for p in points if p[2] in kept)
 
 
 def plot_gain_forgetting(sweep: dict, path) -> Path:

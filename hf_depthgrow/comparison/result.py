@@ -41,27 +41,22 @@ class ArmResult:
     @classmethod
     def original(cls, arm, original: dict, parts=None) -> "ArmResult":
         """The untrained original; `parts`: the retention set's `(selection, test)` indices."""
-        test, weight = original["test"]
-        ret = original.get("retention")
-        sel, ret_test = _retention_split(ret, parts)
-        return cls(
-            name=arm.name, kind=arm.kind, arm=arm.to_dict(), heldout_loss=original["heldout"],
-            test_loss=_weighted(test, weight), retention_loss=_weighted(*ret_test) if ret_test else None,
-            test_per_example=test, retention_per_example=ret_test[0] if ret_test else None, retention_selection=sel,
-        )
+        return cls._losses(arm, original["test"], original.get("retention"), parts, heldout_loss=original["heldout"])
 
     @classmethod
     def scored(cls, arm, lr, score, tried, seconds, trainable, parts=None) -> "ArmResult":
         """An arm at one budget from its chosen trial's `BudgetScore`; `seconds`: every rate of its grid."""
         ret = (score.retention, score.retention_weight) if score.retention is not None else None
+        return cls._losses(arm, (score.test, score.test_weight), ret, parts, learning_rate=lr, tried=tried, selected=score.selected,
+                           heldout_loss=score.heldout_loss, train_seconds=seconds, units_seen=score.units_seen, trainable_parameters=trainable)
+
+    @classmethod
+    def _losses(cls, arm, test, ret, parts, **fields) -> "ArmResult":
+        """The row of `arm` with its `(losses, weights)` on test and on retention (`None`: no retention set), and `fields`."""
         sel, ret_test = _retention_split(ret, parts)
-        return cls(
-            name=arm.name, kind=arm.kind, arm=arm.to_dict(), learning_rate=lr, tried=tried, selected=score.selected,
-            heldout_loss=score.heldout_loss, test_loss=_weighted(score.test, score.test_weight),
-            retention_loss=_weighted(*ret_test) if ret_test else None, train_seconds=seconds, units_seen=score.units_seen,
-            trainable_parameters=trainable, test_per_example=score.test, retention_per_example=ret_test[0] if ret_test else None,
-            retention_selection=sel,
-        )
+        return cls(name=arm.name, kind=arm.kind, arm=arm.to_dict(), test_loss=_weighted(*test), test_per_example=test[0],
+                   retention_loss=_weighted(*ret_test) if ret_test else None, retention_per_example=ret_test[0] if ret_test else None,
+                   retention_selection=sel, **fields)
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__ if not k.endswith("_per_example") and k != "retention_selection"}

@@ -132,21 +132,17 @@ def result_from_text(spec: TrialSpec, text: str) -> TrialResult:
     return rebuild_result(spec, data["meta"], {name: torch.tensor(v, dtype=torch.float64) for name, v in data["arrays"].items()})
 
 
-def _float(x) -> float:
-    return float(x) if not isinstance(x, str) else float(x.replace("Infinity", "inf").replace("NaN", "nan"))
-
-
 def rebuild_result(spec: TrialSpec, meta: dict, tensors: dict, *, partial: bool = False) -> TrialResult:
     """The `TrialResult` of `spec` that `result_entry` wrote (`partial`: a checkpoint's, missing later budgets)."""
     scores = {}
     for b, s in meta["scores"].items():
         arrays = {n: tensors[f"{b}.{n}"].numpy() if f"{b}.{n}" in tensors else None for n in _ARRAYS}
-        scores[int(b)] = BudgetScore(steps=int(b), units_seen=int(s["units_seen"]), heldout_loss=_float(s["heldout_loss"]),
-                                     selected=s["selected"], train_losses={k: _float(v) for k, v in s["train_losses"].items()},
+        scores[int(b)] = BudgetScore(steps=int(b), units_seen=int(s["units_seen"]), heldout_loss=float(s["heldout_loss"]),
+                                     selected=s["selected"], train_losses={k: float(v) for k, v in s["train_losses"].items()},
                                      seconds=float(s["seconds"]), **arrays)
     if sorted(scores) != sorted(spec.budgets) and meta["stopped_at"] is None and not partial:
         raise ValueError(f"it holds budgets {sorted(scores)}, not {list(spec.budgets)}")
-    return TrialResult(spec, scores, [(int(s), _float(v)) for s, v in meta["heldout_curve"]], meta["stopped_at"],
+    return TrialResult(spec, scores, [(int(s), float(v)) for s, v in meta["heldout_curve"]], meta["stopped_at"],
                        int(meta["trainable_parameters"]), float(meta["seconds"]))
 
 

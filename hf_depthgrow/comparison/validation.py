@@ -21,14 +21,15 @@ forgetting upper bound exceeds it counts as the original kept (gain 0), the rule
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 import numpy as np
 
-from ..evaluation.decisions import corrected_intervals, predictor_table
+from ..evaluation.decisions import predictor_table
 from ..evaluation.formatting import format_value
 from ..utils import json_safe
+from .aggregate import _corrected
 from .config import CompareConfig
 from .result import write_outputs
 
@@ -72,16 +73,10 @@ class ProbeValidation:
         return {"agree": agree, "positions": len(self.positions), "probe_improvable": sum(said), "certified_gain": sum(certified)}
 
     def to_dict(self) -> dict:
-        return json_safe({
-            "positions": self.positions, "seeds": self.seeds, "learning_rate": self.learning_rate,
-            "realized_by_seed": {str(s): v for s, v in self.realized_by_seed.items()}, "realized": self.realized,
-            "best_position": self.best_position, "intervals": self.intervals, "scores": self.scores,
-            "predictor_seconds": self.predictor_seconds, "table": self.table, "probe_verdicts": self.probe_verdicts,
-            "verdict_agreement": self.verdict_agreement(), "seconds": self.seconds, "budget": self.budget,
-            "forgetting": self.forgetting, "forgetting_high": self.forgetting_high, "max_forgetting": self.max_forgetting,
-            "within": self.within, "within_table": self.within_table,
-            "at_smaller_budgets": [v.to_dict() for v in self.at_smaller_budgets], "across_budgets": self.across_budgets(),
-        })
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(best_position=self.best_position, verdict_agreement=self.verdict_agreement(),
+                   at_smaller_budgets=[v.to_dict() for v in self.at_smaller_budgets], across_budgets=self.across_budgets())
+        return json_safe(out)
 
     def across_budgets(self) -> dict | None:
         """Does the ranking hold across budgets: per predictor its Spearman and regret at every budget (smallest first),
@@ -132,7 +127,7 @@ class ProbeValidation:
             f"rate {format_value(self.learning_rate)}; realized gain = seed-averaged paired test delta vs the original "
             f"({level:.0%} {self.intervals['method']}-corrected across positions). Best realized position: "
             f"k = {self.best_position}.", "",
-            "| k | realized delta | interval | " + " | ".join(self.seeds_header())
+            "| k | realized delta | interval | " + " | ".join(f"seed {s}" for s in self.seeds)
             + (" | forgetting | its upper bound | within budget" if forgets else "") + " |",
             "|---|---|---|" + "---|" * (len(self.seeds) + 3 * forgets),
         ]
@@ -171,9 +166,6 @@ class ProbeValidation:
                       f"certified gains at {agreement['certified_gain']})."]
         return lines
 
-    def seeds_header(self) -> list[str]:
-        return [f"seed {s}" for s in self.seeds]
-
     def save(self, folder) -> dict[str, str]:
         """Write `probe_validation.json`, `.md` and `.png` into `folder` (atomically); returns their paths."""
         from ..plots import plot_validation
@@ -206,8 +198,7 @@ def _forgetting(trials, original: dict, names: list[str], budget: int, cfg) -> t
     for n in names:
         per_seed = [t.scores[budget].retention - original["retention"][0] for t in trials if t.spec.arm.name == n]
         rise[n] = np.mean(np.stack(per_seed), axis=0)
-    bounds = corrected_intervals({n: -r for n, r in rise.items()}, delta=cfg.delta, method=cfg.method, kind=cfg.interval,
-                                 loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
+    bounds = _corrected({n: -r for n, r in rise.items()}, cfg)
     return [float(rise[n].mean()) for n in names], [float(-bounds["arms"][n]["low"]) for n in names]
 
 
@@ -222,8 +213,7 @@ def _view(results: dict, trials, original, names, positions, index: int, budget:
         for n in names:
             diffs.setdefault(n, []).append(base - view.arm_result(n).test_per_example)
     averaged = {n: np.mean(np.stack(d), axis=0) for n, d in diffs.items()}
-    intervals = corrected_intervals(averaged, delta=cfg.delta, method=cfg.method, kind=cfg.interval,
-                                    loss_bound=cfg.loss_bound, n_bootstrap=cfg.n_bootstrap, seed=seeds[0])
+    intervals = _corrected(averaged, cfg, seed=seeds[0])
     realized = [float(averaged[n].mean()) for n in names]
     out = {"budget": budget, "realized_by_seed": by_seed, "realized": realized, "intervals": intervals,
            "table": predictor_table(scores, realized, positions, n_permutations=n_permutations, seed=seeds[0])}

@@ -59,8 +59,7 @@ class CellSpec:
         return cell_name(self.name, self.depth, self.width, self.data_size)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "grid": asdict(self.grid), "depth": self.depth, "width": self.width,
-                "data_size": self.data_size, "seed": self.seed}
+        return asdict(self)
 
 
 def study_cells(config) -> list[CellSpec]:
@@ -122,14 +121,12 @@ def load_cell(path: str | Path, spec: CellSpec) -> dict | None:
 
 
 def _check_same(path: Path, row: dict, spec: CellSpec) -> None:
-    want = spec.to_dict()
+    want, have = spec.to_dict(), row.get("spec", row)
     if "spec" in row:
-        have = row["spec"]
         pairs = [(f"grid.{k}", have.get("grid", {}).get(k), v) for k, v in json_safe(want["grid"]).items()]
-        pairs += [(k, have.get(k), want[k]) for k in ("name", "depth", "width", "data_size", "seed")]
     else:  # written before specs were stored: what the row itself records
         pairs = [("grid.task", row.get("task"), spec.grid.task), ("grid.dataset", row.get("dataset"), spec.grid.dataset)]
-        pairs += [(k, row.get(k), want[k]) for k in ("name", "depth", "width", "data_size", "seed")]
+    pairs += [(k, have.get(k), want[k]) for k in ("name", "depth", "width", "data_size", "seed")]
     for key, there, here in pairs:
         if there != here:
             raise ValueError(f"{path} holds a cell computed with {key}={there!r}, this study has {here!r}: "
