@@ -13,7 +13,7 @@ import numpy as np
 
 PARAMS = ("E", "A", "alpha", "B", "beta")
 EXPONENT_BOUNDS = (1e-4, 3.0)  # (0, 3]: no LM scaling exponent measured so far comes near 3
-_LOG_COEF_BOUND = 40.0  # |log a|, |log b| after normalisation: keeps a vanishing term from running off
+LOG_COEF_BOUND = 40.0  # |log a|, |log b| after normalisation: keeps a vanishing term from running off
 _SINGULAR_RTOL = 1e-10  # smallest / largest singular value of the column-scaled Jacobian
 
 
@@ -71,7 +71,7 @@ class Problem:
         self.log_n, self.log_d, self.loss = log_n, log_d, loss
         self.sw = np.sqrt(w)
         lo_exp, hi_exp = EXPONENT_BOUNDS
-        c = _LOG_COEF_BOUND
+        c = LOG_COEF_BOUND
         self.lower = np.array([floor, -c, lo_exp, -c, lo_exp])
         self.upper = np.array([loss.min(), c, hi_exp, c, hi_exp])
 

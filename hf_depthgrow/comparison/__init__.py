@@ -6,8 +6,7 @@ from .config import CompareConfig
 from .crossover import fit_learning_curve, predict_crossover, validate_fit
 from .result import ArmResult, BudgetView, CompareResult
 from .runner import compare_plans
-from .trial import example_losses
-from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, run_trial
+from .trial import BudgetScore, TrialInputs, TrialResult, TrialSpec, example_losses, run_trial
 from .validation import ProbeValidation, validate_probe
 
 __all__ = [

@@ -31,7 +31,7 @@ from .arms import matched_control
 from .fresh_data import DataPlan
 from .grids import best_rate, halving_survivor
 from .result import ArmResult, BudgetView, CompareResult
-from .trial import HALVING_RUNGS, TrialResult
+from .trial_record import HALVING_RUNGS, TrialResult
 
 
 def rungs_of(budget: int) -> list[int]:

@@ -17,13 +17,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..least_squares import EXPONENT_BOUNDS, fit_once
+from ..least_squares import EXPONENT_BOUNDS, LOG_COEF_BOUND, Problem, fit_once
 from ..utils import json_safe
 
 __all__ = ["FLAT_NATS", "LearningCurveFit", "fit_learning_curve"]
 
 FLAT_NATS = 1e-4  # a fitted drop below this over the measured budgets is no learning curve at all
-_LOG_COEF_BOUND = 40.0
 _GRID_ALPHAS = 64  # exponents tried in closed form before least_squares (log-spaced over EXPONENT_BOUNDS)
 _SPREAD_STARTS = 5  # extra least_squares starts of a full-sample fit, spread over that grid
 
@@ -69,8 +68,8 @@ class _CurveProblem:
     def __init__(self, d, loss):
         self.d, self.loss = d, loss
         lo, hi = EXPONENT_BOUNDS
-        self.lower = np.array([0.0, -_LOG_COEF_BOUND, lo])
-        self.upper = np.array([loss.min(), _LOG_COEF_BOUND, hi])
+        self.lower = np.array([0.0, -LOG_COEF_BOUND, lo])
+        self.upper = np.array([loss.min(), LOG_COEF_BOUND, hi])
 
     def term(self, x):
         return np.exp(x[1] - x[2] * self.d)
@@ -106,13 +105,7 @@ class _CurveProblem:
         x = np.stack([E[best, cols], np.log(np.maximum(a[best, cols], 1e-300)), alphas], axis=1)
         return np.clip(x, self.lower, self.upper), sse[best, cols]
 
-    def solve(self, x0, tol):
-        from scipy.optimize import least_squares
-
-        return least_squares(
-            self.residuals, x0, jac=self.jacobian, bounds=(self.lower, self.upper), method="trf",
-            x_scale="jac", ftol=tol, xtol=tol, gtol=tol, max_nfev=2000,
-        )
+    solve = Problem.solve  # the scaling fit's bounded trust-region solve, on these residuals and bounds
 
 
 def _check_tokens(D: np.ndarray) -> np.ndarray:

@@ -234,7 +234,7 @@ def _trial(spec: TrialSpec, shipped: list, *, workers: int = 1, resources: dict 
     """
     from ray import tune
 
-    from .trial import result_text
+    from .trial_record import result_text
 
     start = _tune_checkpoint(tune) or (resume or {}).get(spec.name)
     report = functools.partial(_report_checkpoint, tune)
@@ -297,7 +297,7 @@ def _compact(rows):
 
 
 def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar, workers=1, accelerate_config=None) -> dict[str, TrialResult]:
-    from .trial import result_from_text
+    from .trial_record import result_from_text
 
     # --resume: each unfinished trial's checkpoint, read on the driver and shipped (no shared folder needed).
     resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}

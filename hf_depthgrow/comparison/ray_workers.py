@@ -202,7 +202,7 @@ def _worker(config: dict) -> None:
     import ray
     from ray import train
 
-    from .trial import result_text
+    from .trial_record import result_text
 
     torch.set_num_threads(config["threads"])
     context = train.get_context()

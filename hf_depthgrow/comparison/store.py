@@ -42,7 +42,8 @@ import torch
 
 from ..storage import ENTRY_FILE, EntryStore, is_whole, rows_fingerprint, set_aside, sha256_of, weights_fingerprint
 from ..utils import json_safe, package_version
-from .trial import TrialInputs, TrialResult, TrialSpec, block_seed, rebuild_result, result_entry
+from .trial import TrialInputs, block_seed
+from .trial_record import TrialResult, TrialSpec, rebuild_result, result_entry
 
 KIND = "trials"
 CHECKPOINTS = "checkpoints"  # <root>/checkpoints/<trial key>/<events done>/: the latest checkpoint of an unfinished trial

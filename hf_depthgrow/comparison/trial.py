@@ -33,16 +33,8 @@ import torch
 from torch import nn
 
 from .arms import ARM_KINDS, Arm, check_growth_count, grow_arm
-from .trial_record import (  # noqa: F401 - the trial's types, imported from here by the sweep's modules
-    HALVING_RUNGS,
-    BudgetScore,
-    TrialResult,
-    TrialSpec,
-    rebuild_result,
-    result_entry,
-    result_from_text,
-    result_text,
-)
+from .trial_record import BudgetScore, TrialResult, TrialSpec  # the trial's types, imported from here by the sweep's modules
+
 
 @dataclass
 class TrialInputs:
@@ -151,15 +143,13 @@ def trial_steps(spec: TrialSpec, inputs: TrialInputs, *, original_losses=(), che
                 if (yield step, loss) is False:
                     result.stopped_at = step
                     break
-            elif what == "branch" and trainer.stopped:  # diverged on the trunk: the fallback rule keeps the original
-                result.scores[budget] = _score(trainer, budget, inputs, started, result)
-            elif what == "branch":
+            elif what == "branch" and not trainer.stopped:
                 point = save_branch_point(trainer)
                 retarget(trainer, budget)
                 trainer.run_steps(budget)
                 result.scores[budget] = _score(trainer, budget, inputs, started, result)
                 restore_branch_point(trainer, point)
-            else:
+            else:  # the end, or a branch of a trunk that diverged (the fallback rule keeps the original)
                 result.scores[budget] = _score(trainer, budget, inputs, started, result)
             if checkpoint is not None and what != "end" and (taken := capture(trainer, result, done, time.perf_counter() - started)):
                 checkpoint(taken)

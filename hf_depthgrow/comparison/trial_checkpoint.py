@@ -153,12 +153,10 @@ def capture(trainer, result, events_done: int, seconds: float) -> TrialCheckpoin
 
 
 def _optimizer_state(tensors: dict, scalars: dict) -> dict:
+    # Cloned: the optimizer updates its moments in place.
+    moments = [(k[len(_OPTIM) :], v.clone()) for k, v in tensors.items() if k.startswith(_OPTIM)]
     state: dict = {}
-    for key, value in tensors.items():
-        if key.startswith(_OPTIM):
-            index, name = key[len(_OPTIM) :].split(".", 1)
-            state.setdefault(int(index), {})[name] = value.clone()  # the optimizer updates its moments in place
-    for key, value in scalars.items():
+    for key, value in moments + list(scalars.items()):
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
     return state
