@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -51,12 +51,12 @@ class ArmResult:
                            heldout_loss=score.heldout_loss, train_seconds=seconds, units_seen=score.units_seen, trainable_parameters=trainable)
 
     @classmethod
-    def _losses(cls, arm, test, ret, parts, **fields) -> "ArmResult":
-        """The row of `arm` with its `(losses, weights)` on test and on retention (`None`: no retention set), and `fields`."""
+    def _losses(cls, arm, test, ret, parts, **more) -> "ArmResult":
+        """The row of `arm` with its `(losses, weights)` on test and on retention (`None`: no retention set), and `more` fields."""
         sel, ret_test = _retention_split(ret, parts)
         return cls(name=arm.name, kind=arm.kind, arm=arm.to_dict(), test_loss=_weighted(*test), test_per_example=test[0],
                    retention_loss=_weighted(*ret_test) if ret_test else None, retention_per_example=ret_test[0] if ret_test else None,
-                   retention_selection=sel, **fields)
+                   retention_selection=sel, **more)
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__ if not k.endswith("_per_example") and k != "retention_selection"}
@@ -181,13 +181,9 @@ class CompareResult:
         return json_safe(out)
 
     def to_dict(self) -> dict:
-        return json_safe({
-            "verdict": self.verdict, "rows": self.rows(), "arms": [a.to_dict() for a in self.arms],
-            "statistics": self.statistics, "probe": self.probe, "seconds": self.seconds,
-            "num_examples": self.num_examples, "config": self.config, "budgets": [view_dict(v) for v in self.views],
-            "grids": self.grids, "halving_agreement": self.halving_agreement, "curves": self.curves, "overall": self.overall,
-            "data_parts": self.data_parts,
-        })
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "views"}
+        out.update(verdict=self.verdict, rows=self.rows(), arms=[a.to_dict() for a in self.arms], budgets=[view_dict(v) for v in self.views])
+        return json_safe(out)
 
     def to_markdown(self) -> str:
         """The comparison table and the verdict as Markdown."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -45,9 +45,7 @@ class TrialSpec:
         return f"{self.arm.name}@lr{self.learning_rate:g}@seed{self.seed}"
 
     def to_dict(self) -> dict:
-        return json_safe({"arm": self.arm.to_dict(), "learning_rate": self.learning_rate, "seed": self.seed,
-                          "budgets": list(self.budgets), "warmup_steps": self.warmup_steps, "scheduler": self.scheduler,
-                          "decay_ratio": self.decay_ratio, "rungs": list(self.rungs)})
+        return json_safe({**{f.name: getattr(self, f.name) for f in fields(self)}, "arm": self.arm.to_dict()})  # tuples as lists
 
 
 @dataclass
