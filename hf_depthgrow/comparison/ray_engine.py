@@ -251,11 +251,14 @@ def _trial(spec: TrialSpec, shipped: list, *, workers: int = 1, resources: dict 
 
 def _tune_checkpoint(tune):
     """The checkpoint Tune restored this trial with (`None` on its first run), read into memory."""
+    checkpoint = tune.get_checkpoint()
+    return _loaded(checkpoint) if checkpoint is not None else None
+
+
+def _loaded(checkpoint):
+    """A Tune checkpoint's folder read into memory as a `TrialCheckpoint` (its digest checked)."""
     from .trial_checkpoint import TrialCheckpoint
 
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is None:
-        return None
     with checkpoint.as_directory() as folder:
         return TrialCheckpoint.load(folder)
 
@@ -324,11 +327,8 @@ def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store
     def checkpointed(index, checkpoint):
         if store is None:
             return
-        from .trial_checkpoint import TrialCheckpoint
-
         try:  # kept beside the stored trials, for --resume; a failure here must not stop Tune registering it
-            with checkpoint.as_directory() as folder:
-                store.save_checkpoint(specs[index], TrialCheckpoint.load(folder))
+            store.save_checkpoint(specs[index], _loaded(checkpoint))
         except Exception as err:  # noqa: BLE001
             warnings.warn(f"trial {specs[index].name}: its checkpoint was not kept under {store.root} ({err}); --resume would start it over", stacklevel=2)
 
@@ -438,7 +438,6 @@ def _collector(names: list[str], what: str, keep, on_checkpoint=None):
 
 def quiet_fit(fit):
     """`fit()` with Tune's tables on stderr and its info logs off: the command's stdout is its report."""
-    import contextlib
     import sys
 
     tune_log = logging.getLogger("ray.tune")

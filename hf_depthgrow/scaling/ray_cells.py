@@ -1,12 +1,10 @@
 """The scaling study's cells on Ray Tune: each cell one Tune trial, the results equal to the serial engine's.
 
-Run by compare's Ray driver (`comparison.ray_engine`): the same connection and resource checks (`ray_cluster`:
-an unreachable address or more CPUs per cell than the cluster has is one line before any work), the same Tune
-driver and trainable (`tune_units`: Tune's tables on stderr, trial processes reused from cell to cell, a failed
-cell run again from its start). The task data (every split of every task) goes into Ray's object store once, and
-each trial process reads it once for every cell it runs. Each cell runs with the study's `threads` torch threads, as the
-serial engine does, so on CPU fp32 its result is bit-identical to the serial one. The driver stores each cell
-(`units.save_cell`) as it finishes, so an interrupted study keeps every finished cell and resumes.
+Run by compare's Ray driver (`comparison.ray_engine`): `ray_cluster`'s connection and resource checks before any
+work, `tune_units`' Tune driver and trainable, with the task data (every split of every task) as what every cell
+shares. Each cell runs with the study's `threads` torch threads, as the serial engine does, so on CPU fp32 its
+result is bit-identical to the serial one. The driver stores each cell (`units.save_cell`) as it finishes, so an
+interrupted study keeps every finished cell and resumes.
 """
 
 from __future__ import annotations
