@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 from torch import nn
 
-from ..growth.engine import new_block_parameters
+from ..growth.engine import grow_depth, new_block_parameters
 from ..growth.towers import resolve_family
 from ..growth.placement import PlacementEntry, check_placement, resolve_positions
 
@@ -222,8 +222,6 @@ def as_plan(placement: Sequence[PlacementEntry]) -> list[dict]:
 def grow_arm(model: nn.Module, arm: "Arm", grow_kwargs: dict | None = None) -> nn.Module:
     """A grown deep copy of `model` for a growth arm (the model itself is not changed)."""
     import copy
-
-    from ..growth.engine import grow_depth
 
     return grow_depth(copy.deepcopy(model), as_plan(arm.placement), **(grow_kwargs or {}))
 

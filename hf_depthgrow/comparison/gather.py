@@ -19,7 +19,7 @@ from .arms import Arm
 from .config import CompareConfig
 from .engine import engine_for
 from .runner import _train_arms
-from .store import TrialStore
+from .store import SWEEPS, TrialStore
 
 __all__ = ["gather_comparison", "gathering"]
 
@@ -42,7 +42,6 @@ def recorded_in(trials_dir) -> bool:
     """Whether `trials_dir` holds a comparison's own record (`compare_plans` with `trials_dir` writes one beside its
     trials), so that `gather_comparison` can rebuild it from the folder alone."""
     from ..storage import ENTRY_FILE
-    from .store import SWEEPS
 
     return any(Path(trials_dir, SWEEPS).glob(f"*/{ENTRY_FILE}"))
 

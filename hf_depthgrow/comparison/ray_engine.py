@@ -37,7 +37,9 @@ import warnings
 
 import torch
 
+from .ray_workers import DRIVER_RESOURCES, check_resources, launch_env, received, run_on_workers
 from .trial import TrialInputs, TrialResult, TrialSpec, run_trial
+from .trial_record import result_from_text, result_text
 
 logger = logging.getLogger(__name__)
 
@@ -198,8 +200,6 @@ def ray_cluster(address: str | None, resources_per_trial=None, workers: int = 1)
     resources = _resources(resources_per_trial)
     started = _connect(ray, address)
     try:
-        from .ray_workers import check_resources
-
         check_resources(ray, resources, workers)
         yield resources
     finally:
@@ -234,17 +234,11 @@ def _trial(spec: TrialSpec, shipped: list, *, workers: int = 1, resources: dict 
     """
     from ray import tune
 
-    from .trial_record import result_text
-
     start = _tune_checkpoint(tune) or (resume or {}).get(spec.name)
     report = functools.partial(_report_checkpoint, tune)
     if workers > 1:
-        from .ray_workers import run_on_workers
-
         packed = run_on_workers(spec, shipped, resources, workers, launch, start=start, checkpoint=report)
     else:
-        from .ray_workers import received
-
         packed = result_text(run_trial(spec, received(shipped), checkpoint=report, resume=start))
     return {"trial": packed, "resumed_from": start.step if start is not None else 0}
 
@@ -300,14 +294,10 @@ def _compact(rows):
 
 
 def _tune(specs, inputs, resources, max_concurrent, storage, max_failures, store, bar, workers=1, accelerate_config=None) -> dict[str, TrialResult]:
-    from .trial_record import result_from_text
-
     # --resume: each unfinished trial's checkpoint, read on the driver and shipped (no shared folder needed).
     resume = {s.name: c for s in specs if store is not None and (c := store.resume_point(s)) is not None}
     launch, threads, trial_resources = None, max(1, int(resources["cpu"])), resources
     if workers > 1:  # the Tune trial only waits for its TorchTrainer's workers (comparison.ray_workers)
-        from .ray_workers import DRIVER_RESOURCES, launch_env
-
         launch = launch_env(accelerate_config, workers) if accelerate_config is not None else {}
         threads, trial_resources = 1, dict(DRIVER_RESOURCES)
     work = functools.partial(_trial, workers=workers, resources=resources, launch=launch, resume=resume)

@@ -26,11 +26,11 @@ from typing import Callable
 from torch import nn
 
 from ..data.batches import as_rows, documents_of
-from ..evaluation.checks import prepare_batches, resolve_cluster_key
+from ..evaluation.checks import cluster_labels, prepare_batches, resolve_cluster_key
 from ..probe.signal import ProbeResult
 from ..training import tracking
 from ..training.data_order import training_rows
-from .aggregate import aggregate, rungs_of
+from .aggregate import aggregate, retention_parts, rungs_of
 from .arms import Arm, build_arms
 from .config import CompareConfig
 from .engine import engine_for
@@ -83,9 +83,6 @@ def set_documents(sets: dict, cluster_key: str | None, required: tuple[str, ...]
 def _check_documents(documents: dict, retention_rows, cfg: CompareConfig) -> None:
     """What the statistics will need of the documents, refused now rather than after training: at least 2 documents
     to resample by on the test (and retention) set, and a retention set that splits into two non-empty parts."""
-    from ..evaluation.checks import cluster_labels
-    from .aggregate import retention_parts
-
     for name in ("test", "retention"):
         labels = cluster_labels(documents.get(name), cfg.cluster_key)
         if labels is not None and len(set(labels)) < 2:

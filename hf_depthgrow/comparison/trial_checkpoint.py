@@ -29,6 +29,9 @@ from pathlib import Path
 
 import torch
 
+from ..storage import ENTRY_FILE, TENSORS_FILE, read_verified, write_digest
+from .trial_record import rebuild_result, result_entry
+
 __all__ = ["TrialCheckpoint", "capture"]
 
 FORMAT = 2  # 2: the header carries the trial's store key
@@ -61,7 +64,6 @@ class TrialCheckpoint:
     def restore(self, trainer, result) -> None:
         """Put a freshly begun trainer (`trainer.begin()` ran) and an empty result where this checkpoint was taken."""
         from ..training.checkpoints import set_rng_state
-        from .trial_record import rebuild_result
 
         named = dict(trainer.trainable_named)
         saved = {k[len(_PARAM) :] for k in self.tensors if k.startswith(_PARAM)}
@@ -91,8 +93,6 @@ class TrialCheckpoint:
         """Write the checkpoint into `folder` (created; written in a temporary folder beside it, then renamed)."""
         from safetensors.torch import save_file
 
-        from ..storage import ENTRY_FILE, TENSORS_FILE, write_digest
-
         folder = Path(folder)
         tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         tmp.mkdir(parents=True)
@@ -112,8 +112,6 @@ class TrialCheckpoint:
         """Read a checkpoint `save` wrote, its files checked against their digest (`ValueError` if not whole)."""
         from safetensors.torch import load as load_bytes
 
-        from ..storage import ENTRY_FILE, TENSORS_FILE, read_verified
-
         files = read_verified(folder)  # UnverifiedEntryError is a ValueError
         header = json.loads(files[ENTRY_FILE].decode("utf-8"))
         if header.get("format") != FORMAT or TENSORS_FILE not in files:
@@ -125,7 +123,6 @@ class TrialCheckpoint:
 def capture(trainer, result, events_done: int, seconds: float) -> TrialCheckpoint | None:
     """The trial now, on its trunk after `events_done` events; `None` where it cannot be taken (see the module docstring)."""
     from ..training.checkpoints import rng_state
-    from .trial_record import result_entry
 
     if getattr(trainer, "sharded", False) or trainer.stopped or trainer.nonfinite is not None:
         return None  # sharded: each rank holds a part of the state; a diverged trunk: the rerun is as short

@@ -21,7 +21,7 @@ forgetting upper bound exceeds it counts as the original kept (gain 0), the rule
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Sequence
 
 import numpy as np
@@ -297,14 +297,11 @@ def validate_probe(
         ('signal', 4)
         ```
     """
-    from dataclasses import replace
-
     from ..training.data_order import training_rows
-    from .runner import fresh_data_check
-
-    positions, seeds = _checked(positions, seeds, predictors, retention_data)
+    from .runner import fresh_data_check, oracle_trials
     from .store import check_trials_dir
 
+    positions, seeds = _checked(positions, seeds, predictors, retention_data)
     check_trials_dir(trials_dir, inputs={"model": getattr(model, "name_or_path", None)})
     cfg = config or CompareConfig()
     fresh_data_check(cfg, len(training_rows(train_data, "train_data")))  # before the probe: short data costs nothing
@@ -318,8 +315,6 @@ def validate_probe(
         probe_result = probe(model, train_data, positions=positions, batch_size=cfg.batch_size, progress=cfg.progress)
     probe_seconds = time.perf_counter() - started
     data = {"train": train_data, "eval": eval_data, "test": test_data, "retention": retention_data}
-    from .runner import oracle_trials
-
     results, trials, original = oracle_trials(model, data, names, cfgs, probe_result, trials_dir)
     sweep_seconds = time.perf_counter() - started - probe_seconds
     scores, seconds = _predictor_scores(model, train_data, eval_data, positions, probe_result, predictors, cfg.batch_size, seeds[0],
