@@ -266,11 +266,8 @@ def lora_rank_for(model: nn.Module, target: int, suffixes: Sequence[str] | None 
     from ..training.trainable import lora_target_names
 
     modules = dict(model.named_modules())
-    per_rank = 0
-    for name in lora_target_names(model, suffixes):
-        module = modules[name]
-        weight = module.weight
-        per_rank += int(weight.shape[0] + weight.shape[1])
+    weights = [modules[name].weight for name in lora_target_names(model, suffixes)]
+    per_rank = sum(int(w.shape[0] + w.shape[1]) for w in weights)
     if per_rank == 0:
         raise ValueError("no linear layer in the stack for a LoRA control")
     rank = max(1, int(round(target / per_rank)))

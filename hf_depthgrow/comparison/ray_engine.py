@@ -9,10 +9,10 @@ rows) go into Ray's object store once per sweep, and each trial process, reused 
 threads. A trial reports a Tune checkpoint (`comparison.trial_checkpoint`: its trained parameters, optimizer,
 scheduler and RNG state, and its scores so far) after each budget and rung it scores; a trial whose process
 (or one of its workers) dies is run again from its last checkpoint (from its start before the first)
-(`FailureConfig(max_failures)`), and ends bit-identical to the uninterrupted trial on CPU fp32. With a store the driver also keeps each
-trial's latest checkpoint under `trials_dir` (`TrialStore.save_checkpoint`), so that `compare --resume` after
-the driver itself died continues the unfinished trials from there. With a `TrialStore` each trial is stored on the driver as it
-finishes, and stored trials are not run again (resume): the serial engine's step, `store.stored_or_run`.
+(`FailureConfig(max_failures)`), and ends bit-identical to the uninterrupted trial on CPU fp32. With a `TrialStore`
+the driver stores each trial as it finishes (stored trials are not run again: the serial engine's step,
+`store.stored_or_run`) and keeps each unfinished trial's latest checkpoint under `trials_dir`
+(`TrialStore.save_checkpoint`), so that `compare --resume` after the driver itself died continues it from there.
 
 Successive halving stays serial-only: Ray's ASHA decides a trial at a rung against the trials that reached
 that rung before it, so its choice depends on which trial finishes first; the serial halving ranks all of an
@@ -212,8 +212,7 @@ def _resources(resources_per_trial) -> dict:
         return {"cpu": 1}
     if isinstance(resources_per_trial, dict):
         out = {str(k).lower(): v for k, v in resources_per_trial.items()}
-        if "cpu" not in out:
-            out["cpu"] = 1
+        out.setdefault("cpu", 1)
     else:
         out = {"cpu": resources_per_trial}
     for k, v in out.items():

@@ -52,8 +52,7 @@ def check_workers(cfg) -> None:
     if path is not None:
         if n < 2:
             raise ValueError(f"accelerate_config {path} sets up the workers of a multi-process trial: it needs workers_per_trial >= 2, got {n}")
-        env = launch_env(path, n)
-        sharded = env.get("ACCELERATE_USE_FSDP") == "true" or env.get("ACCELERATE_USE_DEEPSPEED") == "true"
+        sharded = _sharding(launch_env(path, n)) is not None
         lora = [c for c in cfg.controls if str(c).split(":")[0] == "lora"]
         if sharded and lora:
             raise ValueError(f"accelerate_config {path} shards the model, and the trainer trains LoRA ({', '.join(lora)}) only unsharded: "

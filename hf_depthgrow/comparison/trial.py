@@ -11,10 +11,8 @@ the original on training loss; the result holds the held-out loss, the pick, and
 and retention losses of what was picked. The held-out loss is also taken at `spec.rungs` (a quarter and
 a half of each budget): the held-out curve, from which successive halving's choice can be replayed.
 
-`trial_steps` is the same trial as a generator that pauses at each rung with `(step, held-out loss)`:
-sending `False` stops the trial there (successive halving), anything else continues. With `checkpoint=` it
-hands a `TrialCheckpoint` to that callable after each budget and rung (not after the last budget: the result
-follows), and with `resume=` one of them it continues from there (`comparison.trial_checkpoint`): a trial
+`trial_steps` is the same trial as a generator that pauses at each rung (successive halving stops it there); it
+checkpoints after each budget and rung and continues from a checkpoint (`comparison.trial_checkpoint`): a trial
 retried after its process died, or resumed after its sweep's, ends as it would have, bit for bit on CPU fp32.
 
 A trial writes into nothing it is given: the original's losses its trainer takes before the first step come back

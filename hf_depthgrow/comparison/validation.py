@@ -319,10 +319,9 @@ def validate_probe(
     sweep_seconds = time.perf_counter() - started - probe_seconds
     scores, seconds = _predictor_scores(model, train_data, eval_data, positions, probe_result, predictors, cfg.batch_size, seeds[0],
                                         lookahead_steps, retention_data)
-    if probe_result is not None:
-        seconds.update({k: probe_seconds for k in ("signal", "z") if k in seconds})
     verdicts = None
     if probe_result is not None:
+        seconds.update({k: probe_seconds for k in ("signal", "z") if k in seconds})
         lookup = dict(zip(probe_result.positions, probe_result.verdict))
         verdicts = [lookup.get(k, "") for k in positions]
     budgets = list(cfgs[seeds[0]].sweep)
