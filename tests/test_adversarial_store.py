@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from test_budget_sweep import _inputs
 from test_ray_engine import _timeless
 
@@ -511,3 +512,16 @@ def test_a_trials_seed_varies_its_new_blocks_initialisation_and_the_key_says_so(
 
 def torch_equal(a, b) -> bool:
     return bool((a == b).all())
+
+
+def test_a_checkpoints_cuda_rng_states_go_back_to_their_own_devices_past_ten_gpus(setting, trial, tmp_path, monkeypatch):
+    """The states are kept as `rng.cuda.<device>`: read back in device order, not name order (`10` before `2`)."""
+    import hf_depthgrow.training.checkpoints as checkpoints
+
+    spec, whole, saved = trial
+    states = {f"rng.cuda.{i}": torch.full((4,), i, dtype=torch.uint8) for i in range(12)}
+    point = TrialCheckpoint.load(replace(saved[-1], tensors={**saved[-1].tensors, **states}).save(tmp_path / "ckpt"))
+    seen, real = [], checkpoints.set_rng_state
+    monkeypatch.setattr(checkpoints, "set_rng_state", lambda state: seen.append(state.get("cuda")) or real(state))
+    assert_same_trial(run_trial(spec, _inputs(*setting), resume=point), whole)
+    assert [int(t[0]) for t in seen[0]] == list(range(12))

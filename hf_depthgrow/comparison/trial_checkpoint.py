@@ -75,7 +75,8 @@ class TrialCheckpoint:
         trainer.optimizer.load_state_dict({"state": _optimizer_state(self.tensors, s["optimizer_scalars"]), "param_groups": s["param_groups"]})
         trainer.scheduler.load_state_dict(s["scheduler"])  # the trunk's rate factors stay those the set-up built
         rng = {k[len(_RNG) :]: v for k, v in self.tensors.items() if k.startswith(_RNG) and not k.startswith(_RNG + "cuda.")}
-        cuda = [v for k, v in sorted(self.tensors.items(), key=lambda kv: kv[0]) if k.startswith(_RNG + "cuda.")]
+        # In device order: by name, rng.cuda.10 would come before rng.cuda.2.
+        cuda = [v for _, v in sorted((int(k.rpartition(".")[2]), v) for k, v in self.tensors.items() if k.startswith(_RNG + "cuda."))]
         set_rng_state({**rng, **s["rng"], **({"cuda": cuda} if cuda else {})})
         trainer._step, trainer.units_seen = self.step, s["units_seen"]
         scores = {k[len("score.") :]: v for k, v in self.tensors.items() if k.startswith("score.")}
