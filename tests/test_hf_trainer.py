@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -410,3 +411,13 @@ def test_fallback_callback_works_on_the_peft_config_route(tmp_path):
     # f_old is exactly the untouched base model; the decision is in the grown model's config.
     assert callback.result.losses["old"] == pytest.approx(_mean_row_loss(tiny_llama(), held_out), rel=1e-6)
     assert trainer.model.get_base_model().config.depth_growth_fallback["selected"] == "new"
+
+
+def test_the_trainer_integration_loads_on_first_use_so_reading_results_skips_peft():
+    import subprocess
+    import sys
+
+    code = ("import sys, hf_depthgrow.comparison.gather, hf_depthgrow.training as t; assert 'peft' not in sys.modules, 'peft'; "
+            "from hf_depthgrow.training.hf_integration import FallbackCallback as F; assert t.FallbackCallback is F")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -14,7 +14,6 @@ off a running warmup-stable-decay run), `sharding` (FSDP2), `deepspeed_support` 
 
 from .checkpoints import list_checkpoints
 from .config import TrainConfig
-from .hf_integration import FallbackCallback, FallbackDecision, keep_growth_on_save, prepare_grown_model, write_growth_files
 from .activation_checkpointing import activation_checkpointing
 from .checkpoints import CheckpointIntegrityError, CheckpointMismatchError
 from .guards import NonFiniteTrainingLossError, OutputDirLockedError
@@ -49,3 +48,15 @@ __all__ = [
     "shares_prefix",
     "train",
 ]
+
+# transformers' Trainer callbacks pull in peft and bitsandbytes (seconds): loaded on first use, so that what only
+# reads results (`compare --gather`, the reports) does not pay for them.
+_HF_INTEGRATION = ("FallbackCallback", "FallbackDecision", "keep_growth_on_save", "prepare_grown_model", "write_growth_files")
+
+
+def __getattr__(name):
+    if name in _HF_INTEGRATION:
+        from . import hf_integration
+
+        return getattr(hf_integration, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
