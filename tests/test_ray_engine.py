@@ -383,3 +383,23 @@ def test_rows_that_view_one_token_stream_ship_compact():
     assert rows[0]["input_ids"].untyped_storage().nbytes() == stream.nbytes  # the caller's rows are not changed
     compact = [{"x": torch.zeros(3)}]
     assert ray_engine._compact(compact) is compact
+
+
+def test_quiet_fit_drops_tunes_snapshot_advice_only_and_only_while_it_fits(caplog):
+    import logging
+
+    from hf_depthgrow.comparison.ray_engine import quiet_fit
+
+    snapshots = logging.getLogger("ray.tune.execution.experiment_state")
+
+    def fit():
+        snapshots.warning("Experiment state snapshotting has been triggered multiple times in the last 5.0 seconds")
+        snapshots.warning("a trial's folder could not be synced")
+        logging.getLogger("ray.tune").info("Tune's own chatter")
+        return "grid"
+
+    with caplog.at_level(logging.INFO):
+        assert quiet_fit(fit) == "grid"
+        snapshots.warning("Experiment state snapshotting has been triggered after the fit")
+    assert [r.getMessage() for r in caplog.records] == ["a trial's folder could not be synced",
+                                                         "Experiment state snapshotting has been triggered after the fit"]

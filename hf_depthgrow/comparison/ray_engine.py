@@ -425,15 +425,23 @@ def _collector(names: list[str], what: str, keep, on_checkpoint=None):
     return Collect()
 
 
+def _not_the_snapshot_advice(record) -> bool:
+    # Tune snapshots its state whenever a trial checkpoints past `num_to_keep`; with 1 (all a retry needs) it does
+    # so at every budget of every trial and, each time within 5 s of another, advises fewer checkpoints.
+    return not record.getMessage().startswith("Experiment state snapshotting has been triggered")
+
+
 def quiet_fit(fit):
     """`fit()` with Tune's tables on stderr and its info logs off: the command's stdout is its report."""
     import sys
 
-    tune_log = logging.getLogger("ray.tune")
+    tune_log, snapshots = logging.getLogger("ray.tune"), logging.getLogger("ray.tune.execution.experiment_state")
     level = tune_log.level
     tune_log.setLevel(logging.WARNING)
+    snapshots.addFilter(_not_the_snapshot_advice)
     try:
         with contextlib.redirect_stdout(sys.stderr):
             return fit()
     finally:
         tune_log.setLevel(level)
+        snapshots.removeFilter(_not_the_snapshot_advice)
