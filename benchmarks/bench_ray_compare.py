@@ -107,6 +107,9 @@ def measure(args) -> dict:
     model = tiny_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512).eval()
     data = _data(model, args.examples)
+    # Untimed: a process's first training pays the imports the library defers (transformers' schedulers pull in
+    # peft); the serial timings and the compute the split subtracts must not carry them, a fresh Ray process must.
+    run(model, data, argparse.Namespace(**{**vars(args), "steps": 1}), "serial")
     split = _split(model, data, args) if args.split_steps else []  # first: the short runs, before the long ones
     want = None
     if args.serial_threads != 1:  # else the timed serial runs are the one-thread reference
