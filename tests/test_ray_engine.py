@@ -403,3 +403,29 @@ def test_quiet_fit_drops_tunes_snapshot_advice_only_and_only_while_it_fits(caplo
         snapshots.warning("Experiment state snapshotting has been triggered after the fit")
     assert [r.getMessage() for r in caplog.records] == ["a trial's folder could not be synced",
                                                          "Experiment state snapshotting has been triggered after the fit"]
+
+
+def test_a_trial_killed_for_memory_is_one_line_saying_what_is_kept_and_what_to_change(local_ray, monkeypatch, capsys):
+    from hf_depthgrow.cli.common import run_command
+    from hf_depthgrow.comparison import ray_engine
+
+    killed = ("Caught unexpected exception: 1 worker(s) were killed due to the node running low on memory. Memory on the node "
+              "(IP: 192.0.2.2, ID: f3ed) was 22.38GB used / 23.54GB limit (0.950810)\nRefer to the documentation ...")
+
+    def fit(_):
+        raise RuntimeError(killed)
+
+    monkeypatch.setattr(ray_engine, "quiet_fit", fit)
+    with pytest.raises(MemoryError, match=r"1 worker\(s\) were killed .* low on memory: every trial that finished is kept; run fewer at once"):
+        ray_engine.tune_units(lambda unit, shipped: {}, [0], {}, {"cpu": 1}, ["u"], what="trial", keep=lambda i, m: m)
+
+    def body(argv):
+        ray_engine.tune_units(lambda unit, shipped: {}, [0], {}, {"cpu": 1}, ["u"], what="trial", keep=lambda i, m: m)
+
+    assert run_command("compare", body, []) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-depthgrow compare: 1 worker(s) were killed") and "\n" not in err and "max_concurrent_trials" in err
+
+    monkeypatch.setattr(ray_engine, "quiet_fit", lambda _: (_ for _ in ()).throw(RuntimeError("something else")))
+    with pytest.raises(RuntimeError, match="something else"):  # any other failure keeps its traceback
+        ray_engine.tune_units(lambda unit, shipped: {}, [0], {}, {"cpu": 1}, ["u"], what="trial", keep=lambda i, m: m)

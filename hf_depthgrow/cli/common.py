@@ -85,12 +85,12 @@ def run_command(name: str, body, argv: list[str] | None) -> int:
                 raise
             return report_interrupt(f"hf-depthgrow {name}", err)
         except Exception as err:
-            message = _input_error_message(err)
-            if message is None or _traceback_wanted():
+            message = " ".join(str(err).split()) if isinstance(err, MemoryError) else _input_error_message(err)
+            if not message or _traceback_wanted():
                 raise
             print(f"hf-depthgrow {name}: {message}", file=sys.stderr)
-            # A full disk is the machine's state, not bad input: exit code 1, so that scripts can tell them apart.
-            return 1 if isinstance(err, OSError) and err.errno in (28, 122) else 2  # ENOSPC, EDQUOT
+            # A full disk or memory is the machine's state, not bad input: exit code 1, so that scripts can tell them apart.
+            return 1 if isinstance(err, MemoryError) or (isinstance(err, OSError) and err.errno in (28, 122)) else 2  # ENOSPC, EDQUOT
 
 
 def dtype_of(name: str):

@@ -52,6 +52,7 @@ HALVING_REFUSED = (
     "its rung first, so it would not reproduce the serial choice (drop --successive-halving or use --engine serial)"
 )
 _CONNECT_TIMEOUT_S = 5.0
+_MEMORY_KILL = "killed due to the node running low on memory"  # Ray's memory monitor, in the error Tune raises
 
 
 def ray_available() -> bool:
@@ -359,7 +360,15 @@ def tune_units(work, units: list, shared, resources: dict, names: list[str], *, 
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # a retry needs only the latest
             ),
         )
-        grid = quiet_fit(tuner.fit)
+        try:
+            grid = quiet_fit(tuner.fit)
+        except Exception as err:  # noqa: BLE001 - Tune re-raises a kill by Ray's memory monitor as a bare RuntimeError
+            if _MEMORY_KILL not in str(err):
+                raise
+            first = " ".join(str(err).split()).removeprefix("Caught unexpected exception: ").split(". Memory on the node")[0]
+            # Tune gives up on the whole run here, retries left or not; what finished is stored, so a resume continues.
+            raise MemoryError(f"{first}: every {what} that finished is kept; run fewer at once (max_concurrent_trials) or give "
+                              "each more CPUs (resources_per_trial), then resume") from None
     done = collect.done
     for r in grid:
         index = r.config["index"]
