@@ -416,7 +416,7 @@ def test_a_trial_killed_for_memory_is_one_line_saying_what_is_kept_and_what_to_c
         raise RuntimeError(killed)
 
     monkeypatch.setattr(ray_engine, "quiet_fit", fit)
-    with pytest.raises(MemoryError, match=r"1 worker\(s\) were killed .* low on memory: every trial that finished is kept; run fewer at once"):
+    with pytest.raises(MemoryError, match=r"1 worker\(s\) were killed .* low on memory: run fewer trials at once .* every trial that finished is kept"):
         ray_engine.tune_units(lambda unit, shipped: {}, [0], {}, {"cpu": 1}, ["u"], what="trial", keep=lambda i, m: m)
 
     def body(argv):

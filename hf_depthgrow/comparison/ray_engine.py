@@ -366,9 +366,9 @@ def tune_units(work, units: list, shared, resources: dict, names: list[str], *, 
             if _MEMORY_KILL not in str(err):
                 raise
             first = " ".join(str(err).split()).removeprefix("Caught unexpected exception: ").split(". Memory on the node")[0]
-            # Tune gives up on the whole run here, retries left or not; what finished is stored, so a resume continues.
-            raise MemoryError(f"{first}: every {what} that finished is kept; run fewer at once (max_concurrent_trials) or give "
-                              "each more CPUs (resources_per_trial), then resume") from None
+            # Tune gives up on the whole run here, retries left or not.
+            raise MemoryError(f"{first}: run fewer {what}s at once (max_concurrent_trials) or give each more CPUs (resources_per_trial); "
+                              f"with a trials folder every {what} that finished is kept, and a resume goes on from there") from None
     done = collect.done
     for r in grid:
         index = r.config["index"]
