@@ -426,6 +426,12 @@ def test_a_trial_killed_for_memory_is_one_line_saying_what_is_kept_and_what_to_c
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-depthgrow compare: 1 worker(s) were killed") and "\n" not in err and "max_concurrent_trials" in err
 
+    def bare(argv):
+        raise MemoryError()
+
+    with pytest.raises(MemoryError):  # the allocator's own, saying nothing, keeps its traceback
+        run_command("compare", bare, [])
+
     monkeypatch.setattr(ray_engine, "quiet_fit", lambda _: (_ for _ in ()).throw(RuntimeError("something else")))
     with pytest.raises(RuntimeError, match="something else"):  # any other failure keeps its traceback
         ray_engine.tune_units(lambda unit, shipped: {}, [0], {}, {"cpu": 1}, ["u"], what="trial", keep=lambda i, m: m)

@@ -18,11 +18,13 @@ _DEVICE_ERRORS = ("device string", "Torch not compiled with CUDA", "invalid devi
 def _input_error_message(err: BaseException) -> str | None:
     """The one-line message for an input error, or `None` for anything else (a bug: it keeps its traceback).
 
-    Besides `INPUT_ERRORS`: a pickle that `torch.load(weights_only=True)` refused (a hand-made or malicious
-    checkpoint file; it was never run) and a device this machine cannot use (`--device tpu:7`), which torch
-    raises as `UnpicklingError` and `RuntimeError`/`AssertionError`.
+    Besides `INPUT_ERRORS`: a `MemoryError` that says what ran out (a Ray trial killed for memory), a pickle that
+    `torch.load(weights_only=True)` refused (a hand-made or malicious checkpoint file; it was never run) and a device
+    this machine cannot use (`--device tpu:7`), which torch raises as `UnpicklingError` and `RuntimeError`/`AssertionError`.
     """
     text = " ".join(str(err).split())
+    if isinstance(err, MemoryError):  # the machine's state, like a full disk; a bare one (the allocator's) keeps its traceback
+        return text or None
     if isinstance(err, INPUT_ERRORS):
         return text or type(err).__name__
     if isinstance(err, pickle.UnpicklingError):
@@ -85,8 +87,8 @@ def run_command(name: str, body, argv: list[str] | None) -> int:
                 raise
             return report_interrupt(f"hf-depthgrow {name}", err)
         except Exception as err:
-            message = " ".join(str(err).split()) if isinstance(err, MemoryError) else _input_error_message(err)
-            if not message or _traceback_wanted():
+            message = _input_error_message(err)
+            if message is None or _traceback_wanted():
                 raise
             print(f"hf-depthgrow {name}: {message}", file=sys.stderr)
             # A full disk or memory is the machine's state, not bad input: exit code 1, so that scripts can tell them apart.
