@@ -8,13 +8,19 @@ oracle sweep over positions x seeds. A result is compared as `to_dict()` without
 every per-example loss array, so a change anywhere in set-up, trial, store or aggregation shows as the first
 differing key. Regenerate the golden file only for an intended change of results:
 `HF_DEPTHGROW_WRITE_GOLDEN=1 pytest tests/test_engine_identity.py`.
+
+Another CPU gives other last bits (its kernels sum in another order), so by default numbers match to within that:
+1e-5 absolute (and 1e-6 relative), numbers printed inside text to their printed precision, and bootstrap p-values
+to 0.025 (a delta near zero flips the sign of a few of the 100 replicates). A refactor is checked bit for bit on
+one machine: write the golden file before it, then run with `HF_DEPTHGROW_GOLDEN_EXACT=1` after it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -29,6 +35,8 @@ from hf_depthgrow.testing import tiny_model, tiny_rows
 
 GOLDEN = Path(__file__).parent / "data" / "engine_golden.json"
 WRITE = os.environ.get("HF_DEPTHGROW_WRITE_GOLDEN") == "1"
+EXACT = os.environ.get("HF_DEPTHGROW_GOLDEN_EXACT") == "1"
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +55,8 @@ def golden():
         GOLDEN.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
 
 
-def _digest(values) -> str | None:
-    return None if values is None else hashlib.sha256(np.ascontiguousarray(values, dtype=np.float64).tobytes()).hexdigest()[:16]
+def _values(values) -> list[float] | None:
+    return None if values is None else np.asarray(values, dtype=np.float64).tolist()
 
 
 def _timeless(value):
@@ -61,7 +69,7 @@ def _timeless(value):
 
 
 def _compare_summary(result) -> dict:
-    arrays = {f"{view.steps}/{arm.name}/{name}": _digest(getattr(arm, f"{name}_per_example"))
+    arrays = {f"{view.steps}/{arm.name}/{name}": _values(getattr(arm, f"{name}_per_example"))
               for view in result.views for arm in view.arms for name in ("test", "retention")}
     return json.loads(json.dumps({"result": _timeless(result.to_dict()), "per_example": arrays}))
 
@@ -74,22 +82,45 @@ def _validation_summary(validation) -> dict:
     return json.loads(json.dumps([{k: v for k, v in view.to_dict().items() if k in keys} for view in views]))
 
 
-def _first_difference(got, want, where="") -> str | None:
+def _close(got: float, want: float, where: str, *, exact: bool, printed: bool = False) -> bool:
+    if exact or got == want:
+        return got == want
+    if where.endswith("/p_value"):
+        return abs(got - want) <= 0.025
+    return math.isclose(got, want, rel_tol=2e-3 if printed else 1e-6, abs_tol=1e-5)
+
+
+def _same_text(got: str, want: str, where: str, *, exact: bool) -> bool:
+    """Equal text, its numbers compared as printed numbers (`_close`)."""
+    if exact or got == want:
+        return got == want
+    a, b = _NUMBER.findall(got), _NUMBER.findall(want)
+    return (_NUMBER.split(got) == _NUMBER.split(want) and len(a) == len(b)
+            and all(_close(float(x), float(y), where, exact=False, printed=True) for x, y in zip(a, b)))
+
+
+def _first_difference(got, want, where="", *, exact: bool = EXACT) -> str | None:
     if isinstance(got, dict) and isinstance(want, dict):
         for k in sorted(set(got) | set(want)):
             if k not in got or k not in want:
                 return f"{where}/{k}: only in {'the golden file' if k in want else 'this run'}"
-            if (diff := _first_difference(got[k], want[k], f"{where}/{k}")) is not None:
+            if (diff := _first_difference(got[k], want[k], f"{where}/{k}", exact=exact)) is not None:
                 return diff
         return None
     if isinstance(got, list) and isinstance(want, list):
         if len(got) != len(want):
             return f"{where}: {len(got)} items, the golden file has {len(want)}"
         for i, (a, b) in enumerate(zip(got, want)):
-            if (diff := _first_difference(a, b, f"{where}[{i}]")) is not None:
+            if (diff := _first_difference(a, b, f"{where}[{i}]", exact=exact)) is not None:
                 return diff
         return None
-    return None if got == want else f"{where}: {got!r}, the golden file has {want!r}"
+    if isinstance(got, float) and isinstance(want, float):
+        same = _close(got, want, where, exact=exact)
+    elif isinstance(got, str) and isinstance(want, str):
+        same = _same_text(got, want, where, exact=exact)
+    else:
+        same = type(got) is type(want) and got == want
+    return None if same else f"{where}: {got!r}, the golden file has {want!r}"
 
 
 def _check(golden: dict, case: str, got) -> None:
@@ -120,7 +151,7 @@ def test_a_budget_sweep_with_retention_and_its_gather_match_the_golden_result(se
         got = _compare_summary(rebuilt)
         assert got["result"]["config"]["engine"] == "stored"
         got["result"]["config"]["engine"] = "serial"
-        assert _first_difference(got, want) is None  # the store gives back every trial, bit for bit
+        assert _first_difference(got, want, exact=True) is None  # the store gives back every trial, bit for bit
 
 
 def test_gather_refuses_a_folder_without_a_recorded_comparison(tmp_path):
@@ -144,3 +175,13 @@ def test_the_oracle_sweep_matches_the_golden_result(setting, golden):
     validation = validate_probe(base, rows["train"], rows["eval"], rows["test"], positions=[0, 1, 3, 4], seeds=[0, 1], config=cfg,
                                 retention_data=rows["ret"], predictors=("depth",), n_permutations=50)
     _check(golden, "oracle", _validation_summary(validation))
+
+
+def test_the_golden_comparison_allows_another_cpus_last_bits_and_nothing_more():
+    golden = {"loss": 4.6091, "p_value": 0.0379, "lr": 0.003, "verdict": "gain 0.7640 [0.7072, 0.7817] at 80 steps", "steps": 80}
+    bits = {"loss": 4.6091 + 2e-7, "p_value": 0.0359, "lr": 0.003, "verdict": "gain 0.7641 [0.7072, 0.7817] at 80 steps", "steps": 80}
+    assert _first_difference(bits, golden, exact=False) is None
+    assert _first_difference(bits, golden, exact=True) == f"/loss: {bits['loss']!r}, the golden file has 4.6091"
+    for key, changed in (("loss", 4.6101), ("p_value", 0.09), ("lr", 0.001), ("verdict", "gain 0.7740 [0.7072, 0.7817] at 80 steps"),
+                         ("verdict", "gain 0.7640 [0.7072, 0.7817] at 40 steps and more"), ("steps", 80.0)):
+        assert _first_difference({**golden, key: changed}, golden, exact=False) == f"/{key}: {changed!r}, the golden file has {golden[key]!r}"
