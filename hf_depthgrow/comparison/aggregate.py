@@ -31,6 +31,7 @@ from .arms import matched_control
 from .fresh_data import DataPlan
 from .grids import best_rate, halving_survivor
 from .result import ArmResult, BudgetView, CompareResult
+from .sweep_report import negated
 from .trial_record import HALVING_RUNGS, TrialResult
 
 
@@ -224,7 +225,7 @@ def _within_claims(frontiers: list[dict], points: dict[str, ArmResult], base: Ar
         if n in chosen:
             g, k = gain["arms"][n], kept["arms"][n]
             f["best_within_test"] = {"gain": {x: g[x] for x in ("mean", "low", "high")},
-                                     "forgetting": {"mean": -k["mean"], "low": -k["high"], "high": -k["low"]}, "claims": len(chosen)}
+                                     "forgetting": negated(k), "claims": len(chosen)}
 
 
 def _frontiers(views: list[BudgetView], by_arm: dict, base: ArmResult, cfg, parts, ret_sel_base, seeds: set, clusters: dict) -> dict | None:
