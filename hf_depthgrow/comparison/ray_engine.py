@@ -2,22 +2,18 @@
 
 `run_ray(specs, inputs)` has `run_serial`'s contract (results in the specs' order, each what `run_trial` gives:
 bit-identical per-example losses on CPU fp32 at the same number of torch threads). Each spec is one Tune trial
-of one function trainable (`tune_units`) that runs `run_trial`, in its own process or, with `workers_per_trial`
-above 1, on a Ray Train `TorchTrainer` of that many (`comparison.ray_workers`). The `TrialInputs` (base model,
-rows) go into Ray's object store once per sweep, and each trial process, reused from trial to trial (Tune's
-`reuse_actors`), reads them once; each trial gets `resources_per_trial` CPUs (per worker) and as many torch
-threads. A trial reports a Tune checkpoint (`comparison.trial_checkpoint`: its trained parameters, optimizer,
-scheduler and RNG state, and its scores so far) after each budget and rung it scores; a trial whose process
-(or one of its workers) dies is run again from its last checkpoint (from its start before the first)
-(`FailureConfig(max_failures)`), and ends bit-identical to the uninterrupted trial on CPU fp32. With a `TrialStore`
-the driver stores each trial as it finishes (stored trials are not run again: the serial engine's step,
-`store.stored_or_run`) and keeps each unfinished trial's latest checkpoint under `trials_dir`
-(`TrialStore.save_checkpoint`), so that `compare --resume` after the driver itself died continues it from there.
+(`tune_units`: the `TrialInputs` shipped once per sweep, a trial whose process dies run again from its last
+checkpoint) that runs `run_trial` in its own process or, with `workers_per_trial` above 1, on a Ray Train
+`TorchTrainer` of that many (`comparison.ray_workers`). A trial reports a Tune checkpoint
+(`comparison.trial_checkpoint`) after each budget and rung it scores, so a retried trial ends bit-identical to the
+uninterrupted one on CPU fp32. With a `TrialStore` the driver stores each trial as it finishes
+(`store.stored_or_run`) and keeps each unfinished trial's latest checkpoint under `trials_dir`, so that
+`compare --resume` after the driver itself died continues it from there.
 
 Successive halving stays serial-only: Ray's ASHA decides a trial at a rung against the trials that reached
 that rung before it, so its choice depends on which trial finishes first; the serial halving ranks all of an
-arm's rates at each rung together. Tune's synchronous HyperBand keeps `n / eta` of a bracket and pauses trials
-through checkpoints, another rule again. Under Ray, halving is refused with one line rather than made different.
+arm's rates at each rung together (Tune's synchronous HyperBand, pausing trials through checkpoints, is another
+rule again). Under Ray, halving is refused with one line rather than made different.
 
 Ray stays optional: nothing here imports it until a trial runs (`pip install "hf_depthgrow[ray]"`).
 """
