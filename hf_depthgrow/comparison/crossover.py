@@ -1,7 +1,6 @@
 """When does growth pay? Learning curves `L(D) = E + A * D**(-alpha)` per arm, and the predicted crossover.
 
-Each arm's test loss at each budget (tokens `D`) is fitted by `comparison.learning_curve.fit_learning_curve`
-(bounded nonlinear least squares, conditioned, started from exact solutions on a grid of exponents).
+Each arm's test loss at each budget (tokens `D`) is fitted by `comparison.learning_curve.fit_learning_curve`.
 
 Uncertainty comes from a percentile bootstrap over *test examples*: each replicate resamples the example
 indices once and applies them to every arm and budget (the examples are the same for all: pairing is kept),

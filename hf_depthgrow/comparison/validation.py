@@ -9,13 +9,10 @@ random order) is then scored by `evaluation.decisions.predictor_table`: Spearman
 p-value, the same with depth partialled out, top-1/top-3 hit rates, and the regret of its pick.
 
 The trials of every position and seed are one engine call (`config.engine`: `ray` runs them at once; the
-serial engine gives the same numbers as one `compare_plans` per seed), stored in `trials_dir` when given.
-With several budgets in `config.budgets` each position trains once (warmup-stable-decay, scored at every
-budget) and the smaller budgets' validations are in `at_smaller_budgets`. With `retention_data` each
-position's forgetting (retention loss rise, seed-averaged, corrected upper bound) is reported, and every
-predictor is also scored on the gain *within the forgetting budget* `config.max_forgetting`: a position whose
-forgetting upper bound exceeds it counts as the original kept (gain 0), the rule of the comparison's
-`best_within`.
+serial engine gives the same numbers as one `compare_plans` per seed). With several budgets each position
+trains once (warmup-stable-decay, scored at every budget). With `retention_data` each position's forgetting
+(retention loss rise, seed-averaged, corrected upper bound) is reported, and every predictor is also scored on
+the gain *within the forgetting budget* (`gain_within`).
 """
 
 from __future__ import annotations
