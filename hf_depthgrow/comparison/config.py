@@ -167,10 +167,9 @@ class CompareConfig:
             fail(f"retention_selection_fraction must be in (0, 1), got {self.retention_selection_fraction!r}")
         if self.cluster_key is not None and (not isinstance(self.cluster_key, str) or not self.cluster_key.strip()):
             fail(f"cluster_key must be a column name, auto or none, got {self.cluster_key!r}")
-        if self.method not in METHODS:
-            fail(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.interval not in INTERVALS:
-            fail(f"interval must be one of {INTERVALS}, got {self.interval!r}")
+        for name, allowed in (("method", METHODS), ("interval", INTERVALS)):
+            if getattr(self, name) not in allowed:
+                fail(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.interval != "bootstrap" and self.loss_bound is None:
             fail(f"interval={self.interval!r} needs loss_bound (an a-priori bound B of a per-example loss)")
         _check_int(self, "seed", 0)

@@ -230,19 +230,14 @@ def _trial(spec: TrialSpec, shipped: list, *, workers: int = 1, resources: dict 
     """
     from ray import tune
 
-    start = _tune_checkpoint(tune) or (resume or {}).get(spec.name)
+    restored = tune.get_checkpoint()
+    start = _loaded(restored) if restored is not None else (resume or {}).get(spec.name)
     report = functools.partial(_report_checkpoint, tune)
     if workers > 1:
         packed = run_on_workers(spec, shipped, resources, workers, launch, start=start, checkpoint=report)
     else:
         packed = result_text(run_trial(spec, received(shipped), checkpoint=report, resume=start))
     return {"trial": packed, "resumed_from": start.step if start is not None else 0}
-
-
-def _tune_checkpoint(tune):
-    """The checkpoint Tune restored this trial with (`None` on its first run), read into memory."""
-    checkpoint = tune.get_checkpoint()
-    return _loaded(checkpoint) if checkpoint is not None else None
 
 
 def _loaded(checkpoint):

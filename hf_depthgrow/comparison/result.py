@@ -176,8 +176,7 @@ class CompareResult:
             for key in ("vs_original", "vs_best_control", "vs_matched", "retention"):
                 block = stats.get(key)
                 if block and a.name in block["arms"]:
-                    r = block["arms"][a.name]
-                    row[key] = {"mean": r["mean"], "low": r["low"], "high": r["high"], "certified": r["certified"], "worse": r["worse"]}
+                    row[key] = {k: block["arms"][a.name][k] for k in ("mean", "low", "high", "certified", "worse")}
             out.append(row)
         return json_safe(out)
 

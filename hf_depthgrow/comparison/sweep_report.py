@@ -145,9 +145,8 @@ def view_dict(view) -> dict:
     """One budget, JSON-ready: per arm its rate, tokens per trainable parameter, gain and forgetting with intervals."""
     stats, arms = view.statistics, {}
     for a in view.arms:
-        row = {"kind": a.kind, "learning_rate": a.learning_rate, "selected": a.selected, "heldout_loss": a.heldout_loss,
-               "test_loss": a.test_loss, "retention_loss": a.retention_loss, "trainable_parameters": a.trainable_parameters,
-               "tokens_per_parameter": tokens_per_parameter(a, view.units_seen)}
+        row = {k: getattr(a, k) for k in ("kind", "learning_rate", "selected", "heldout_loss", "test_loss", "retention_loss", "trainable_parameters")}
+        row["tokens_per_parameter"] = tokens_per_parameter(a, view.units_seen)
         gain = (stats.get("vs_original") or {}).get("arms", {}).get(a.name)
         row["gain"] = {k: gain[k] for k in ("mean", "low", "high", "certified")} if gain else None
         ret = (stats.get("retention") or {}).get("arms", {}).get(a.name)
