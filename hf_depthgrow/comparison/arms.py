@@ -19,7 +19,7 @@ compares each growth arm with its match (`matched_control`) as well as with the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -207,16 +207,8 @@ def resolve_growth(spec, num_layers: int, *, probe_result=None, seed: int = 0) -
 
 
 def as_plan(placement: Sequence[PlacementEntry]) -> list[dict]:
-    """Placement entries as the plan `grow_depth` takes."""
-    plan = []
-    for e in placement:
-        entry = {"at": e.at}
-        if e.copy_from is not None:
-            entry["copy_from"] = e.copy_from
-        if e.init is not None:
-            entry["init"] = e.init
-        plan.append(entry)
-    return plan
+    """Placement entries as the plan `grow_depth` takes (a field left at `None` left out)."""
+    return [{k: v for k, v in asdict(e).items() if v is not None} for e in placement]
 
 
 def grow_arm(model: nn.Module, arm: "Arm", grow_kwargs: dict | None = None) -> nn.Module:
