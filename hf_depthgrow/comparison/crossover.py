@@ -158,10 +158,9 @@ def predict_crossover(
         "unfit" / "floor_at_bound" (either fit's floor sits at its bound, so no crossover can be read from them; what
         the fits gave is kept in `fitted_status`), `tokens`, `multiple`, `interval`, `share_with_crossover`,
         `share_ahead`, with `fresh_tokens`: `epochs` (of the prediction) and `beyond_fresh_data`; and `text`),
-        `within_forgetting` (the same
-        against `best_control_within`; `{"status": "no_control", "text"}` when `controls_within` is empty;
-        `None` without `controls_within`), and the settings. An interval's upper end is `"inf"`
-        when some replicates predict no crossover within the horizon (`open_ended`).
+        `within_forgetting` (the same against `best_control_within`; `{"status": "no_control", "text"}` when
+        `controls_within` is empty; `None` without `controls_within`), and the settings. An interval's upper end
+        is `"inf"` when some replicates predict no crossover within the horizon (`open_ended`).
 
     Raises:
         ValueError: on fewer than 3 budgets, tokens not increasing, arrays of mismatched lengths, non-finite
