@@ -137,16 +137,12 @@ def data_lines(result) -> list[str]:
     return ["## Training data", "", plan.markdown(), ""]
 
 
-def tokens_per_parameter(arm, units: int) -> float | None:
-    return units / arm.trainable_parameters if arm.trainable_parameters else None
-
-
 def view_dict(view) -> dict:
     """One budget, JSON-ready: per arm its rate, tokens per trainable parameter, gain and forgetting with intervals."""
     stats, arms = view.statistics, {}
     for a in view.arms:
         row = {k: getattr(a, k) for k in ("kind", "learning_rate", "selected", "heldout_loss", "test_loss", "retention_loss", "trainable_parameters")}
-        row["tokens_per_parameter"] = tokens_per_parameter(a, view.units_seen)
+        row["tokens_per_parameter"] = view.units_seen / a.trainable_parameters if a.trainable_parameters else None
         gain = (stats.get("vs_original") or {}).get("arms", {}).get(a.name)
         row["gain"] = {k: gain[k] for k in ("mean", "low", "high", "certified")} if gain else None
         ret = (stats.get("retention") or {}).get("arms", {}).get(a.name)
@@ -218,15 +214,7 @@ def sweep_markdown(result) -> list[str]:
         lines += ["## Successive halving, replayed", "", "How often halving's survivor (at 1/4 and 1/2 of each budget, on held-out) is the "
                   "full grid's choice:", ""]
         lines += [f"- {k}: {v['agree']} of {v['of']} ({v['share']:.0%})" for k, v in result.halving_agreement.items()] + [""]
-    if result.curves:
-        lines += curve_markdown(result.curves)
+    if result.curves:  # the fits, the predicted crossover and the fit's validation
+        texts = [result.curves.get(k) for k in ("summary", "crossover_text", "within_text", "validation_text")]
+        lines += ["## Learning curves and the predicted crossover", "", *(f"- {t}" for t in texts if t), ""]
     return lines
-
-
-def curve_markdown(curves: dict) -> list[str]:
-    """The learning-curve fits, the predicted crossover and the fit's validation."""
-    lines = ["## Learning curves and the predicted crossover", ""]
-    for key in ("summary", "crossover_text", "within_text", "validation_text"):
-        if curves.get(key):
-            lines.append(f"- {curves[key]}")
-    return lines + [""]
