@@ -230,18 +230,14 @@ class CompareConfig:
             _check_int(self, name, 0)
         if not _number(self.max_learning_rate) or self.max_learning_rate <= 0:
             raise ValueError(f"max_learning_rate must be a finite number > 0, got {self.max_learning_rate!r}")
-        # Only the grids of the arms in the run: the full control's grid is no reason to refuse a growth-only sweep.
-        kinds = self.arm_kinds()
+        # Only the grids of the kinds in the run (growth and its controls'): the full control's grid is no reason to
+        # refuse a growth-only sweep.
+        kinds = {"growth", *(str(c).partition(":")[0] for c in self.controls if c != "original")}
         top, kind = max((max(self.grid(k)), k) for k in kinds)
         if self.max_learning_rate < top:
             grid = "the grid" if self.learning_rates is not None else f"the {kind} arms' grid"
             raise ValueError(f"max_learning_rate ({self.max_learning_rate:g}) is below the largest rate of {grid} ({top:g}): "
                              "the cap must not cut the grid")
-
-    def arm_kinds(self) -> list[str]:
-        """The kinds of arm this comparison trains (`"growth"` and its controls' kinds), each once."""
-        controls = [str(c).partition(":")[0] for c in self.controls if c != "original"]
-        return list(dict.fromkeys(["growth", *controls]))
 
     @property
     def sweep(self) -> list[int]:

@@ -339,6 +339,8 @@ def tune_units(work, units: list, shared, resources: dict, names: list[str], *, 
     trainable = tune.with_parameters(_trainable, work=work, units=units, shipped=[ray.put(shared)], threads=threads,
                                      gpus=resources.get("gpu", 0))
     collect = _collector(names, what, keep, on_checkpoint)
+    if storage and "://" not in storage:  # Tune wants a local folder absolute; a URI (`s3://...`) stays as it is
+        storage = os.path.abspath(storage)
     with tempfile.TemporaryDirectory(prefix="hf_depthgrow-ray-") as tmp:
         tuner = tune.Tuner(
             tune.with_resources(trainable, resources),
@@ -346,7 +348,7 @@ def tune_units(work, units: list, shared, resources: dict, names: list[str], *, 
             # A trial process spends ~15 s importing torch and transformers: reused for the next unit, not restarted.
             tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True),
             run_config=tune.RunConfig(
-                name=f"hf_depthgrow-{uuid.uuid4().hex[:8]}", storage_path=_storage(storage) or tmp,
+                name=f"hf_depthgrow-{uuid.uuid4().hex[:8]}", storage_path=storage or tmp,
                 failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0, callbacks=[collect],
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # a retry needs only the latest
             ),
@@ -372,11 +374,6 @@ def tune_units(work, units: list, shared, resources: dict, names: list[str], *, 
     if missing:
         raise RuntimeError(f"Ray returned no result for {', '.join(missing)}")
     return done
-
-
-def _storage(storage: str | None) -> str | None:
-    """Tune's `storage_path`: a local folder made absolute (Tune wants one), a URI (`s3://...`) as it is."""
-    return os.path.abspath(storage) if storage and "://" not in storage else storage
 
 
 def _trainable(config: dict, work, units: list, shipped: list, threads: int, gpus: float) -> None:
