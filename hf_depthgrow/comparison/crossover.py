@@ -85,13 +85,9 @@ class _Sweep:
 
 
 def _check_settings(n_bootstrap, confidence, seed):
-    def is_int(x):
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-    if not is_int(n_bootstrap) or n_bootstrap < 0:
-        raise ValueError(f"n_bootstrap must be an int >= 0 (replicates), got {n_bootstrap!r}")
-    if not is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    for name, value, what in (("n_bootstrap", n_bootstrap, " (replicates)"), ("seed", seed, "")):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0{what}, got {value!r}")
     if not isinstance(confidence, (int, float)) or isinstance(confidence, bool) or not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
 
