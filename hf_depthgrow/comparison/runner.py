@@ -199,9 +199,7 @@ def compare_plans(
             nothing of this comparison.
 
     Returns:
-        `CompareResult`: per arm the chosen learning rate, held-out, test and retention losses, paired
-        deltas against the original and against the best control (chosen on held-out), with intervals
-        corrected for the number of arms, train seconds and trainable parameters.
+        `CompareResult` (its docstring lists what it holds).
 
     Example:
         ```python
