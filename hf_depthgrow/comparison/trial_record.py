@@ -83,10 +83,7 @@ class TrialResult:
 
     def heldout_at(self, step: int) -> float:
         """The held-out loss recorded at `step` (a rung or a budget's end); `nan` if it was not recorded."""
-        for s, loss in self.heldout_curve:
-            if s == step:
-                return loss
-        return math.nan
+        return next((loss for s, loss in self.heldout_curve if s == step), math.nan)
 
 
 _ARRAYS = ("test", "test_weight", "retention", "retention_weight")
