@@ -259,8 +259,7 @@ class CompareConfig:
     def grid(self, kind: str, *, retention: bool = False) -> list[float]:
         """The learning-rate grid of an arm kind (`learning_rates` when set: one grid for every arm).
 
-        With `retention` (forgetting is measured), `forgetting_rates` x3 steps below the grid come first: a grid
-        that reaches down only to the gain-optimal rate cannot trace the forgetting curve below it.
+        With `retention` (forgetting is measured), `forgetting_rates` x3 steps below the grid come first (`rates_below`).
         """
         rates = list(self.learning_rates) if self.learning_rates is not None else list(getattr(self, f"{kind}_learning_rates"))
         return (rates_below(rates, self.forgetting_rates) if retention else []) + rates
