@@ -12,8 +12,8 @@ uninterrupted one on CPU fp32. With a `TrialStore` the driver stores each trial 
 
 Successive halving stays serial-only: Ray's ASHA decides a trial at a rung against the trials that reached
 that rung before it, so its choice depends on which trial finishes first; the serial halving ranks all of an
-arm's rates at each rung together (Tune's synchronous HyperBand, pausing trials through checkpoints, is another
-rule again). Under Ray, halving is refused with one line rather than made different.
+arm's rates at each rung together (Tune's synchronous HyperBand, keeping `n / eta` of a bracket and pausing trials
+through checkpoints, is another rule again). Under Ray, halving is refused with one line rather than made different.
 
 Ray stays optional: nothing here imports it until a trial runs (`pip install "hf_depthgrow[ray]"`).
 """

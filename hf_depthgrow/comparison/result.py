@@ -10,8 +10,8 @@ import numpy as np
 
 from ..evaluation.formatting import data_parts_text
 from ..utils import atomic_write_text, json_safe, write_json
-from .sweep_report import (_span, family_delta, family_text, frontier_sentence, mark, matched_sentence, negated, overall_sentence, sweep_markdown, table,
-                           view_dict)
+from .sweep_report import (_span, family_delta, family_text, frontier_sentence, mark, matched_sentence, negated, overall_sentence,
+                           sweep_markdown, table, view_dict)
 
 
 @dataclass

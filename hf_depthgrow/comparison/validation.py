@@ -103,8 +103,11 @@ class ProbeValidation:
             budgets = across["budgets"]
             header = ["predictor", *(f"Spearman at {b}" for b in budgets), *(f"regret at {b}" for b in budgets),
                       f"Spearman within at {format_value(budgets)}"]
-            rows = [[row["predictor"], *(row.get("gain") or {}).get("spearman", []), *(row.get("gain") or {}).get("regret", []),
-                     format_value((row.get("within") or {}).get("spearman", []))] for row in across["predictors"]]
+            rows = []
+            for row in across["predictors"]:
+                gain, within = row.get("gain") or {}, row.get("within") or {}
+                cells = [*gain.get("spearman", []), *gain.get("regret", [])] or [""]  # a predictor missing at a budget: one blank
+                rows.append([row["predictor"], *cells, format_value(within.get("spearman", []))])
             lines += ["", f"## Does the ranking hold from {budgets[0]} to {budgets[-1]} steps?", "", *table(header, rows)]
             held = across["smallest_ranks_largest"]
             lines += ["", f"The realized gains at {budgets[0]} steps rank those at {budgets[-1]} at Spearman "
