@@ -113,10 +113,8 @@ def _grid_state(trials: list[TrialResult], budgets: list[int]) -> tuple[list[flo
 
 
 def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs | None, engine, *, forgetting: bool) -> tuple[list[TrialResult], dict]:
-    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap.
-
-    With `forgetting` (a retention set) each grid also reaches below its lowest rate: those rates trace each kind's
-    forgetting curve."""
+    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap;
+    with `forgetting` (a retention set) each grid also reaches below its lowest rate (`CompareConfig.grid`)."""
     from tqdm.auto import tqdm
 
     specs = [_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind, retention=forgetting)]

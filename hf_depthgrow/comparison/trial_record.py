@@ -108,8 +108,7 @@ def result_entry(result: TrialResult) -> tuple[dict, dict]:
 
 
 def result_text(result: TrialResult) -> str:
-    """A result as one JSON text, as a Ray trial reports it to the driver: the stored entry's meta and arrays, every
-    float written by `repr` and read back by `result_from_text` bit for bit.
+    """A result as one JSON text (the stored entry's meta and arrays), as a Ray trial reports it to the driver.
 
     Example:
         ```python
