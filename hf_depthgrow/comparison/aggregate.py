@@ -8,7 +8,7 @@ controls alike), the frontier, the point within the forgetting budget and each g
 of every control point (`frontier`); with several budgets the same once more over the points of every budget;
 the epochs of the training data each budget took (`fresh_data`); across budgets: learning-curve fits and the
 predicted crossover (`crossover`). Corrections are family-wise over the whole comparison (`statistics`,
-`_frontiers`); where the examples name their documents, every bootstrap resamples documents (`aggregate`).
+`_frontiers`); where the examples name their documents, every bootstrap resamples documents (`aggregate`'s `documents`).
 """
 
 from __future__ import annotations
