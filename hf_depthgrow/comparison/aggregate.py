@@ -3,17 +3,12 @@
 Reads only `TrialResult`s and the original's losses, so trials run in this process, on another engine, or
 read back from storage all give the same result. Per budget and arm, the learning rate is the one with the
 lowest held-out loss at that budget; the arm's row is that trial's score. Then, per budget: the corrected
-paired intervals (`statistics`: vs the original, the best control and each growth arm's matched control,
-forgetting), and, over *every* trained point (arm x rate x budget x seed, growth and controls alike), the
-frontier, the point within the forgetting budget and each growth point against the curve of every control
-point (`frontier`); with several budgets the same once more over the points of every budget; the epochs of the
-training data each budget took (`fresh_data`); across budgets: learning-curve fits and the predicted crossover
-(`crossover`), which says where it lies beyond the fresh data. Where the examples name their documents, the
-retention parts are disjoint documents and every bootstrap resamples documents (`evaluation.bounds`).
-
-Corrections are family-wise over the whole comparison: each budget's intervals spend `delta / (budgets x
-seeds)`, the selection-part forgetting bounds are corrected over every point, the curve tests over every
-growth point tested.
+paired intervals (`statistics`), and, over *every* trained point (arm x rate x budget x seed, growth and
+controls alike), the frontier, the point within the forgetting budget and each growth point against the curve
+of every control point (`frontier`); with several budgets the same once more over the points of every budget;
+the epochs of the training data each budget took (`fresh_data`); across budgets: learning-curve fits and the
+predicted crossover (`crossover`). Corrections are family-wise over the whole comparison (`statistics`,
+`_frontiers`); where the examples name their documents, every bootstrap resamples documents (`aggregate`'s `documents`).
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ from .arms import matched_control
 from .fresh_data import DataPlan
 from .grids import best_rate, halving_survivor
 from .result import ArmResult, BudgetView, CompareResult
+from .sweep_report import negated
 from .trial_record import HALVING_RUNGS, TrialResult
 
 
@@ -224,7 +220,7 @@ def _within_claims(frontiers: list[dict], points: dict[str, ArmResult], base: Ar
         if n in chosen:
             g, k = gain["arms"][n], kept["arms"][n]
             f["best_within_test"] = {"gain": {x: g[x] for x in ("mean", "low", "high")},
-                                     "forgetting": {"mean": -k["mean"], "low": -k["high"], "high": -k["low"]}, "claims": len(chosen)}
+                                     "forgetting": negated(k), "claims": len(chosen)}
 
 
 def _frontiers(views: list[BudgetView], by_arm: dict, base: ArmResult, cfg, parts, ret_sel_base, seeds: set, clusters: dict) -> dict | None:

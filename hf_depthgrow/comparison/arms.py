@@ -19,7 +19,7 @@ compares each growth arm with its match (`matched_control`) as well as with the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -207,16 +207,8 @@ def resolve_growth(spec, num_layers: int, *, probe_result=None, seed: int = 0) -
 
 
 def as_plan(placement: Sequence[PlacementEntry]) -> list[dict]:
-    """Placement entries as the plan `grow_depth` takes."""
-    plan = []
-    for e in placement:
-        entry = {"at": e.at}
-        if e.copy_from is not None:
-            entry["copy_from"] = e.copy_from
-        if e.init is not None:
-            entry["init"] = e.init
-        plan.append(entry)
-    return plan
+    """Placement entries as the plan `grow_depth` takes (a field left at `None` left out)."""
+    return [{k: v for k, v in asdict(e).items() if v is not None} for e in placement]
 
 
 def grow_arm(model: nn.Module, arm: "Arm", grow_kwargs: dict | None = None) -> nn.Module:
@@ -363,30 +355,30 @@ def matched_control(arms: Sequence, growth: str) -> str | None:
 
 def _matched_controls(model: nn.Module, arms: list[Arm], num_layers: int, suffixes) -> list[Arm]:
     """A control for each growth arm none matches: `layers[ARM]` where its count is exact, else `lora[ARM]`."""
-    stack = resolve_family(model)[1]
     added: list[Arm] = []
     for g in [a for a in arms if a.kind == "growth"]:
         if matched_control(arms + added, g.name) is not None:
             continue
-        layers = matched_layers(g.placement, num_layers)
-        count = sum(p.numel() for i in layers for p in stack[i].parameters())
-        if count == g.trainable_parameters:
-            added.append(Arm(f"layers[{g.name}]", "layers", layers=layers, trainable_parameters=count, matched_to=g.name))
-        else:
-            rank, count = lora_rank_for(model, g.trainable_parameters, suffixes)
-            added.append(Arm(f"lora[{g.name}]", "lora", lora_r=rank, trainable_parameters=count, matched_to=g.name))
+        layers = _matched(model, "layers", f"layers[{g.name}]", g, num_layers, suffixes)
+        added.append(layers if layers.trainable_parameters == g.trainable_parameters else
+                     _matched(model, "lora", f"lora[{g.name}]", g, num_layers, suffixes))
     return added
 
 
-def _control(model: nn.Module, kind: str, ref: Arm, num_layers: int, suffixes) -> Arm:
+def _matched(model: nn.Module, kind: str, name: str, growth: Arm, num_layers: int, suffixes) -> Arm:
+    """A `layers` control (the layers `growth`'s blocks copy) or a `lora` one (the rank closest to its count) matched to `growth`."""
     if kind == "layers":
-        layers = matched_layers(ref.placement, num_layers)
+        layers = matched_layers(growth.placement, num_layers)
         stack = resolve_family(model)[1]
         count = sum(p.numel() for i in layers for p in stack[i].parameters())
-        return Arm("layers", "layers", layers=layers, trainable_parameters=count, matched_to=ref.name)
-    if kind == "lora":
-        rank, count = lora_rank_for(model, ref.trainable_parameters, suffixes)
-        return Arm("lora", "lora", lora_r=rank, trainable_parameters=count, matched_to=ref.name)
+        return Arm(name, "layers", layers=layers, trainable_parameters=count, matched_to=growth.name)
+    rank, count = lora_rank_for(model, growth.trainable_parameters, suffixes)
+    return Arm(name, "lora", lora_r=rank, trainable_parameters=count, matched_to=growth.name)
+
+
+def _control(model: nn.Module, kind: str, ref: Arm, num_layers: int, suffixes) -> Arm:
+    if kind in ("layers", "lora"):
+        return _matched(model, kind, kind, ref, num_layers, suffixes)
     if kind.startswith("lora:"):
         rank = int(kind.partition(":")[2])
         return Arm(kind, "lora", lora_r=rank, trainable_parameters=rank * lora_rank_for(model, 1, suffixes)[1])

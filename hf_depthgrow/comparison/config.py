@@ -167,10 +167,9 @@ class CompareConfig:
             fail(f"retention_selection_fraction must be in (0, 1), got {self.retention_selection_fraction!r}")
         if self.cluster_key is not None and (not isinstance(self.cluster_key, str) or not self.cluster_key.strip()):
             fail(f"cluster_key must be a column name, auto or none, got {self.cluster_key!r}")
-        if self.method not in METHODS:
-            fail(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.interval not in INTERVALS:
-            fail(f"interval must be one of {INTERVALS}, got {self.interval!r}")
+        for name, allowed in (("method", METHODS), ("interval", INTERVALS)):
+            if getattr(self, name) not in allowed:
+                fail(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.interval != "bootstrap" and self.loss_bound is None:
             fail(f"interval={self.interval!r} needs loss_bound (an a-priori bound B of a per-example loss)")
         _check_int(self, "seed", 0)
@@ -231,18 +230,14 @@ class CompareConfig:
             _check_int(self, name, 0)
         if not _number(self.max_learning_rate) or self.max_learning_rate <= 0:
             raise ValueError(f"max_learning_rate must be a finite number > 0, got {self.max_learning_rate!r}")
-        # Only the grids of the arms in the run: the full control's grid is no reason to refuse a growth-only sweep.
-        kinds = self.arm_kinds()
+        # Only the grids of the kinds in the run (growth and its controls'): the full control's grid is no reason to
+        # refuse a growth-only sweep.
+        kinds = {"growth", *(str(c).partition(":")[0] for c in self.controls if c != "original")}
         top, kind = max((max(self.grid(k)), k) for k in kinds)
         if self.max_learning_rate < top:
             grid = "the grid" if self.learning_rates is not None else f"the {kind} arms' grid"
             raise ValueError(f"max_learning_rate ({self.max_learning_rate:g}) is below the largest rate of {grid} ({top:g}): "
                              "the cap must not cut the grid")
-
-    def arm_kinds(self) -> list[str]:
-        """The kinds of arm this comparison trains (`"growth"` and its controls' kinds), each once."""
-        controls = [str(c).partition(":")[0] for c in self.controls if c != "original"]
-        return list(dict.fromkeys(["growth", *controls]))
 
     @property
     def sweep(self) -> list[int]:
@@ -264,8 +259,7 @@ class CompareConfig:
     def grid(self, kind: str, *, retention: bool = False) -> list[float]:
         """The learning-rate grid of an arm kind (`learning_rates` when set: one grid for every arm).
 
-        With `retention` (forgetting is measured), `forgetting_rates` x3 steps below the grid come first: a grid
-        that reaches down only to the gain-optimal rate cannot trace the forgetting curve below it.
+        With `retention` (forgetting is measured), `forgetting_rates` x3 steps below the grid come first (`rates_below`).
         """
         rates = list(self.learning_rates) if self.learning_rates is not None else list(getattr(self, f"{kind}_learning_rates"))
         return (rates_below(rates, self.forgetting_rates) if retention else []) + rates

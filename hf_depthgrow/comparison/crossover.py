@@ -1,7 +1,6 @@
 """When does growth pay? Learning curves `L(D) = E + A * D**(-alpha)` per arm, and the predicted crossover.
 
-Each arm's test loss at each budget (tokens `D`) is fitted by `comparison.learning_curve.fit_learning_curve`
-(bounded nonlinear least squares, conditioned, started from exact solutions on a grid of exponents).
+Each arm's test loss at each budget (tokens `D`) is fitted by `comparison.learning_curve.fit_learning_curve`.
 
 Uncertainty comes from a percentile bootstrap over *test examples*: each replicate resamples the example
 indices once and applies them to every arm and budget (the examples are the same for all: pairing is kept),
@@ -69,12 +68,14 @@ class _Sweep:
             raise ValueError(f"arm {arm!r}: {what} contain non-finite values")
         return out
 
-    def curve(self, arm, counts=None) -> np.ndarray:
-        """Weighted test loss per budget; `counts` (examples drawn per index) reweights for a bootstrap replicate."""
+    def curve(self, arm, counts=None) -> np.ndarray | None:
+        """Weighted test loss per budget; `counts` (examples drawn per index) reweights for a bootstrap replicate, `None`
+        where the replicate's loss is not finite and > 0 at every budget (it drew only zero-weight examples, say)."""
         if counts is None:
             return self.lw[arm].sum(axis=1) / self.w[arm].sum(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):  # a replicate may draw only zero-weight examples
-            return (self.lw[arm] @ counts) / (self.w[arm] @ counts)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rep = (self.lw[arm] @ counts) / (self.w[arm] @ counts)
+        return rep if np.all(np.isfinite(rep) & (rep > 0)) else None
 
     def replicates(self, n_boot: int, seed: int):
         """Draw counts per example, one row per replicate: the same draw serves every arm and budget."""
@@ -84,13 +85,9 @@ class _Sweep:
 
 
 def _check_settings(n_bootstrap, confidence, seed):
-    def is_int(x):
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-    if not is_int(n_bootstrap) or n_bootstrap < 0:
-        raise ValueError(f"n_bootstrap must be an int >= 0 (replicates), got {n_bootstrap!r}")
-    if not is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    for name, value, what in (("n_bootstrap", n_bootstrap, " (replicates)"), ("seed", seed, "")):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0{what}, got {value!r}")
     if not isinstance(confidence, (int, float)) or isinstance(confidence, bool) or not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
 
@@ -157,10 +154,9 @@ def predict_crossover(
         "unfit" / "floor_at_bound" (either fit's floor sits at its bound, so no crossover can be read from them; what
         the fits gave is kept in `fitted_status`), `tokens`, `multiple`, `interval`, `share_with_crossover`,
         `share_ahead`, with `fresh_tokens`: `epochs` (of the prediction) and `beyond_fresh_data`; and `text`),
-        `within_forgetting` (the same
-        against `best_control_within`; `{"status": "no_control", "text"}` when `controls_within` is empty;
-        `None` without `controls_within`), and the settings. An interval's upper end is `"inf"`
-        when some replicates predict no crossover within the horizon (`open_ended`).
+        `within_forgetting` (the same against `best_control_within`; `{"status": "no_control", "text"}` when
+        `controls_within` is empty; `None` without `controls_within`), and the settings. An interval's upper end
+        is `"inf"` when some replicates predict no crossover within the horizon (`open_ended`).
 
     Raises:
         ValueError: on fewer than 3 budgets, tokens not increasing, arrays of mismatched lengths, non-finite
@@ -177,9 +173,7 @@ def predict_crossover(
     if len(sweep.tokens) < 3:
         raise ValueError(f"a learning curve needs at least 3 budgets to fit E, A and alpha, got {len(sweep.tokens)}")
     curves = {arm: sweep.curve(arm) for arm in growth + controls}
-    d = np.log(sweep.tokens)
-    log_g = float(d.mean())
-    fitted = {arm: _fit(d - log_g, curves[arm], log_g) for arm in curves}
+    fitted = {arm: _fit(sweep.tokens, curves[arm]) for arm in curves}
     pairs = {"on_gain": (best_growth, best_control)}
     if best_control_within is not None:
         pairs["within_forgetting"] = (best_growth, best_control_within)
@@ -188,9 +182,8 @@ def predict_crossover(
     for counts in sweep.replicates(n_bootstrap, seed):
         refit = {}
         for arm in needed:
-            rep = sweep.curve(arm, counts)
-            if np.all(np.isfinite(rep) & (rep > 0)):
-                refit[arm] = _fit(d - log_g, rep, log_g, replicate=True)
+            if (rep := sweep.curve(arm, counts)) is not None:
+                refit[arm] = _fit(sweep.tokens, rep, replicate=True)
         for key, (g, c) in pairs.items():
             if g in refit and c in refit:
                 status, multiple = _first_crossing(refit[g], refit[c], sweep.tokens[-1], horizon)
@@ -340,27 +333,24 @@ def validate_fit(
     sweep = _Sweep(tokens, losses, weights, arms)
     if len(sweep.tokens) < 4:
         return {"skipped": True, "reason": f"needs at least 4 budgets (3 to fit, 1 to predict), got {len(sweep.tokens)}"}
-    d = np.log(sweep.tokens[:-1])
-    log_g = float(d.mean())
     d_max = float(sweep.tokens[-1])
     draws = sweep.replicates(n_bootstrap, seed)
-    rows = {arm: _validate_arm(sweep, arm, draws, d - log_g, log_g, confidence) for arm in arms}
+    rows = {arm: _validate_arm(sweep, arm, draws, confidence) for arm in arms}
     return json_safe({
         "skipped": False, "fit_tokens": sweep.tokens[:-1].tolist(), "predicted_tokens": d_max,
-        "confidence": confidence, "arms": rows, "summary": _validation_summary(rows, len(d), d_max, confidence),
+        "confidence": confidence, "arms": rows, "summary": _validation_summary(rows, len(sweep.tokens) - 1, d_max, confidence),
     })
 
 
-def _validate_arm(sweep: _Sweep, arm: str, draws, d, log_g: float, confidence: float) -> dict:
+def _validate_arm(sweep: _Sweep, arm: str, draws, confidence: float) -> dict:
     """One arm's out-of-sample check: fit all budgets but the largest, predict it, and bootstrap both the
     prediction and the error (each replicate's prediction minus that replicate's measurement)."""
     curve, d_max = sweep.curve(arm), float(sweep.tokens[-1])
-    fit = _fit(d, curve[:-1], log_g)
+    fit = _fit(sweep.tokens[:-1], curve[:-1])
     predictions, errors = [], []
     for counts in draws:
-        rep = sweep.curve(arm, counts)
-        if np.all(np.isfinite(rep) & (rep > 0)):
-            p = _fit(d, rep[:-1], log_g, replicate=True).predict(d_max)
+        if (rep := sweep.curve(arm, counts)) is not None:
+            p = _fit(sweep.tokens[:-1], rep[:-1], replicate=True).predict(d_max)
             if math.isfinite(p):  # a refit that failed predicts nan
                 predictions.append(p)
                 errors.append(p - rep[-1])

@@ -75,11 +75,9 @@ def run_serial(specs: list[TrialSpec], inputs: TrialInputs, *, halving: bool = F
             if bar is not None:
                 bar.update(1)
         return out
-    by_arm: OrderedDict[str, list[TrialSpec]] = OrderedDict()
-    for spec in specs:
-        by_arm.setdefault(spec.arm.name, []).append(spec)
     results = {}
-    for group in by_arm.values():
+    for arm in dict.fromkeys(s.arm.name for s in specs):
+        group = [s for s in specs if s.arm.name == arm]
         for spec, result in zip(group, _halving(group, inputs, known)):
             results[spec.name] = result
             if bar is not None:

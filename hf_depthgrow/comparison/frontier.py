@@ -12,12 +12,9 @@ Three questions, each answered over every trained point, growth and controls ali
 - **Within a forgetting budget** `eps`: the best-gain point whose forgetting's upper bound stays within
   eps, the bound corrected for every candidate point (choosing one of many is inside the bound).
 - **Off the control curve**: every control point (each kind at every rate, low rates included) and the
-  original trace a curve (their lower envelope: the least forgetting seen at each gain, linear in between,
-  flat past the largest gain). A growth point is off the curve when, at its gain, it forgets less than the
-  curve, with a paired bootstrap interval over test and retention examples that recomputes the envelope
-  on every resample (Bonferroni over every growth point tested; where the examples name their documents,
-  documents are resampled instead, `evaluation.bounds`); a point that is not off names the control that
-  dominates it, where one does.
+  original trace a curve (their lower envelope: the least forgetting seen at each gain). A growth point is off
+  the curve when, at its gain, it forgets less than the curve, by a paired bootstrap interval (`off_curve`); a
+  point that is not off names the control that dominates it, where one does.
 
 Choices (the frontier, the point within eps) use held-out data only: the domain's held-out loss and the
 retention set's selection part. The curve test is a reported claim, made on the test parts.

@@ -49,11 +49,10 @@ def recorded_in(trials_dir) -> bool:
 def gather_comparison(trials_dir):
     """The `CompareResult` whose trials `trials_dir` holds, rebuilt from that folder alone: no model, no data, nothing trained.
 
-    `compare_plans(..., trials_dir=...)` records there, beside its trials, what aggregating them needs (its config
-    and arms, the original's per-example losses, the documents, the sizes); this reads the record (the latest where
-    several comparisons share the folder), then every trial through the same grid steps as the run that stored
-    them, each verified against its digest: the same `CompareResult`, with engine `stored`. A trial not stored is
-    one `ValueError` naming it.
+    It reads the record `compare_plans(..., trials_dir=...)` keeps beside the trials (the latest where several
+    comparisons share the folder), then every trial through the same grid steps as the run that stored them, each
+    verified against its digest: the same `CompareResult`, with engine `stored`. A trial not stored is one
+    `ValueError` naming it.
 
     Example:
         ```python

@@ -81,8 +81,7 @@ def rates_below(rates: Iterable[float], n: int) -> list[float]:
     """`n` rates below the lowest of `rates`, x3 apart (increasing): where a forgetting curve is traced.
 
     The gain-optimal rate forgets the most that gain buys; lower rates gain less and forget less, and a
-    control's lower rates may dominate a growth arm on both axes. So when forgetting is measured every kind's
-    grid reaches `n` x3 steps below its own lowest rate (`CompareConfig.forgetting_rates`, default 2).
+    control's lower rates may dominate a growth arm on both axes (`CompareConfig.forgetting_rates`, default 2).
 
     Example:
         ```python

@@ -148,16 +148,16 @@ def fit_learning_curve(tokens, losses) -> LearningCurveFit:
         (3.0, 0.4)
         ```
     """
-    D, L = _check_curve(tokens, losses)
-    log_g = float(np.log(D).mean())
-    return _fit(np.log(D) - log_g, L, log_g)
+    return _fit(*_check_curve(tokens, losses))
 
 
-def _fit(d, L, log_g, replicate: bool = False) -> LearningCurveFit:
-    """The fit on normalised `d`: `least_squares` from the best exponent of a fine grid (see `grid_starts`) and,
-    unless it refits a bootstrap `replicate` (where one start keeps hundreds of refits to seconds), from a few
-    exponents spread over the range."""
-    problem = _CurveProblem(d, L)
+def _fit(D, L, replicate: bool = False) -> LearningCurveFit:
+    """The fit of losses `L` at tokens `D`, on `log D` centred on its mean: `least_squares` from the best
+    exponent of a fine grid (see `grid_starts`) and, unless it refits a bootstrap `replicate` (where one start keeps
+    hundreds of refits to seconds), from a few exponents spread over the range."""
+    d = np.log(D)
+    log_g = float(d.mean())
+    problem = _CurveProblem(d - log_g, L)
     grid, sse = problem.grid_starts()
     starts = [grid[np.argmin(sse)]]
     if not replicate:  # the full sample's fit also starts from exponents spread over the range

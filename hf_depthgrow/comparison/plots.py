@@ -82,12 +82,20 @@ def _error(mean: float, low: float, high: float) -> list[list[float]]:
     return [[max(below, 0.0) if math.isfinite(below) else 0.0], [max(above, 0.0) if math.isfinite(above) else 0.0]]
 
 
-def _caption_and_layout(fig, text: str) -> None:
-    """`text` wrapped under the axes, and the layout tightened above it (the room grows with its lines)."""
-    lines = textwrap.wrap(text, 130)
+def _finish(fig, ax, path, xlabel: str, ylabel: str, title: str, caption: str) -> Path:
+    """Every figure's end: the axis labels and title, the legend outside the axes on the right (the paths and curves
+    run everywhere inside), `caption` wrapped under the axes with the layout tightened above it (the room grows with
+    its lines), and the PNG written to `path`."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arms (blue: growth)",
+              title_fontsize=7.5, frameon=False)
+    lines = textwrap.wrap(caption, 130)
     fig.text(0.01, 0.01, "\n".join(lines), fontsize=7.5, va="bottom", ha="left", color="0.25")
     line = 7.5 * 1.25 / 72 / fig.get_figheight()  # one caption line, as a fraction of the figure's height
     fig.tight_layout(rect=(0, 0.015 + line * (len(lines) + 0.5), 1, 1))
+    return save_figure(fig, path)
 
 
 def _lower_envelope(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
@@ -154,23 +162,13 @@ def plot_gain_forgetting(sweep: dict, path) -> Path:
         ax.plot(0.0, 0.0, "*", color="0.35", ms=11, ls="none", label="original", zorder=4)
     ax.axhline(0, color="0.6", lw=0.7)
     ax.axvline(0, color="0.6", lw=0.7)
-    ax.set_xlabel("gain vs the original (nats on the test set)  →  better")
-    ax.set_ylabel("forgetting (nats on the retention set)  ↓  better")
-    ax.set_title("gain x forgetting across budgets", fontsize=10)
-    _legend(ax)
-    _caption_and_layout(fig, (
+    return _finish(fig, ax, path, "gain vs the original (nats on the test set)  →  better", "forgetting (nats on the retention set)  ↓  better",
+                   "gain x forgetting across budgets", (
         "Better is right (more gain) and down (less forgetting). Each arm's path joins its budgets (marker labels: "
         f"{'training steps' if budgets[0].get('steps') is not None else 'tokens'}); bars: intervals. A black ring: on "
         "the gain x forgetting frontier at that budget. Dashed: the control curve at the largest budget (the control "
         "points, every rate, that no other control point beats on both axes); a growth arm below it forgets less at matched gain."
     ))
-    return save_figure(fig, path)
-
-
-def _legend(ax) -> None:
-    """Outside the axes, on the right: the paths and curves run everywhere inside."""
-    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="arms (blue: growth)",
-              title_fontsize=7.5, frameon=False)
 
 
 def _control_curve(ax, budget: dict, controls: list[str]) -> None:
@@ -205,13 +203,9 @@ def _gain_by_budget(fig, ax, sweep: dict, styles: dict, names: list[str], path) 
                     lw=1.4, ms=5, label=name)
     ax.set_xscale("log")
     ax.axhline(0, color="0.6", lw=0.7)
-    ax.set_xlabel("training tokens (log)")
-    ax.set_ylabel("gain vs the original (nats on the test set)  ↑  better")
-    ax.set_title("gain across budgets (forgetting not measured)", fontsize=10)
-    _legend(ax)
-    _caption_and_layout(fig, "No retention set was given, so forgetting was not measured and the gain x forgetting plane "
-             "cannot be drawn: this shows gain alone (higher is better), with its intervals.")
-    return save_figure(fig, path)
+    return _finish(fig, ax, path, "training tokens (log)", "gain vs the original (nats on the test set)  ↑  better",
+                   "gain across budgets (forgetting not measured)", "No retention set was given, so forgetting was not measured and "
+                   "the gain x forgetting plane cannot be drawn: this shows gain alone (higher is better), with its intervals.")
 
 
 def plot_learning_curves(sweep: dict, path) -> Path:
@@ -270,13 +264,9 @@ def plot_learning_curves(sweep: dict, path) -> Path:
             ax.axvspan(max(interval[0], grid[0]), min(right, grid[-1]), color="0.5", alpha=0.12, lw=0)
     ax.set_xscale("log")
     ax.set_xlim(grid[0] / 1.3, grid[-1] * 1.1)
-    ax.set_xlabel("training tokens (log)")
-    ax.set_ylabel("test loss (nats)  ↓  better")
-    ax.set_title("learning curves: measured (points), fitted L(D) = E + A·D^-alpha (lines)", fontsize=10)
-    _legend(ax)
     shaded = bool(marks) and marks[0][2] is not None
-    _caption_and_layout(fig, _curves_caption(sweep, fits, shaded, bars))
-    return save_figure(fig, path)
+    return _finish(fig, ax, path, "training tokens (log)", "test loss (nats)  ↓  better",
+                   "learning curves: measured (points), fitted L(D) = E + A·D^-alpha (lines)", _curves_caption(sweep, fits, shaded, bars))
 
 
 def _crossover_marks(crossover: dict) -> list[tuple[str, float, tuple[float, float] | None, str]]:

@@ -2,22 +2,18 @@
 
 `run_ray(specs, inputs)` has `run_serial`'s contract (results in the specs' order, each what `run_trial` gives:
 bit-identical per-example losses on CPU fp32 at the same number of torch threads). Each spec is one Tune trial
-of one function trainable (`tune_units`) that runs `run_trial`, in its own process or, with `workers_per_trial`
-above 1, on a Ray Train `TorchTrainer` of that many (`comparison.ray_workers`). The `TrialInputs` (base model,
-rows) go into Ray's object store once per sweep, and each trial process, reused from trial to trial (Tune's
-`reuse_actors`), reads them once; each trial gets `resources_per_trial` CPUs (per worker) and as many torch
-threads. A trial reports a Tune checkpoint (`comparison.trial_checkpoint`: its trained parameters, optimizer,
-scheduler and RNG state, and its scores so far) after each budget and rung it scores; a trial whose process
-(or one of its workers) dies is run again from its last checkpoint (from its start before the first)
-(`FailureConfig(max_failures)`), and ends bit-identical to the uninterrupted trial on CPU fp32. With a `TrialStore`
-the driver stores each trial as it finishes (stored trials are not run again: the serial engine's step,
-`store.stored_or_run`) and keeps each unfinished trial's latest checkpoint under `trials_dir`
-(`TrialStore.save_checkpoint`), so that `compare --resume` after the driver itself died continues it from there.
+(`tune_units`: the `TrialInputs` shipped once per sweep, a trial whose process dies run again from its last
+checkpoint) that runs `run_trial` in its own process or, with `workers_per_trial` above 1, on a Ray Train
+`TorchTrainer` of that many (`comparison.ray_workers`). A trial reports a Tune checkpoint
+(`comparison.trial_checkpoint`) after each budget and rung it scores, so a retried trial ends bit-identical to the
+uninterrupted one on CPU fp32. With a `TrialStore` the driver stores each trial as it finishes
+(`store.stored_or_run`) and keeps each unfinished trial's latest checkpoint under `trials_dir`, so that
+`compare --resume` after the driver itself died continues it from there.
 
 Successive halving stays serial-only: Ray's ASHA decides a trial at a rung against the trials that reached
 that rung before it, so its choice depends on which trial finishes first; the serial halving ranks all of an
-arm's rates at each rung together. Tune's synchronous HyperBand keeps `n / eta` of a bracket and pauses trials
-through checkpoints, another rule again. Under Ray, halving is refused with one line rather than made different.
+arm's rates at each rung together (Tune's synchronous HyperBand, keeping `n / eta` of a bracket and pausing trials
+through checkpoints, is another rule again). Under Ray, halving is refused with one line rather than made different.
 
 Ray stays optional: nothing here imports it until a trial runs (`pip install "hf_depthgrow[ray]"`).
 """
@@ -234,19 +230,14 @@ def _trial(spec: TrialSpec, shipped: list, *, workers: int = 1, resources: dict 
     """
     from ray import tune
 
-    start = _tune_checkpoint(tune) or (resume or {}).get(spec.name)
+    restored = tune.get_checkpoint()
+    start = _loaded(restored) if restored is not None else (resume or {}).get(spec.name)
     report = functools.partial(_report_checkpoint, tune)
     if workers > 1:
         packed = run_on_workers(spec, shipped, resources, workers, launch, start=start, checkpoint=report)
     else:
         packed = result_text(run_trial(spec, received(shipped), checkpoint=report, resume=start))
     return {"trial": packed, "resumed_from": start.step if start is not None else 0}
-
-
-def _tune_checkpoint(tune):
-    """The checkpoint Tune restored this trial with (`None` on its first run), read into memory."""
-    checkpoint = tune.get_checkpoint()
-    return _loaded(checkpoint) if checkpoint is not None else None
 
 
 def _loaded(checkpoint):
@@ -348,6 +339,8 @@ def tune_units(work, units: list, shared, resources: dict, names: list[str], *, 
     trainable = tune.with_parameters(_trainable, work=work, units=units, shipped=[ray.put(shared)], threads=threads,
                                      gpus=resources.get("gpu", 0))
     collect = _collector(names, what, keep, on_checkpoint)
+    if storage and "://" not in storage:  # Tune wants a local folder absolute; a URI (`s3://...`) stays as it is
+        storage = os.path.abspath(storage)
     with tempfile.TemporaryDirectory(prefix="hf_depthgrow-ray-") as tmp:
         tuner = tune.Tuner(
             tune.with_resources(trainable, resources),
@@ -355,7 +348,7 @@ def tune_units(work, units: list, shared, resources: dict, names: list[str], *, 
             # A trial process spends ~15 s importing torch and transformers: reused for the next unit, not restarted.
             tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True),
             run_config=tune.RunConfig(
-                name=f"hf_depthgrow-{uuid.uuid4().hex[:8]}", storage_path=_storage(storage) or tmp,
+                name=f"hf_depthgrow-{uuid.uuid4().hex[:8]}", storage_path=storage or tmp,
                 failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0, callbacks=[collect],
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # a retry needs only the latest
             ),
@@ -381,11 +374,6 @@ def tune_units(work, units: list, shared, resources: dict, names: list[str], *, 
     if missing:
         raise RuntimeError(f"Ray returned no result for {', '.join(missing)}")
     return done
-
-
-def _storage(storage: str | None) -> str | None:
-    """Tune's `storage_path`: a local folder made absolute (Tune wants one), a URI (`s3://...`) as it is."""
-    return os.path.abspath(storage) if storage and "://" not in storage else storage
 
 
 def _trainable(config: dict, work, units: list, shipped: list, threads: int, gpus: float) -> None:

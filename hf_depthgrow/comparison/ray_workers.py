@@ -109,10 +109,9 @@ def launch_env(path, workers: int) -> dict[str, str]:
 def run_on_workers(spec: TrialSpec, shipped: list, resources: dict, workers: int, launch: dict | None, *, start, checkpoint) -> str:
     """Run `spec` as a TorchTrainer of `workers` processes of `resources` each; rank 0's packed `TrialResult` back.
 
-    Every worker starts from the `TrialCheckpoint` `start` (or from the trial's start), and rank 0's checkpoint after
-    each budget and rung is handed to `checkpoint` here, in the Tune trial, as it comes: the ranks of a DDP trial
-    hold the same state (the same seed, all-reduced gradients), so rank 0's continues every rank. A sharded
-    trial (FSDP, DeepSpeed) takes none: it reruns from its start. `launch`: an accelerate config's variables.
+    Every worker starts from the `TrialCheckpoint` `start` (or from the trial's start), and rank 0's checkpoints (which
+    continue every rank of a DDP trial, `comparison.trial_checkpoint`) are handed to `checkpoint` here, in the Tune
+    trial, as they come. `launch`: an accelerate config's variables.
     """
     import threading
 

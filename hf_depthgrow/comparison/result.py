@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..evaluation.formatting import data_parts_text, format_value
+from ..evaluation.formatting import data_parts_text
 from ..utils import atomic_write_text, json_safe, write_json
-from .sweep_report import _span, family_delta, family_text, frontier_sentence, matched_sentence, overall_sentence, sweep_markdown, view_dict
+from .sweep_report import (_span, family_delta, family_text, frontier_sentence, mark, matched_sentence, negated, overall_sentence,
+                           sweep_markdown, table, view_dict)
 
 
 @dataclass
@@ -175,8 +176,7 @@ class CompareResult:
             for key in ("vs_original", "vs_best_control", "vs_matched", "retention"):
                 block = stats.get(key)
                 if block and a.name in block["arms"]:
-                    r = block["arms"][a.name]
-                    row[key] = {"mean": r["mean"], "low": r["low"], "high": r["high"], "certified": r["certified"], "worse": r["worse"]}
+                    row[key] = {k: block["arms"][a.name][k] for k in ("mean", "low", "high", "certified", "worse")}
             out.append(row)
         return json_safe(out)
 
@@ -198,18 +198,15 @@ class CompareResult:
             "Deltas are `loss(reference) - loss(arm)`: positive = the arm is better; forgetting = retention loss "
             "of the arm minus the original's (positive = forgot).", "",
             *([data_parts_text(self.data_parts, self.config.get("cluster_key")), ""] if self.data_parts else []),
-            "| arm | kind | trainable | lr | held-out | test | vs original | vs best control | vs its match | forgetting | train s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for row in self.rows():
-            ret = row.get("retention")
-            forgetting = _span({"mean": -ret["mean"], "low": -ret["high"], "high": -ret["low"]}) + (" *" if ret["worse"] else "") if ret else ""
-            lines.append(
-                f"| {row['arm']} | {row['kind']} | {row['trainable_parameters'] or 0:,} | {format_value(row['learning_rate'])} | "
-                f"{format_value(row['heldout_loss'])} | {format_value(row['test_loss'])} | "
-                f"{_cell(row.get('vs_original'))} | {_cell(row.get('vs_best_control'))} | {_cell(row.get('vs_matched'))} | {forgetting} | "
-                f"{format_value(row['train_seconds'])} |"
-            )
+        rows = []
+        for r in self.rows():
+            ret = r.get("retention")
+            forgetting = _span(negated(ret)) + (" *" if ret["worse"] else "") if ret else ""
+            rows.append([r["arm"], r["kind"], f"{r['trainable_parameters'] or 0:,}", r["learning_rate"], r["heldout_loss"], r["test_loss"],
+                         *(_cell(r.get(k)) for k in ("vs_original", "vs_best_control", "vs_matched")), forgetting, r["train_seconds"]])
+        lines += table(["arm", "kind", "trainable", "lr", "held-out", "test", "vs original", "vs best control", "vs its match", "forgetting",
+                        "train s"], rows)
         lines += ["", "`+` certified better, `-` certified worse (after the correction); `*` certified forgetting. "
                   "train s: the arm's whole training time (every rate of the grid until it stopped, set-up and held-out "
                   "evaluations included).", ""]
@@ -276,7 +273,4 @@ def write_outputs(folder, stem: str, result, plot) -> dict[str, str]:
 
 
 def _cell(row: dict | None) -> str:
-    if not row:
-        return ""
-    mark = " +" if row["certified"] else " -" if row["worse"] else ""
-    return _span(row) + mark
+    return _span(row) + mark(row) if row else ""

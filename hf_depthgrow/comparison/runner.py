@@ -1,15 +1,13 @@
 """`compare_plans`: train every arm at equal budgets, evaluate them paired, and certify across arms.
 
-Order of work, so a bad input costs nothing: every data set is read and checked against the model,
-the largest budget checked against the training blocks (`comparison.fresh_data`: refused where it would
-repeat them, unless allowed, and then said up front), every arm is resolved (placements, matched controls)
-and the config validated; only then does anything train. The original's per-example losses on the test and retention sets are computed once
-and shared by every arm. The work is then a loop over trials (`comparison.trial`: one arm, one learning
-rate, scored at every budget) run by an engine (`comparison.engine`; stored and resumable with
-`trials_dir`, `comparison.store`): first each arm's own grid, then x3 extensions for arms whose choice
-sits at an edge (`comparison.grids`). One aggregation (`comparison.aggregate`) turns the trials into a
-`CompareResult`: per budget, each arm's rate chosen on held-out (the test set never chooses), intervals
-corrected for the number of arms (`evaluation.decisions`), the gain x forgetting frontier.
+Order of work, so a bad input costs nothing: every data set is read and checked against the model, the largest
+budget against the training blocks (`comparison.fresh_data`), every arm is resolved (placements, matched controls)
+and the config validated; only then does anything train. The original's per-example losses on the test and
+retention sets are computed once and shared by every arm. The work is then a loop over trials (`comparison.trial`)
+run by an engine (`comparison.engine`; stored and resumable with `trials_dir`, `comparison.store`): first each
+arm's own grid, then x3 extensions for arms whose choice sits at an edge (`comparison.grids`). One aggregation
+(`comparison.aggregate`: every rate chosen on held-out, the test set never chooses) turns the trials into a
+`CompareResult`.
 
 Compare and the oracle sweep share one set-up (`read_sets`, then `prepare_sweep`: the original's losses, the
 `TrialInputs`, the store, the engine). With `trials_dir` the comparison also records there what aggregating needs
@@ -50,11 +48,11 @@ def _checked_rows(model: nn.Module, data, name: str, batch_size: int) -> list[di
     return rows
 
 
-def set_documents(sets: dict, cluster_key: str | None, required: tuple[str, ...] = ("test", "retention")) -> dict:
+def set_documents(sets: dict, cluster_key: str | None) -> dict:
     """The document of every example of each set (`{name: rows or None}`), by `cluster_key` (`"auto"` or `None`: the
     `document` column where a set has it; whether a bootstrap resamples them is `evaluation.checks.cluster_labels`).
 
-    A named key must be a column of every `required` set that is given (the sets the intervals are on), else a
+    A named key must be a column of the test and retention sets where given (the sets the intervals are on), else a
     `ValueError` naming it, before anything trains; the other sets report their documents where they have it.
 
     Example:
@@ -72,7 +70,7 @@ def set_documents(sets: dict, cluster_key: str | None, required: tuple[str, ...]
         try:
             key = resolve_cluster_key("auto" if cluster_key is None else cluster_key, has)
         except ValueError:
-            if name in required:
+            if name in ("test", "retention"):
                 raise ValueError(f"cluster_key {cluster_key!r} is not a column of the {name} data: it names no document to "
                                  "resample by (use auto, none, or a column of the data)") from None
             key = None
@@ -115,10 +113,8 @@ def _grid_state(trials: list[TrialResult], budgets: list[int]) -> tuple[list[flo
 
 
 def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs | None, engine, *, forgetting: bool) -> tuple[list[TrialResult], dict]:
-    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap.
-
-    With `forgetting` (a retention set) each grid also reaches below its lowest rate: those rates trace each kind's
-    forgetting curve."""
+    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap;
+    with `forgetting` (a retention set) each grid also reaches below its lowest rate (`CompareConfig.grid`)."""
     from tqdm.auto import tqdm
 
     specs = [_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind, retention=forgetting)]
@@ -201,9 +197,7 @@ def compare_plans(
             nothing of this comparison.
 
     Returns:
-        `CompareResult`: per arm the chosen learning rate, held-out, test and retention losses, paired
-        deltas against the original and against the best control (chosen on held-out), with intervals
-        corrected for the number of arms, train seconds and trainable parameters.
+        `CompareResult` (its docstring lists what it holds).
 
     Example:
         ```python

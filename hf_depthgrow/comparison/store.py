@@ -316,10 +316,8 @@ def stored_or_run(store: TrialStore | None, specs: list[TrialSpec], run, *, halv
 def stored(engine, store: TrialStore | None):
     """`engine` (`run_serial`'s contract) behind `stored_or_run`: stored trials reused, each new one stored as it finishes.
 
-    Each trial run without halving is checkpointed under the store after every budget (and rung) it scores; with
-    the store's `resume` it continues from its latest checkpoint (`hooks`; the engine must take `checkpoints=`).
-    With successive halving an arm's rates run together, as one group, and take no checkpoints (halving runs them
-    in step from their start).
+    Without halving each trial is checkpointed here (`hooks`; the engine must take `checkpoints=`); with successive
+    halving an arm's rates run together, as one group, in step from their start: no checkpoints.
     """
     if store is None or not store.enabled:
         return engine

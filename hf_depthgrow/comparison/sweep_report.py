@@ -14,6 +14,22 @@ def _span(row: dict) -> str:
     return f"{format_value(row['mean'])} [{format_value(row['low'])}, {format_value(row['high'])}]"
 
 
+def mark(row: dict) -> str:
+    """` +` for an interval certified better, ` -` for one certified worse (after the correction), else nothing."""
+    return " +" if row["certified"] else " -" if row["worse"] else ""
+
+
+def negated(row: dict) -> dict:
+    """`{mean, low, high}` of minus the quantity: forgetting from a retention delta (positive = better kept)."""
+    return {"mean": -row["mean"], "low": -row["high"], "high": -row["low"]}
+
+
+def table(header: list[str], rows) -> list[str]:
+    """A Markdown table: the header, its rule, and one line per row, each cell as `format_value` writes it."""
+    return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|",
+            *("| " + " | ".join(format_value(cell) for cell in row) + " |" for row in rows)]
+
+
 def family_delta(stats: dict) -> float:
     """The error level of the whole comparison (its intervals split it over budgets and seeds)."""
     family = stats.get("family")
@@ -121,21 +137,16 @@ def data_lines(result) -> list[str]:
     return ["## Training data", "", plan.markdown(), ""]
 
 
-def tokens_per_parameter(arm, units: int) -> float | None:
-    return units / arm.trainable_parameters if arm.trainable_parameters else None
-
-
 def view_dict(view) -> dict:
     """One budget, JSON-ready: per arm its rate, tokens per trainable parameter, gain and forgetting with intervals."""
     stats, arms = view.statistics, {}
     for a in view.arms:
-        row = {"kind": a.kind, "learning_rate": a.learning_rate, "selected": a.selected, "heldout_loss": a.heldout_loss,
-               "test_loss": a.test_loss, "retention_loss": a.retention_loss, "trainable_parameters": a.trainable_parameters,
-               "tokens_per_parameter": tokens_per_parameter(a, view.units_seen)}
+        row = {k: getattr(a, k) for k in ("kind", "learning_rate", "selected", "heldout_loss", "test_loss", "retention_loss", "trainable_parameters")}
+        row["tokens_per_parameter"] = view.units_seen / a.trainable_parameters if a.trainable_parameters else None
         gain = (stats.get("vs_original") or {}).get("arms", {}).get(a.name)
         row["gain"] = {k: gain[k] for k in ("mean", "low", "high", "certified")} if gain else None
         ret = (stats.get("retention") or {}).get("arms", {}).get(a.name)
-        row["forgetting"] = {"mean": -ret["mean"], "low": -ret["high"], "high": -ret["low"], "certified": ret["worse"]} if ret else None
+        row["forgetting"] = {**negated(ret), "certified": ret["worse"]} if ret else None
         if a.kind == "original":  # the reference of both axes
             zero = {"mean": 0.0, "low": 0.0, "high": 0.0}
             row["gain"], row["forgetting"] = zero, (zero if a.retention_loss is not None else None)
@@ -168,19 +179,15 @@ def sweep_markdown(result) -> list[str]:
         lines += ["## Per budget", "", "Every budget is a complete run with its own decay (warmup-stable-decay), its rate chosen "
                   "on held-out for that budget. gain = paired test delta vs the original; forgetting on the retention "
                   "set's test part; epochs = passes over the training data; tok/param = tokens per trainable parameter; "
-                  "`F` = on the gain x forgetting frontier (held-out and retention selection part).", "",
-                  "| steps | epochs | arm | lr | tok/param | gain | forgetting | F |", "|---|---|---|---|---|---|---|---|"]
+                  "`F` = on the gain x forgetting frontier (held-out and retention selection part).", ""]
+        rows = []
         for view in views:
             d = view_dict(view)
-            for name, row in d["arms"].items():
-                if row["kind"] == "original":
-                    continue
-                mark = "F" if name in (d["frontier"] or []) else ""
-                forget = _span(row["forgetting"]) if row["forgetting"] else ""
-                epochs = format_epochs(view.epochs) if view.epochs is not None else ""
-                lines.append(f"| {view.steps} | {epochs} | {name} | {format_value(row['learning_rate'])} | {format_value(row['tokens_per_parameter'])} | "
-                             f"{_span(row['gain'])} | {forget} | {mark} |")
-        lines.append("")
+            epochs = format_epochs(view.epochs) if view.epochs is not None else ""
+            rows += [[view.steps, epochs, name, row["learning_rate"], row["tokens_per_parameter"], _span(row["gain"]),
+                      _span(row["forgetting"]) if row["forgetting"] else "", "F" if name in (d["frontier"] or []) else ""]
+                     for name, row in d["arms"].items() if row["kind"] != "original"]
+        lines += [*table(["steps", "epochs", "arm", "lr", "tok/param", "gain", "forgetting", "F"], rows), ""]
     sentences = [s for s in (frontier_sentence(v) for v in views) if s]
     if sentences:
         family = views[-1].frontier.get("family")
@@ -207,15 +214,7 @@ def sweep_markdown(result) -> list[str]:
         lines += ["## Successive halving, replayed", "", "How often halving's survivor (at 1/4 and 1/2 of each budget, on held-out) is the "
                   "full grid's choice:", ""]
         lines += [f"- {k}: {v['agree']} of {v['of']} ({v['share']:.0%})" for k, v in result.halving_agreement.items()] + [""]
-    if result.curves:
-        lines += curve_markdown(result.curves)
+    if result.curves:  # the fits, the predicted crossover and the fit's validation
+        texts = [result.curves.get(k) for k in ("summary", "crossover_text", "within_text", "validation_text")]
+        lines += ["## Learning curves and the predicted crossover", "", *(f"- {t}" for t in texts if t), ""]
     return lines
-
-
-def curve_markdown(curves: dict) -> list[str]:
-    """The learning-curve fits, the predicted crossover and the fit's validation."""
-    lines = ["## Learning curves and the predicted crossover", ""]
-    for key in ("summary", "crossover_text", "within_text", "validation_text"):
-        if curves.get(key):
-            lines.append(f"- {curves[key]}")
-    return lines + [""]

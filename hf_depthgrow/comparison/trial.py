@@ -11,9 +11,8 @@ the original on training loss; the result holds the held-out loss, the pick, and
 and retention losses of what was picked. The held-out loss is also taken at `spec.rungs` (a quarter and
 a half of each budget): the held-out curve, from which successive halving's choice can be replayed.
 
-`trial_steps` is the same trial as a generator that pauses at each rung (successive halving stops it there); it
-checkpoints after each budget and rung and continues from a checkpoint (`comparison.trial_checkpoint`): a trial
-retried after its process died, or resumed after its sweep's, ends as it would have, bit for bit on CPU fp32.
+`trial_steps` is the same trial as a generator that pauses at each rung (successive halving stops it there) and
+checkpoints after each budget and rung (`comparison.trial_checkpoint`).
 
 A trial writes into nothing it is given: the original's losses its trainer takes before the first step come back
 on the result (`TrialResult.original_losses`), and the engine hands them to the next trial on the same rows.

@@ -9,9 +9,8 @@ the trial's result so far (the budgets scored, the held-out curve) and how many 
 
 On disk a checkpoint is a folder like an evidence-cache entry: `tensors.safetensors` (parameters, optimizer
 moments, RNG states), `entry.json` (everything else, strict JSON, with the trial store's key of its trial)
-and `digest.json` (their sha256, written last): no pickle, and a damaged or half-written folder is never read. The Ray engine hands the folder to Tune
-(`tune.Checkpoint`: a retried trial starts from it), the trial store keeps the latest under `trials_dir` for
-`--resume`. A DDP trial's ranks hold the same state (one seed, all-reduced gradients): rank 0's checkpoint
+and `digest.json` (their sha256, written last): no pickle, and a damaged or half-written folder is never read.
+A DDP trial's ranks hold the same state (one seed, all-reduced gradients): rank 0's checkpoint
 continues every rank. Their RNG states stay equal while every rank draws as many random numbers (dropout on
 shares of one shape, as compare's fixed-length blocks are); otherwise a resumed rank continues with rank 0's, a
 valid run but not bit for bit the uninterrupted one. Sharded trials (FSDP, DeepSpeed) take none: each rank holds

@@ -83,10 +83,7 @@ class TrialResult:
 
     def heldout_at(self, step: int) -> float:
         """The held-out loss recorded at `step` (a rung or a budget's end); `nan` if it was not recorded."""
-        for s, loss in self.heldout_curve:
-            if s == step:
-                return loss
-        return math.nan
+        return next((loss for s, loss in self.heldout_curve if s == step), math.nan)
 
 
 _ARRAYS = ("test", "test_weight", "retention", "retention_weight")
@@ -111,8 +108,7 @@ def result_entry(result: TrialResult) -> tuple[dict, dict]:
 
 
 def result_text(result: TrialResult) -> str:
-    """A result as one JSON text, as a Ray trial reports it to the driver: the stored entry's meta and arrays, every
-    float written by `repr` and read back by `result_from_text` bit for bit.
+    """A result as one JSON text (the stored entry's meta and arrays), as a Ray trial reports it to the driver.
 
     Example:
         ```python

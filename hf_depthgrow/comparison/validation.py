@@ -9,13 +9,10 @@ random order) is then scored by `evaluation.decisions.predictor_table`: Spearman
 p-value, the same with depth partialled out, top-1/top-3 hit rates, and the regret of its pick.
 
 The trials of every position and seed are one engine call (`config.engine`: `ray` runs them at once; the
-serial engine gives the same numbers as one `compare_plans` per seed), stored in `trials_dir` when given.
-With several budgets in `config.budgets` each position trains once (warmup-stable-decay, scored at every
-budget) and the smaller budgets' validations are in `at_smaller_budgets`. With `retention_data` each
-position's forgetting (retention loss rise, seed-averaged, corrected upper bound) is reported, and every
-predictor is also scored on the gain *within the forgetting budget* `config.max_forgetting`: a position whose
-forgetting upper bound exceeds it counts as the original kept (gain 0), the rule of the comparison's
-`best_within`.
+serial engine gives the same numbers as one `compare_plans` per seed). With several budgets each position
+trains once (warmup-stable-decay, scored at every budget). With `retention_data` each position's forgetting
+(retention loss rise, seed-averaged, corrected upper bound) is reported, and every predictor is also scored on
+the gain *within the forgetting budget* (`gain_within`).
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from ..utils import json_safe
 from .aggregate import _corrected
 from .config import CompareConfig
 from .result import write_outputs
+from .sweep_report import mark, table
 
 DEFAULT_PREDICTORS = ("signal", "z", "gradient_norm", "block_influence", "depth", "lookahead")
 
@@ -87,8 +85,8 @@ class ProbeValidation:
         rows = []
         for name in [r["predictor"] for r in self.table]:
             row = {"predictor": name}
-            for key, table in (("gain", "table"), ("within", "within_table")):
-                found = [next((r for r in (getattr(v, table) or []) if r["predictor"] == name), None) for v in views]
+            for key, attr in (("gain", "table"), ("within", "within_table")):
+                found = [next((r for r in (getattr(v, attr) or []) if r["predictor"] == name), None) for v in views]
                 if all(found):
                     row[key] = {"spearman": [r["spearman"] for r in found], "regret": [r["regret"] for r in found]}
             rows.append(row)
@@ -103,15 +101,14 @@ class ProbeValidation:
         across = self.across_budgets()
         if across:
             budgets = across["budgets"]
-            lines += ["", f"## Does the ranking hold from {budgets[0]} to {budgets[-1]} steps?", "",
-                      "| predictor | " + " | ".join(f"Spearman at {b}" for b in budgets) + " | "
-                      + " | ".join(f"regret at {b}" for b in budgets) + " | Spearman within at "
-                      + ", ".join(str(b) for b in budgets) + " |", "|---" * (2 + 2 * len(budgets)) + "|"]
+            header = ["predictor", *(f"Spearman at {b}" for b in budgets), *(f"regret at {b}" for b in budgets),
+                      f"Spearman within at {format_value(budgets)}"]
+            rows = []
             for row in across["predictors"]:
                 gain, within = row.get("gain") or {}, row.get("within") or {}
-                cells = [format_value(x) for x in gain.get("spearman", [])] + [format_value(x) for x in gain.get("regret", [])]
-                inside = ", ".join(format_value(x) for x in within.get("spearman", []))
-                lines.append(f"| {row['predictor']} | " + " | ".join(cells) + f" | {inside} |")
+                cells = [*gain.get("spearman", []), *gain.get("regret", [])] or [""]  # a predictor missing at a budget: one blank
+                rows.append([row["predictor"], *cells, format_value(within.get("spearman", []))])
+            lines += ["", f"## Does the ranking hold from {budgets[0]} to {budgets[-1]} steps?", "", *table(header, rows)]
             held = across["smallest_ranks_largest"]
             lines += ["", f"The realized gains at {budgets[0]} steps rank those at {budgets[-1]} at Spearman "
                       f"{format_value(held['spearman'])} (p {format_value(held['p_value'])}; regret of the smaller budget's "
@@ -127,38 +124,27 @@ class ProbeValidation:
             f"rate {format_value(self.learning_rate)}; realized gain = seed-averaged paired test delta vs the original "
             f"({level:.0%} {self.intervals['method']}-corrected across positions). Best realized position: "
             f"k = {self.best_position}.", "",
-            "| k | realized delta | interval | " + " | ".join(f"seed {s}" for s in self.seeds)
-            + (" | forgetting | its upper bound | within budget" if forgets else "") + " |",
-            "|---|---|---|" + "---|" * (len(self.seeds) + 3 * forgets),
         ]
+        rows = []
         for i, k in enumerate(self.positions):
             row = self.intervals["arms"][f"at:{k}"]
-            per_seed = " | ".join(format_value(self.realized_by_seed[s][i]) for s in self.seeds)
-            mark = " +" if row["certified"] else " -" if row["worse"] else ""
-            extra = ""
+            rows.append([k, self.realized[i], f"[{format_value(row['low'])}, {format_value(row['high'])}]{mark(row)}",
+                         *(self.realized_by_seed[s][i] for s in self.seeds)])
             if forgets:
-                within = "" if self.within is None else format_value(self.within[i])
-                extra = f" | {format_value(self.forgetting[i])} | {format_value(self.forgetting_high[i])} | {within}"
-            lines.append(f"| {k} | {format_value(self.realized[i])} | [{format_value(row['low'])}, {format_value(row['high'])}]{mark} | "
-                         f"{per_seed}{extra} |")
-        lines += ["", "| predictor | Spearman (p) | partial on depth (p) | top-1 hit | top-3 hit | regret | seconds |",
-                  "|---|---|---|---|---|---|---|"]
-        for row in self.table:
-            lines.append(
-                f"| {row['predictor']} | {format_value(row['spearman'])} ({format_value(row['p_value'])}) | "
-                f"{format_value(row['partial_spearman'])} ({format_value(row['partial_p_value'])}) | "
-                f"{format_value(row['top1_hit'])} | {format_value(row['top3_hit'])} | {format_value(row['regret'])} | "
-                f"{format_value(self.predictor_seconds.get(row['predictor'], 0.0))} |"
-            )
+                rows[-1] += [self.forgetting[i], self.forgetting_high[i], "" if self.within is None else self.within[i]]
+        lines += table(["k", "realized delta", "interval", *(f"seed {s}" for s in self.seeds),
+                        *(["forgetting", "its upper bound", "within budget"] if forgets else [])], rows)
+        lines += ["", *table(["predictor", "Spearman (p)", "partial on depth (p)", "top-1 hit", "top-3 hit", "regret", "seconds"],
+                             [[r["predictor"], _with_p(r["spearman"], r["p_value"]), _with_p(r["partial_spearman"], r["partial_p_value"]),
+                               r["top1_hit"], r["top3_hit"], r["regret"], self.predictor_seconds.get(r["predictor"], 0.0)] for r in self.table])]
         if self.within is not None and not self.within_table:
             lines += ["", f"Within the forgetting budget ({format_value(self.max_forgetting)} nats) every position gives the same "
                       "gain (a position over it counts as the original kept, gain 0): no ranking to score."]
         if self.within_table:
             lines += ["", f"Within the forgetting budget ({format_value(self.max_forgetting)} nats; a position whose forgetting upper "
                       "bound exceeds it counts as the original kept, gain 0):", "",
-                      "| predictor | Spearman (p) | top-1 hit | regret |", "|---|---|---|---|"]
-            lines += [f"| {r['predictor']} | {format_value(r['spearman'])} ({format_value(r['p_value'])}) | {format_value(r['top1_hit'])} | "
-                      f"{format_value(r['regret'])} |" for r in self.within_table]
+                      *table(["predictor", "Spearman (p)", "top-1 hit", "regret"],
+                             [[r["predictor"], _with_p(r["spearman"], r["p_value"]), r["top1_hit"], r["regret"]] for r in self.within_table])]
         agreement = self.verdict_agreement()
         if agreement:
             lines += ["", f"The probe's \"improvable\" verdict agreed with a certified realized gain at {agreement['agree']} of "
@@ -171,6 +157,10 @@ class ProbeValidation:
         from ..plots import plot_validation
 
         return write_outputs(folder, "probe_validation", self, plot_validation)
+
+
+def _with_p(value, p_value) -> str:
+    return f"{format_value(value)} ({format_value(p_value)})"
 
 
 def _predictor_scores(model, train_data, eval_data, positions, probe_result, predictors, batch_size, seed, lookahead_steps,

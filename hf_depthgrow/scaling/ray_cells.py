@@ -17,7 +17,7 @@ from .units import CellSpec, compute_cell, save_cell
 __all__ = ["run_cells_ray"]
 
 
-def run_cells_ray(config, specs: list[CellSpec], path_of, *, prepare=None, storage: str | None = None, max_failures: int = 2) -> None:
+def run_cells_ray(config, specs: list[CellSpec], path_of, *, prepare=None) -> None:
     """Run `specs` as Ray Tune trials with `config`'s Ray settings; each result stored at `path_of(spec)`.
 
     `prepare()` (the study's folder and config.json) is called once Ray has been joined and has the resources a
@@ -37,7 +37,7 @@ def run_cells_ray(config, specs: list[CellSpec], path_of, *, prepare=None, stora
             prepare()
         tune_units(_cell, specs, data, resources, [s.stem for s in specs], what="cell", threads=config.threads,
                    keep=lambda i, reported: save_cell(path_of(specs[i]), json.loads(reported["cell"])),
-                   max_concurrent=config.max_concurrent_trials, storage=storage, max_failures=max_failures)
+                   max_concurrent=config.max_concurrent_trials)
 
 
 def _cell(spec: CellSpec, shipped: list) -> dict:
