@@ -1,11 +1,12 @@
 """Small helpers shared by every subpackage: JSON that survives non-finite numbers, atomic writes, config files read and
-named in every error, the version."""
+named in every error, integer settings checked, the version."""
 
 from __future__ import annotations
 
 import errno
 import json
 import math
+import numbers
 import os
 import signal
 import tempfile
@@ -132,6 +133,36 @@ def kind_of(value) -> str:
     if isinstance(value, dict):
         return "a mapping"
     return f"a {type(value).__name__}"
+
+
+def is_int(value, *, numpy: bool = False) -> bool:
+    """Whether `value` is an int; a bool is not, though Python counts it as one. With `numpy`, a numpy integer is too."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral if numpy else int)
+
+
+def check_int(name: str, value, low: int, *, allow_none: bool = False, numpy: bool = False, what: str = "") -> None:
+    """Refuse `value` with a `ValueError` unless it is an int >= `low` (`is_int`), or `None` where `allow_none`.
+
+    The message reads `"{name} must be an int >= {low}{what}, got {value!r}"`, with `" or None"` before the comma
+    where `None` is allowed.
+
+    Args:
+        what: Words after the bound saying what is counted (`" (replicates)"`).
+        numpy: Take a numpy integer as well (`is_int`).
+
+    Example:
+        ```python
+        >>> check_int("stop_patience", None, 1, allow_none=True)
+        >>> check_int("batch_size", True, 1)
+        Traceback (most recent call last):
+        ValueError: batch_size must be an int >= 1, got True
+        ```
+    """
+    if value is None and allow_none:
+        return
+    if not is_int(value, numpy=numpy) or value < low:
+        either = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an int >= {low}{what}{either}, got {value!r}")
 
 
 def read_structured(path: str | os.PathLike, *, expected: str, label: str | None = None):
