@@ -9,6 +9,7 @@ from ..evaluation.bounds import INTERVALS
 from ..evaluation.decisions import METHODS
 from ..training.tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_report_to
 from ..training.schedules import SCHEDULERS, check_wsd
+from ..utils import check_int
 from .arms import check_control_spec, check_growth_spec
 from .grids import DEFAULT_GRIDS, rates_below
 
@@ -151,9 +152,8 @@ class CompareConfig:
             if name != "learning_rates" or self.learning_rates is not None:
                 self._check_grid(name)
         for name in ("max_steps", "batch_size", "n_bootstrap"):
-            _check_int(self, name, 1)
-        if self.selection_max_examples is not None:
-            _check_int(self, "selection_max_examples", 1)
+            check_int(name, getattr(self, name), 1)
+        check_int("selection_max_examples", self.selection_max_examples, 1, allow_none=True)
         for name in ("successive_halving", "progress", "allow_repeated_data", "matched_controls"):
             if not isinstance(getattr(self, name), bool):
                 fail(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -172,7 +172,7 @@ class CompareConfig:
                 fail(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.interval != "bootstrap" and self.loss_bound is None:
             fail(f"interval={self.interval!r} needs loss_bound (an a-priori bound B of a per-example loss)")
-        _check_int(self, "seed", 0)
+        check_int("seed", self.seed, 0)
         self.report_to = check_report_to(self.report_to)
         if not isinstance(self.project_name, str) or not self.project_name.strip():
             fail(f"project_name must be a non-empty string, got {self.project_name!r}")
@@ -213,7 +213,7 @@ class CompareConfig:
             raise ValueError("successive_halving stops rates at shares of one budget: use it with a single budget")
         if not _number(self.warmup_ratio) or not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
-        _check_int(self, "warmup_steps", 0)
+        check_int("warmup_steps", self.warmup_steps, 0)
         if not _number(self.decay_ratio) or not 0 < self.decay_ratio <= 1:
             raise ValueError(f"decay_ratio must be in (0, 1], got {self.decay_ratio!r}")
         if self.scheduler == "wsd":
@@ -227,7 +227,7 @@ class CompareConfig:
 
     def _check_extension(self) -> None:
         for name in ("lr_extensions", "forgetting_rates"):
-            _check_int(self, name, 0)
+            check_int(name, getattr(self, name), 0)
         if not _number(self.max_learning_rate) or self.max_learning_rate <= 0:
             raise ValueError(f"max_learning_rate must be a finite number > 0, got {self.max_learning_rate!r}")
         # Only the grids of the kinds in the run (growth and its controls'): the full control's grid is no reason to
@@ -270,9 +270,3 @@ class CompareConfig:
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _check_int(cfg, name: str, low: int) -> None:
-    value = getattr(cfg, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")

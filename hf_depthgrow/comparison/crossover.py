@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ..utils import json_safe
+from ..utils import check_int, json_safe
 from .fresh_data import format_epochs
 from .learning_curve import FLAT_NATS, LearningCurveFit, _check_tokens, _fit, fit_learning_curve
 
@@ -85,9 +85,8 @@ class _Sweep:
 
 
 def _check_settings(n_bootstrap, confidence, seed):
-    for name, value, what in (("n_bootstrap", n_bootstrap, " (replicates)"), ("seed", seed, "")):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0{what}, got {value!r}")
+    check_int("n_bootstrap", n_bootstrap, 0, numpy=True, what=" (replicates)")
+    check_int("seed", seed, 0, numpy=True)
     if not isinstance(confidence, (int, float)) or isinstance(confidence, bool) or not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
 

@@ -33,6 +33,7 @@ import warnings
 
 import torch
 
+from ..utils import check_int
 from .ray_workers import DRIVER_RESOURCES, check_resources, launch_env, received, run_on_workers
 from .trial import TrialInputs, TrialResult, TrialSpec, run_trial
 from .trial_record import result_from_text, result_text
@@ -57,20 +58,15 @@ def ray_available() -> bool:
 
 def check_engine(cfg) -> None:
     """`CompareConfig`'s (or `StudyConfig`'s) engine settings, checked before any work (Ray is looked for, not imported)."""
-
-    def positive(name, value):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
     if cfg.engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {cfg.engine!r}")
     if cfg.max_concurrent_trials is not None:
-        positive("max_concurrent_trials", cfg.max_concurrent_trials)
+        check_int("max_concurrent_trials", cfg.max_concurrent_trials, 1)
         # As ray_address: a Ray Tune setting that the serial engine would silently ignore (one trial at a time).
         if cfg.engine != "ray":
             raise ValueError(f"max_concurrent_trials is a Ray Tune setting, but engine is {cfg.engine!r} (one trial at a time, "
                              "here): use engine='ray' or drop it")
-    positive("resources_per_trial", cfg.resources_per_trial)
+    check_int("resources_per_trial", cfg.resources_per_trial, 1)
     if cfg.ray_address is not None:
         if cfg.engine != "ray":
             raise ValueError(f"ray_address is for engine 'ray', but engine is {cfg.engine!r}")

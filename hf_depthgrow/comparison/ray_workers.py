@@ -29,6 +29,7 @@ import tempfile
 
 import torch
 
+from ..utils import check_int
 from .trial import TrialSpec, run_trial
 
 __all__ = ["check_workers", "launch_env", "run_on_workers"]
@@ -42,8 +43,7 @@ DRIVER_RESOURCES = {"cpu": 0, "memory": 1}
 def check_workers(cfg) -> None:
     """`workers_per_trial` of a `CompareConfig`, checked before any work: an int >= 1, above 1 only on Ray, dividing the batch."""
     n = cfg.workers_per_trial
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"workers_per_trial must be an int >= 1, got {n!r}")
+    check_int("workers_per_trial", n, 1)
     if n > 1 and cfg.engine != "ray":
         raise ValueError(f"workers_per_trial {n} needs engine 'ray' (a trial spans processes as a Ray Train TorchTrainer), but engine is {cfg.engine!r}")
     if cfg.batch_size % n:
