@@ -45,6 +45,7 @@ import warnings
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
+from .utils import check_int, kind_of, read_structured
 
 __all__ = [
     "TORCH_DTYPES", "ConfigError", "ConfigParser", "FlagDeprecation", "ScriptArguments", "flag_words", "load_config", "option_name",
@@ -362,8 +363,6 @@ class ConfigParser(argparse.ArgumentParser):
 
     def read_yaml(self, path: str | os.PathLike) -> dict:
         """The checked, converted values of a YAML file (keys are field names)."""
-        from .utils import kind_of, read_structured
-
         if not Path(path).is_file():
             raise FileNotFoundError(f"no such config file: {path}")
         expected = "a mapping of option names to values"
@@ -525,8 +524,7 @@ class ScriptArguments:
     trust_remote_code: bool = shared_field("trust_remote_code", False)
 
     def __post_init__(self):
-        if isinstance(self.held_out_blocks, bool) or not isinstance(self.held_out_blocks, int) or self.held_out_blocks < 0:
-            raise ValueError(f"held_out_blocks must be an int >= 0, got {self.held_out_blocks!r}")
+        check_int("held_out_blocks", self.held_out_blocks, 0)
         if self.block not in ("auto", "native", "adapter"):
             raise ValueError(f"block must be auto, native or adapter, got {self.block!r}")
         if self.init not in ("copy", "random"):

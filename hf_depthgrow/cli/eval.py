@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..config import ConfigParser, FlagDeprecation, shared_field
+from ..utils import check_int
 from .common import dtype_of, run_command
 
 
@@ -58,8 +59,8 @@ def read_routes(path: str | None) -> dict:
             raise ValueError(f"--routes {path}: unknown key {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
             raise ValueError(f"--routes {path}: {key} must be a finite number, got {value!r}")
-    if isinstance(given.get("n_train"), float) or (given.get("n_train") is not None and given["n_train"] < 1):
-        raise ValueError(f"--routes {path}: n_train must be an int >= 1, got {given['n_train']!r}")
+    if given.get("n_train") is not None:
+        check_int(f"--routes {path}: n_train", given["n_train"], 1)
     return given
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..utils import is_int
 from .adapter import ACTIVATIONS
 
 BLOCK_KINDS = ("auto", "native", "adapter")
@@ -85,11 +86,9 @@ class GrowthConfig:
                 raise ValueError(
                     f"eps must be > 0, got {self.eps}: a norm without epsilon is singular at z = 0 (docs/theory.md §6)."
                 )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+        if not is_int(self.seed):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
-        if self.adapter_dim is not None and (
-            isinstance(self.adapter_dim, bool) or not isinstance(self.adapter_dim, int) or self.adapter_dim < 1
-        ):
+        if self.adapter_dim is not None and not (is_int(self.adapter_dim) and self.adapter_dim >= 1):
             raise ValueError(f"adapter_dim must be a positive int or None, got {self.adapter_dim!r}")
         if not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True or False, got {self.verify!r}")

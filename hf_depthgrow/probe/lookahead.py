@@ -29,6 +29,7 @@ from ..data.batches import as_rows, to_device
 from ..data.checks import checked_batches
 from ..growth.engine import grow_depth, new_block_parameters
 from ..losses import example_losses, is_causal_lm, labels_of, model_inputs
+from ..utils import check_int
 from .capture import checked_positions, forward_kwargs
 from .signal import NO_SUPERVISION, supervised_units
 
@@ -96,8 +97,7 @@ def lookahead_scores(model: nn.Module, data, positions, *, eval_data, steps: int
 
     from ..training import train  # pulls in accelerate: imported on use
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    check_int("steps", steps, 1)
     _, positions = checked_positions(model, positions)
     # Read once: a one-shot iterator would be spent after the first position.
     rows, eval_rows = as_rows(data), as_rows(eval_data)

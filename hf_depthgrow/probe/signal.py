@@ -42,6 +42,7 @@ from ..growth.engine import GrowthConfig, check_positions, resolve_block_kind
 from ..growth.families import FamilySpec, model_eps
 from ..growth.towers import resolve_family
 from ..losses import IGNORE_INDEX, is_causal_lm, labels_of, model_inputs
+from ..utils import check_int
 from .capture import CandidateBlock, ResidualTap, next_norm_eps
 from .result import VERDICT_IMPROVABLE, VERDICT_NOT_OBSERVABLE, Z_THRESHOLD, ProbeResult, recommend
 from .statistics import PositionStats, token_mask, token_var
@@ -73,15 +74,13 @@ class _Plan:
 
 
 def _check_options(num_splits, norm_factor, z_threshold, stop_patience) -> None:
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 2:
-        raise ValueError(f"num_splits must be an int >= 2, got {num_splits!r}")
+    check_int("num_splits", num_splits, 2)
     if not norm_factor > 0:
         raise ValueError(f"norm_factor must be > 0, got {norm_factor!r}")
     # A NaN threshold would make every comparison false: every position "not observable", silently.
     if isinstance(z_threshold, bool) or not isinstance(z_threshold, (int, float)) or not math.isfinite(z_threshold):
         raise ValueError(f"z_threshold must be a finite number, got {z_threshold!r}")
-    if stop_patience is not None and (isinstance(stop_patience, bool) or not isinstance(stop_patience, int) or stop_patience < 1):
-        raise ValueError(f"stop_patience must be an int >= 1 or None, got {stop_patience!r}")
+    check_int("stop_patience", stop_patience, 1, allow_none=True)
 
 
 def supervised_units(labels: torch.Tensor, causal: bool) -> int:

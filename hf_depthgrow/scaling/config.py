@@ -7,6 +7,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..utils import check_int, is_int
+
 TASKS = ("vit", "lm")
 VISION_DATASETS = ("fashion_mnist", "digits")
 
@@ -58,7 +60,7 @@ class TaskGrid:
             values = getattr(self, name)
             if not isinstance(values, (list, tuple)) or not values:
                 raise ValueError(f"{name} must be a non-empty list, got {values!r}")
-            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            if not all(is_int(v) and v >= 1 for v in values):
                 raise ValueError(f"{name} must hold positive integers, got {values!r}")
             if len(set(values)) != len(values):
                 raise ValueError(f"{name} has repeated values: {values!r}")
@@ -68,9 +70,7 @@ class TaskGrid:
             raise ValueError(f"widths {bad} are not multiples of head_dim={self.head_dim}")
         for name in ("head_dim", "mlp_ratio", "patch_size", "block_size", "train_steps", "grow_steps", "batch_size",
                      "eval_every", "heldout_size", "test_size", "probe_batches", "probe_batch_size", "selection_examples"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, getattr(self, name), 1)
         for name in ("learning_rate", "grow_learning_rate"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

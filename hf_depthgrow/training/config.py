@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..config import shared_field
+from ..utils import check_int, is_int
 from .schedules import SCHEDULERS
 from .tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_logging_dir, check_report_to
 
@@ -33,10 +34,6 @@ BOOL_FIELDS = ("merge_lora", "progress_bar", "fallback", "save_final_model", "gr
 def _require(cond, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_num(v) -> bool:  # finite: inf/NaN would train on silently to a non-finite model
@@ -268,7 +265,7 @@ class TrainConfig:
         if self.trainable == "layers":
             layers = self.trainable_layers
             _require(
-                isinstance(layers, (list, tuple)) and layers and all(_is_int(i) and i >= 0 for i in layers) and len(set(layers)) == len(layers),
+                isinstance(layers, (list, tuple)) and layers and all(is_int(i) and i >= 0 for i in layers) and len(set(layers)) == len(layers),
                 f"trainable='layers' needs trainable_layers, a non-empty list of distinct layer indices >= 0, got {layers!r}",
             )
             self.trainable_layers = sorted(layers)
@@ -284,14 +281,13 @@ class TrainConfig:
 
     def _check_counts(self) -> None:
         for name in ("lora_r", "lora_alpha", "per_device_train_batch_size", "gradient_accumulation_steps", "ddp_timeout"):
-            _require(_is_int(getattr(self, name)) and getattr(self, name) >= 1, f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+            check_int(name, getattr(self, name), 1)
         for name in ("warmup_steps", "eval_steps", "save_steps", "seed"):
-            _require(_is_int(getattr(self, name)) and getattr(self, name) >= 0, f"{name} must be an int >= 0, got {getattr(self, name)!r}")
-        _require(_is_int(self.logging_steps) and self.logging_steps >= 1, f"logging_steps must be an int >= 1, got {self.logging_steps!r}")
+            check_int(name, getattr(self, name), 0)
+        check_int("logging_steps", self.logging_steps, 1)
         for name in ("per_device_eval_batch_size", "prefix_cache_batch_size", "selection_max_examples", "save_total_limit", "stop_after_step"):
-            value = getattr(self, name)
-            _require(value is None or (_is_int(value) and value >= 1), f"{name} must be None or an int >= 1, got {value!r}")
-        _require(_is_int(self.max_steps) and (self.max_steps == -1 or self.max_steps >= 1), f"max_steps must be -1 or >= 1, got {self.max_steps!r}")
+            check_int(name, getattr(self, name), 1, allow_none=True)
+        _require(is_int(self.max_steps) and (self.max_steps == -1 or self.max_steps >= 1), f"max_steps must be -1 or >= 1, got {self.max_steps!r}")
 
     def _check_rates(self) -> None:
         _require(_is_num(self.num_train_epochs) and self.num_train_epochs > 0, f"num_train_epochs must be a finite number > 0, got {self.num_train_epochs!r}")
@@ -302,7 +298,7 @@ class TrainConfig:
         _require(_is_num(self.adam_epsilon) and self.adam_epsilon > 0, f"adam_epsilon must be a finite number > 0, got {self.adam_epsilon!r}")
         _require(_is_num(self.warmup_ratio) and 0 <= self.warmup_ratio < 1, f"warmup_ratio must be a number in [0, 1), got {self.warmup_ratio!r}")
         _require(_is_num(self.decay_ratio) and 0 < self.decay_ratio <= 1, f"decay_ratio must be a number in (0, 1], got {self.decay_ratio!r}")
-        if self.lr_scheduler == "wsd" and _is_int(self.max_steps) and self.max_steps > 0 and _is_int(self.warmup_steps):
+        if self.lr_scheduler == "wsd" and is_int(self.max_steps) and self.max_steps > 0 and is_int(self.warmup_steps):
             from .schedules import check_wsd
 
             check_wsd(self.max_steps, self.warmup_steps or math.ceil(self.warmup_ratio * self.max_steps), self.decay_ratio)
@@ -333,8 +329,7 @@ class TrainConfig:
         if self.chunked_loss not in CHUNKED_LOSS:
             raise ValueError(f"chunked_loss must be one of {CHUNKED_LOSS}, got {self.chunked_loss!r}")
         size = self.loss_chunk_size
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise ValueError(f"loss_chunk_size must be an int >= 1 or None, got {size!r}")
+        check_int("loss_chunk_size", size, 1, allow_none=True)
         if size is not None and self.chunked_loss == "off":
             raise ValueError(f"loss_chunk_size={size} sizes the chunks of a chunked loss, but chunked_loss is 'off'")
 

@@ -55,7 +55,7 @@ from ..growth.towers import resolve_family
 from ..growth.record import RECORD_KEY
 from ..hub.serialization import ADAPTER_WEIGHTS
 from ..losses import is_causal_lm
-from ..utils import json_safe, package_version
+from ..utils import check_int, json_safe, package_version
 from .config import TrainConfig
 from .data_order import training_rows
 from .guards import NonFiniteTrainingLossError, nonfinite_weights
@@ -295,8 +295,7 @@ class FallbackCallback(TrainerCallback):
     def __init__(self, eval_data, *, batch_size: int = 8, data_name: str = "held_out"):
         if eval_data is None:
             raise ValueError("FallbackCallback needs eval_data: rows with labels to compare the trained and the original model on")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        check_int("batch_size", batch_size, 1)
         self.eval_data, self.batch_size, self.data_name = eval_data, batch_size, str(data_name)
         self.result: FallbackDecision | None = None
         self._rows = None

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..growth.towers import resolve_family
+from ..utils import check_int
 
 TRAINABLE = ("new", "new+lora", "full")
 QUANTIZE = ("4bit", "8bit")
@@ -115,9 +116,7 @@ class PlanSettings:
         if self.trainable not in TRAINABLE:
             raise ValueError(f"trainable must be one of {TRAINABLE}, got {self.trainable!r}")
         for name in ("seq", "batch", "gpus", "lora_r"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, getattr(self, name), 1)
         if self.quantize is not None and self.quantize not in QUANTIZE:
             raise ValueError(f"quantize must be one of {QUANTIZE} or None, got {self.quantize!r}")
         if self.quantize and self.trainable == "full":
