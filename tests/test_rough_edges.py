@@ -139,6 +139,28 @@ def test_validate_fit_settings_are_checked():
         validate_fit(tokens, losses, n_bootstrap="10")
 
 
+def test_check_int_refuses_what_is_not_an_int_at_least_low():
+    """The one check behind every "X must be an int >= N" setting: a bool is refused though Python counts it as an int."""
+    from hf_depthgrow.utils import check_int
+
+    for value, kwargs in ((1, {}), (7, {}), (None, {"allow_none": True}), (np.int64(3), {"numpy": True})):
+        check_int("steps", value, 1, **kwargs)
+    for value, kwargs, message in (
+        (True, {}, "steps must be an int >= 1, got True"),
+        (0, {}, "steps must be an int >= 1, got 0"),
+        (2.0, {}, "steps must be an int >= 1, got 2.0"),
+        ("3", {}, "steps must be an int >= 1, got '3'"),
+        (None, {}, "steps must be an int >= 1, got None"),
+        (np.int64(3), {}, f"steps must be an int >= 1, got {np.int64(3)!r}"),
+        (np.bool_(True), {"numpy": True}, f"steps must be an int >= 1, got {np.bool_(True)!r}"),
+        (0, {"allow_none": True}, "steps must be an int >= 1 or None, got 0"),
+        (-1, {"what": " (replicates)"}, "steps must be an int >= 1 (replicates), got -1"),
+    ):
+        with pytest.raises(ValueError) as err:
+            check_int("steps", value, 1, **kwargs)
+        assert str(err.value) == message
+
+
 # ---------------------------------------------------------------- `make run` twice
 
 
