@@ -12,7 +12,7 @@ from hf_depthgrow.cli.export import ExportArguments
 from hf_depthgrow.cli.grow import GrowArguments
 from hf_depthgrow.cli.probe import ProbeArguments
 from hf_depthgrow.config import ConfigError, ConfigParser, ScriptArguments, load_config, option_name, parse_args
-from hf_depthgrow.growth.engine import GrowthConfig
+from hf_depthgrow.growth.config import GrowthConfig
 from hf_depthgrow.pipeline import RunConfig
 from hf_depthgrow.training.config import TrainConfig
 

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from hf_depthgrow.growth.engine import grow_depth, growth_record
+from hf_depthgrow.growth.engine import grow_depth
+from hf_depthgrow.growth.record import growth_record
 from hf_depthgrow.chunked_loss import batch_example_losses
 from hf_depthgrow.probe.signal import probe
 from hf_depthgrow.probe.stepping_stone import stepping_stone, stepping_stones

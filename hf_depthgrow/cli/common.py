@@ -104,7 +104,7 @@ def dtype_of(name: str):
 
 def record_dict(model) -> dict | None:
     """The model's growth record as plain JSON data (`None` for an ungrown model)."""
-    from ..growth.engine import growth_record
+    from ..growth.record import growth_record
 
     record = growth_record(model)
     return record.to_dict() if hasattr(record, "to_dict") else record

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigParser, shared_field
-from ..growth.engine import bypass_new_blocks, grow_depth
+from ..growth.bypass import bypass_new_blocks
+from ..growth.engine import grow_depth
 from ..growth.norms import norm_inventory
 from ..utils import atomic_write_text
 from .common import record_dict, run_command

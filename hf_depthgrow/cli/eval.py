@@ -194,7 +194,7 @@ def load_retention(args: EvalArguments, model, tokenizer):
 def load_models(args: EvalArguments):
     """`(model, base or None, tokenizer)`; without `--base` the model must carry a growth record."""
     from ..data.sources import infer_task
-    from ..growth.engine import growth_record
+    from ..growth.record import growth_record
     from ..hub.loading import load_model, load_tokenizer
 
     dtype = dtype_of(args.dtype)

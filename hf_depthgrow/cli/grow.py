@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..config import ConfigParser, shared_field
-from ..growth.engine import GrowthConfig
+from ..growth.config import GrowthConfig
 from .common import record_dict, run_command
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigParser, shared_field
-from ..growth.engine import GrowthConfig
+from ..growth.config import GrowthConfig
 from ..probe.signal import Z_THRESHOLD
 from .common import dtype_of, run_command
 

@@ -81,7 +81,9 @@ def run(args: ScriptArguments, config: TrainConfig, before_training=None):
     `before_training`, if given, is called once every input has loaded and checked, right before training starts
     (the command claims its output folder there, so that bad input leaves nothing on disk).
     """
-    from ..growth.engine import GrowthConfig, grow_depth, growth_record
+    from ..growth.config import GrowthConfig
+    from ..growth.engine import grow_depth
+    from ..growth.record import growth_record
     from ..hub.loading import load_model
     from ..training.trainer import train
 

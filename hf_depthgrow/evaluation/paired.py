@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..data.batches import as_batches, to_device
-from ..growth.engine import bypass_new_blocks
+from ..growth.bypass import bypass_new_blocks
 from ..growth.towers import resolve_family
 from ..growth.prefix import lowest_new_index, prefix_hidden, start_at
 from ..growth.record import growth_record

@@ -12,8 +12,7 @@ This module holds `grow_depth` and what reads its result back (`new_block_module
 `new_block_parameters`, `reattach_adapters`). The pieces live by job: `config.py`
 (`GrowthConfig`), `checks.py` (argument checks), `blocks.py` (building a block),
 `layout.py` (the layer list and what is indexed by layer), `bypass.py` (`bypass_new_blocks`),
-`record.py` (`GrowthRecord`). Their public names are re-exported here, where other subpackages
-have always imported them from.
+`record.py` (`GrowthRecord`).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from torch import nn
 from . import adapter, verify
 from ..utils import package_version
 from .blocks import _hidden_size, _param_like, build_adapter_block, build_blocks, build_native_block
-from .bypass import bypass_new_blocks
 from .checks import (
     check_eps_representable,
     check_growable,
@@ -37,55 +35,18 @@ from .checks import (
     check_not_partitioned,
     check_not_quantized,
     check_positions,
-    is_quantized,
     resolve_block_kind,
 )
-from .config import BLOCK_KINDS, INITS, GrowthConfig
-from .families import FamilySpec, model_eps, residual_output_modules
+from .config import GrowthConfig
+from .families import model_eps
 from .layout import _insert_native, Snapshot
 from .norms import check_norm_eps
-from .placement import PlacementEntry, describe, resolve_positions
+from .placement import describe, resolve_positions
 from .quantized import bnb_mode, prepare_quantized_base
-from .record import AdapterEntry, GrowthRecord, GrowthStep, InvalidGrowthRecordError, growth_record, store_record, stored_record
+from .record import AdapterEntry, GrowthRecord, GrowthStep, InvalidGrowthRecordError, growth_record, store_record
 from .towers import resolve_family, resolve_target
 
-__all__ = [
-    # defined here
-    "grow_depth",
-    "new_block_modules",
-    "new_block_parameters",
-    "reattach_adapters",
-    # re-exported: importable from this module before the split, kept so importers need not change
-    "BLOCK_KINDS",
-    "INITS",
-    "GrowthConfig",
-    "is_quantized",
-    "check_not_quantized",
-    "check_not_peft_wrapped",
-    "check_eps_representable",
-    "check_growable",
-    "check_positions",
-    "check_native_eps",
-    "PlacementEntry",
-    "resolve_positions",
-    "resolve_block_kind",
-    "build_native_block",
-    "build_adapter_block",
-    "build_blocks",
-    "build_block",
-    "check_record_matches",
-    "bypass_new_blocks",
-    "AdapterEntry",
-    "GrowthRecord",
-    "GrowthStep",
-    "growth_record",
-    "store_record",
-    "stored_record",
-    "FamilySpec",
-    "model_eps",
-    "resolve_family",
-    "residual_output_modules",
-]
+__all__ = ["grow_depth", "build_block", "check_record_matches", "new_block_modules", "new_block_parameters", "reattach_adapters"]
 
 
 def grow_depth(
@@ -137,24 +98,8 @@ def grow_depth(
     if config is not None and kwargs:
         raise ValueError(f"pass either config= or keyword arguments, not both (got {sorted(kwargs)})")
     cfg = config or GrowthConfig(**kwargs)
-    check_not_peft_wrapped(model)
-    check_not_quantized(model)
-    check_not_partitioned(model)
-    target = resolve_target(model, cfg.tower)
+    target, entries, kind, own_eps = _plan(model, positions, cfg, probe_result)
     spec, stack = target.spec, target.stack
-    check_growable(model, stack, target.config, target.count_key)
-    num_layers = len(stack)
-    entries = resolve_positions(positions, num_layers, probe_result=probe_result, model=model)
-    sorted_positions = [e.at for e in entries]
-    kind = resolve_block_kind(cfg, spec, target.config)
-    custom = [e for e in entries if not e.is_default]
-    if kind == "adapter" and custom:
-        raise ValueError(
-            f"plan entry {custom[0]} sets copy_from or init, which only native blocks have; this growth builds "
-            "adapter blocks (use block='native' on a pre-norm family, or drop copy_from/init)."
-        )
-    own_eps = model_eps(spec, target.config)
-    check_native_eps(kind, cfg, own_eps)
     check_eps = cfg.eps if cfg.eps is not None else own_eps
     dtype = _param_like(stack[0]).dtype
     if check_eps is not None:
@@ -172,15 +117,9 @@ def grow_depth(
     probe = _reference(model, target) if cfg.verify else None
     snapshot = Snapshot.take(model, stack, target)
     try:
-        if kind == "native":
-            _insert_native(model, stack, new_blocks, snapshot)
-            _per_layer_from_sources(model, stack, entries, new_blocks, snapshot)
-        else:
-            old = list(stack)
-            for k, block in new_blocks:
-                adapter.attach(old[k] if k < num_layers else old[-1], block, "pre" if k < num_layers else "post")
+        _place_blocks(model, stack, kind, entries, new_blocks, snapshot)
         placement = _placement_record(positions, entries)
-        _update_record(model, stack, snapshot, kind, cfg, sorted_positions, new_blocks, own_eps, placement, target.tower)
+        _update_record(model, stack, snapshot, kind, cfg, [e.at for e in entries], new_blocks, own_eps, placement, target.tower)
         if probe is not None:
             _check_exact(probe, dtype, target, bitwise=bnb_mode(model) is not None)
     except Exception:
@@ -191,6 +130,38 @@ def grow_depth(
         snapshot.restore(model, stack)
         raise
     return model
+
+
+def _place_blocks(model: nn.Module, stack: nn.ModuleList, kind: str, entries, new_blocks, snapshot: Snapshot) -> None:
+    """Native blocks into the layer list (and every per-layer list beside it); adapter blocks hung on their hosts."""
+    if kind == "native":
+        _insert_native(model, stack, new_blocks, snapshot)
+        _per_layer_from_sources(model, stack, entries, new_blocks, snapshot)
+        return
+    old = list(stack)
+    for k, block in new_blocks:
+        adapter.attach(old[k] if k < len(old) else old[-1], block, "pre" if k < len(old) else "post")
+
+
+def _plan(model: nn.Module, positions, cfg: GrowthConfig, probe_result) -> tuple:
+    """What `grow_depth` builds, resolved and checked before anything changes: the stack it grows (`StackTarget`),
+    the placement entries, the block kind and the model's own norm eps."""
+    check_not_peft_wrapped(model)
+    check_not_quantized(model)
+    check_not_partitioned(model)
+    target = resolve_target(model, cfg.tower)
+    check_growable(model, target.stack, target.config, target.count_key)
+    entries = resolve_positions(positions, len(target.stack), probe_result=probe_result, model=model)
+    kind = resolve_block_kind(cfg, target.spec, target.config)
+    custom = [e for e in entries if not e.is_default]
+    if kind == "adapter" and custom:
+        raise ValueError(
+            f"plan entry {custom[0]} sets copy_from or init, which only native blocks have; this growth builds "
+            "adapter blocks (use block='native' on a pre-norm family, or drop copy_from/init)."
+        )
+    own_eps = model_eps(target.spec, target.config)
+    check_native_eps(kind, cfg, own_eps)
+    return target, entries, kind, own_eps
 
 
 def _adapter_entries(stack: nn.ModuleList) -> tuple[AdapterEntry, ...]:

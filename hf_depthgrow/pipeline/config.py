@@ -7,7 +7,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 
 from ..config import shared_field
-from ..growth.engine import BLOCK_KINDS, INITS
+from ..growth.config import BLOCK_KINDS, INITS
 from ..training.tracking import DEFAULT_PROJECT, NONE, REPORT_TO, check_report_to
 
 TRAINABLE = ("new", "new+lora", "full")

@@ -25,7 +25,9 @@ import torch
 from torch import nn
 
 from ..growth import adapter
-from ..growth.engine import GrowthConfig, build_block, check_positions
+from ..growth.config import GrowthConfig
+from ..growth.engine import build_block
+from ..growth.checks import check_positions
 from ..growth.families import FamilySpec, model_eps, residual_output_targets
 from ..growth.towers import resolve_family
 from ..growth.norms import is_norm, norm_eps

@@ -38,7 +38,8 @@ from torch import nn
 from ..chunked_loss import model_example_losses
 from ..data.batches import as_batches, to_device
 from ..data.checks import check_batch
-from ..growth.engine import GrowthConfig, check_positions, resolve_block_kind
+from ..growth.config import GrowthConfig
+from ..growth.checks import check_positions, resolve_block_kind
 from ..growth.families import FamilySpec, model_eps
 from ..growth.towers import resolve_family
 from ..losses import IGNORE_INDEX, is_causal_lm, labels_of, model_inputs

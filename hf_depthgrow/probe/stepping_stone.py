@@ -36,7 +36,9 @@ from torch import nn
 
 from ..data.batches import as_batches
 from ..data.checks import check_batch
-from ..growth.engine import GrowthConfig, grow_depth, resolve_block_kind
+from ..growth.config import GrowthConfig
+from ..growth.engine import grow_depth
+from ..growth.checks import resolve_block_kind
 from ..growth.towers import resolve_family
 from ..losses import is_causal_lm, labels_of
 from ..utils import json_safe, package_version

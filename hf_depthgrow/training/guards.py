@@ -53,7 +53,7 @@ def _sha(obj) -> str:
 
 def model_fingerprint(model) -> str:
     """Hash of the growth record, the config's architecture and every parameter's name, shape and dtype (not values: cheap)."""
-    from ..growth.engine import growth_record
+    from ..growth.record import growth_record
 
     record = growth_record(model)
     cfg = getattr(model, "config", None)

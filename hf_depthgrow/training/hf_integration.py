@@ -49,7 +49,8 @@ from torch import nn
 from transformers import TrainerCallback
 
 from ..growth import adapter
-from ..growth.engine import growth_record, new_block_parameters
+from ..growth.record import growth_record
+from ..growth.engine import new_block_parameters
 from ..growth.families import residual_output_modules
 from ..growth.towers import resolve_family
 from ..growth.record import RECORD_KEY

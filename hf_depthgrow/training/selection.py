@@ -14,7 +14,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ..growth.engine import bypass_new_blocks
+from ..growth.bypass import bypass_new_blocks
 from ..growth.prefix import num_original_below
 from .deepspeed_support import gathered
 from .forward import dataset_loss

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..growth.engine import growth_record
+from ..growth.record import growth_record
 from ..growth.towers import resolve_family
 from .trainable import assign
 

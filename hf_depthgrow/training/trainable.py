@@ -14,7 +14,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..growth.engine import growth_record, new_block_modules, new_block_parameters
+from ..growth.record import growth_record
+from ..growth.engine import new_block_modules, new_block_parameters
 from ..growth.towers import resolve_family
 from .config import TrainConfig
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..data.batches import to_device
-from ..growth.engine import growth_record
+from ..growth.record import growth_record
 from ..growth.prefix import lowest_new_index
 from ..growth.quantized import bnb_mode
 from ..losses import is_causal_lm
