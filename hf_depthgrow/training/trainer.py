@@ -40,9 +40,6 @@ from ..growth.quantized import bnb_mode
 from ..losses import is_causal_lm
 from .activation_checkpointing import activation_checkpointing
 from .checkpoints import (
-    CHECKPOINT_PREFIX,
-    TRAINABLE_WEIGHTS,
-    TRAINER_STATE,
     list_checkpoints,
     load_checkpoint,
     resolve_resume,
@@ -55,19 +52,16 @@ from .deepspeed_support import check_deepspeed_config, deepspeed_accelerator, en
 from .forward import batch_losses
 from .guards import guard_output_dir, nonfinite_stop, run_fingerprint
 from .original_losses import OriginalLosses, check_reuse, losses_key
-from .prefix_cache import PrefixCache, build_caches, shares_prefix
-from .result import FINAL_MODEL, TrainResult, initial_result, write_outputs
+from .prefix_cache import PrefixCache, build_caches
+from .result import TrainResult, initial_result, write_outputs
 from .schedules import build_scheduler
 from .selection import candidate_loss, initial_weights, pick, selected_model, stone_cache, unpack_stone
 from .tracking import NO_TRACKING, make_accelerator, trainer_tracking
-from .trainable import layer_parameters, lora_target_names, make_optimizer, set_train_mode, setup_trainable
+from .trainable import layer_parameters, make_optimizer, set_train_mode, setup_trainable
 
 STOP_EXIT_CODE = 17  # what `stop_after_step` exits with, so a test can tell it from a crash
 
-# The names below `GrownTrainer`/`train` lived in this module before the split; re-exported so
-# `from hf_depthgrow.training.trainer import ...` keeps working.
-__all__ = ["GrownTrainer", "STOP_EXIT_CODE", "train", "CHECKPOINT_PREFIX", "FINAL_MODEL", "TRAINABLE_WEIGHTS",
-           "TRAINER_STATE", "PrefixCache", "TrainResult", "lora_target_names", "shares_prefix"]
+__all__ = ["GrownTrainer", "STOP_EXIT_CODE", "train"]
 
 
 class GrownTrainer:
