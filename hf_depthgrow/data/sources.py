@@ -180,6 +180,34 @@ def _check_loaded(model, ds: datasets.Dataset, source: str, tokenizer) -> None:
     check_batch(model, batch, where=f"the data {source!r}{by}")
 
 
+def _texts(source: str, task: str, split: str, seed: int, per_document, text_column, label_column) -> tuple:
+    """`source`'s texts, their labels (`None` without) and documents (`None`: each text is its own, in order)."""
+    labels, documents = None, None
+    if source == "shakespeare":
+        from .corpora import shakespeare_texts
+
+        texts = shakespeare_texts()
+    elif source == "python_docs":
+        from .corpora import python_docs_texts
+
+        texts = python_docs_texts()
+        if per_document is None:
+            # Consecutive blocks from the start of pages in a seeded order (the first pages in path order are
+            # all C-API reference); each block keeps its page's position in path order.
+            documents = np.random.default_rng(seed).permutation(len(texts))
+            texts = [texts[i] for i in documents]
+    elif source == "tweets":
+        from .corpora import tweets_sentiment
+
+        rows = tweets_sentiment()
+        texts, labels = [t for t, _ in rows], [y for _, y in rows]
+    elif Path(source).exists():
+        texts, labels = _read_local(Path(source), text_column, label_column, lazy=task == "causal_lm")
+    else:
+        texts, labels = _columns(_read_hub(source, split, text_column, label_column), text_column, label_column, source)
+    return texts, labels, documents
+
+
 def load_data(
     source: str,
     *,
@@ -240,29 +268,7 @@ def load_data(
         return ds.with_format("torch")
     if tokenizer is None:
         raise ValueError("text data needs a tokenizer")
-    labels, documents = None, None
-    if source == "shakespeare":
-        from .corpora import shakespeare_texts
-
-        texts = shakespeare_texts()
-    elif source == "python_docs":
-        from .corpora import python_docs_texts
-
-        texts = python_docs_texts()
-        if per_document is None:
-            # Consecutive blocks from the start of pages in a seeded order (the first pages in path order are
-            # all C-API reference); each block keeps its page's position in path order.
-            documents = np.random.default_rng(seed).permutation(len(texts))
-            texts = [texts[i] for i in documents]
-    elif source == "tweets":
-        from .corpora import tweets_sentiment
-
-        rows = tweets_sentiment()
-        texts, labels = [t for t, _ in rows], [y for _, y in rows]
-    elif Path(source).exists():
-        texts, labels = _read_local(Path(source), text_column, label_column, lazy=task == "causal_lm")
-    else:
-        texts, labels = _columns(_read_hub(source, split, text_column, label_column), text_column, label_column, source)
+    texts, labels, documents = _texts(source, task, split, seed, per_document, text_column, label_column)
     if task == "causal_lm":
         if per_document is not None:
             texts = list(texts)  # a lazily read file is read whole when its document is visited
