@@ -435,3 +435,26 @@ def test_a_trial_killed_for_memory_is_one_line_saying_what_is_kept_and_what_to_c
     monkeypatch.setattr(ray_engine, "quiet_fit", lambda _: (_ for _ in ()).throw(RuntimeError("something else")))
     with pytest.raises(RuntimeError, match="something else"):  # any other failure keeps its traceback
         ray_engine.tune_units(lambda unit, shipped: {}, [0], {}, {"cpu": 1}, ["u"], what="trial", keep=lambda i, m: m)
+
+
+def test_a_trial_process_imports_and_runs_a_trial_without_the_datasets_library():
+    # A Ray trial process imports the engine and runs trials on rows; `datasets` (with pandas and pyarrow, about a
+    # second of its start-up) is for loading data, which the driver does.
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "import hf_depthgrow.comparison.ray_engine\n"
+            "from hf_depthgrow.comparison import build_arms\n"
+            "from hf_depthgrow.comparison.trial import TrialInputs, TrialSpec, run_trial\n"
+            "from hf_depthgrow.testing import tiny_model, tiny_rows\n"
+            "base = tiny_model('llama')\n"
+            "rows = tiny_rows(base, 8, 0)\n"
+            "inputs = TrialInputs(base=base, train_rows=rows, eval_rows=rows[:4], test_rows=rows[4:], retention_rows=None, batch_size=4,\n"
+            "                     selection_max_examples=None, lora_target_modules=None, grow_kwargs=None, original={})\n"
+            "spec = TrialSpec(build_arms(base, ['at:1'], [])[1], 1e-3, 0, (2,), warmup_steps=0, scheduler='wsd')\n"
+            "assert sorted(run_trial(spec, inputs).scores) == [2]\n"
+            "assert 'datasets' not in sys.modules, 'datasets was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]

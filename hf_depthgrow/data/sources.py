@@ -14,8 +14,8 @@ import itertools
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
@@ -23,6 +23,9 @@ from torch.utils.data import DataLoader
 from ..losses import DOCUMENT_COLUMN, is_causal_lm
 from .checks import check_batch
 from .text_files import TextFile, data_files
+
+if TYPE_CHECKING:  # imported where a function builds or reads one: a process that only trains never pays for it
+    import datasets
 
 __all__ = ["EMBEDDED_SOURCES", "SPLIT_PARTS", "images_to_pixels", "infer_task", "load_data", "make_loader", "split_dataset", "split_fractions", "split_parts"]
 
@@ -48,6 +51,8 @@ def _read_local(path: Path, text_column: str | None, label_column: str | None, *
     """Texts (and labels) of a local file or folder. Text files come back unread, as lazy `TextFile`s; with
     `lazy` (causal LM: text only, taken from the start) table files are streamed too. Either way the
     causal-LM blocks read only as much as `max_examples` needs."""
+    import datasets
+
     files = data_files(path)  # refuses pipes and devices before opening anything
     suffixes = {p.suffix.lower() for p in files}
     if suffixes <= {".txt", ".md", ""}:
@@ -100,6 +105,8 @@ def _columns(table, text_column, label_column, where: str) -> tuple[list[str], l
 
 
 def _read_hub(source: str, split: str, text_column, label_column):
+    import datasets
+
     try:
         table = datasets.load_dataset(source, split=split)
     except Exception as err:  # offline machines fail with several exception types
@@ -117,6 +124,8 @@ def _lm_dataset(tokenizer, texts, block_size: int, max_examples: int | None, *, 
     """Causal-LM blocks with their `document` column: consecutive blocks of the joined stream, or (`per_document`)
     a seeded sample of that many blocks from each of many documents. `documents`: the id of each text (default: its
     position)."""
+    import datasets
+
     from .lm_blocks import causal_lm_blocks, sampled_document_blocks
 
     if per_document is not None:
@@ -133,6 +142,8 @@ def _lm_dataset(tokenizer, texts, block_size: int, max_examples: int | None, *, 
 
 
 def _classification_dataset(tokenizer, texts, labels, block_size, max_examples, seed=0):
+    import datasets
+
     if labels is None:
         raise ValueError("text classification needs labels (a 'label' column, or label_column=)")
     if max_examples is not None and max_examples < len(texts):
@@ -159,6 +170,8 @@ def images_to_pixels(images: np.ndarray, config) -> torch.Tensor:
 
 
 def _image_dataset(model, source: str, split: str, max_examples: int | None, seed: int):
+    import datasets
+
     from .corpora import digits, fashion_mnist
 
     if source == "fashion_mnist":
