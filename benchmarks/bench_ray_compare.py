@@ -22,6 +22,7 @@ threads spinning against other processes), so `--serial-threads 1` separates tha
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import statistics
@@ -141,12 +142,12 @@ def _doubled(rates: list[float]) -> list[float]:
     return [*rates, *(1.1 * lr for lr in rates)]
 
 
-def _split(model, data, args) -> list[tuple[float, float]]:
-    """Per repeat, `(one-time seconds, seconds per trial)` of Ray beyond the trials' compute, from runs of short trials
-    (`--split-steps`), n and 2n of them: the one-time part (starting Ray, the trial processes and their imports) is
-    paid once, the per-trial part (Tune's bookkeeping, a reused process taking one more trial) n more times. The
-    compute is the serial engine's trial seconds of the same trials at one thread, so a fresh process's first-call
-    costs and two trials sharing the memory bus count as Ray's."""
+def _split(model, data, args) -> list[tuple[float, float, float, float]]:
+    """Per repeat, `(one-time seconds, seconds per trial, fixed cost per trial of the n-trial run, of the 2n-trial run)`
+    of Ray beyond the trials' compute, from runs of short trials (`--split-steps`), n and 2n of them: the one-time part
+    (starting Ray, the trial processes and their imports) is paid once, the per-trial part (Tune's bookkeeping, a
+    reused process taking one more trial) n more times. The compute is the serial engine's trial seconds of the same
+    trials at one thread, so a fresh process's first-call costs and two trials sharing the memory bus count as Ray's."""
     short = argparse.Namespace(**{**vars(args), "steps": args.split_steps})
     doubled = argparse.Namespace(**{**vars(short), "learning_rates": _doubled(args.learning_rates)})
     _threads(1)
@@ -159,7 +160,7 @@ def _split(model, data, args) -> list[tuple[float, float]]:
             run(model, data, setting, "ray")
             cost.append((time.perf_counter() - started) * args.concurrent - seconds)
         per_trial = (cost[1] - cost[0]) / n
-        out.append((cost[0] - n * per_trial, per_trial))
+        out.append((cost[0] - n * per_trial, per_trial, cost[0] / n, cost[1] / (2 * n)))
         print(f"repeat {r + 1}/{args.repeats}: one-time {out[-1][0]:.1f} s, per trial {per_trial:.2f} s", file=sys.stderr)
     return out
 
@@ -168,14 +169,20 @@ def _split_text(split: list, args) -> list[str]:
     if not split:
         return []
     n = 2 * len(args.learning_rates)
-    rows = [f"| repeat {i + 1} | {a:.1f} | {b:.2f} |" for i, (a, b) in enumerate(split)]
+    rows = [f"| repeat {i + 1} | {a:.1f} | {b:.2f} | {c:.2f} | {d:.2f} |" for i, (a, b, c, d) in enumerate(split)]
+    once, each = (statistics.median(row[k] for row in split) for k in (0, 1))
+    reach = f"from {math.ceil(once / (2 - each))} trials a run on" if each < 2 else "at no number of trials"
     return [
         f"Ray's cost split into a one-time and a per-trial part, from Ray runs of {n} and {2 * n} short trials "
         f"({args.split_steps} steps each), in CPU-slot seconds ({args.concurrent} slots: Ray's wall x {args.concurrent} - the same trials' seconds on the serial engine at one thread):", "",
-        "| | one-time (s) | per trial (s) |", "|---|---:|---:|", *rows,
-        f"| **median** | **{statistics.median(a for a, _ in split):.1f}** | **{statistics.median(b for _, b in split):.2f}** |", "",
+        f"| | one-time (s) | per trial (s) | fixed cost per trial, {n} trials (s) | fixed cost per trial, {2 * n} trials (s) |",
+        "|---|---:|---:|---:|---:|", *rows,
+        f"| **median** | **{once:.1f}** | **{each:.2f}** | {statistics.median(c for *_, c, _ in split):.2f} "
+        f"| **{statistics.median(d for *_, d in split):.2f}** |", "",
         "The one-time part is starting Ray and the trial processes (imports included), paid once per run however many "
-        "trials it holds; the per-trial part is what reusing a process for one more trial costs.", "",
+        "trials it holds; the per-trial part is what reusing a process for one more trial costs. The last two columns are "
+        f"each run's own cost over its trials: from the medians, Ray's fixed cost per trial is 2 s or less {reach} "
+        "(one-time / (2 - per trial)).", "",
     ]
 
 
