@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -238,10 +239,12 @@ def test_cli_refuses_an_unreachable_address_and_impossible_resources_then_runs_o
         assert main(_argv(lm_dir, out, "--engine", "ray", "--resources-per-trial", "8", "--trials-dir", str(trials))) == 2
         _one_line(capsys, "asks 8 CPU per trial, but the Ray cluster has 2", only=True)
     assert not out.exists() and not trials.exists()
-    # The same command with settings the cluster can give runs; its stdout is the report, Tune's tables go to stderr.
+    # The same command with settings the cluster can give runs; its stdout is the report, and neither stream names
+    # Tune's temporary results folder (gone when the run ends) or a TensorBoard command for it.
     assert main(_argv(lm_dir, out, "--engine", "ray", "--max-concurrent-trials", "2", "--trials-dir", str(trials))) == 0
-    printed = capsys.readouterr().out
-    assert "Comparison at an equal budget" in printed and "Configuration for experiment" not in printed
+    printed = capsys.readouterr()
+    assert "Comparison at an equal budget" in printed.out and "Configuration for experiment" not in printed.out
+    assert not any(s in printed.out + printed.err for s in ("View detailed results here", "tensorboard --logdir", "hf_depthgrow-ray-"))
     assert main(_argv(lm_dir, tmp_path / "gathered", "--gather", str(trials))) == 0
     ran, gathered = (json.loads((d / "compare.json").read_text()) for d in (out, tmp_path / "gathered"))
     assert gathered["budgets"] == ran["budgets"] and gathered["rows"] == ran["rows"]
@@ -385,7 +388,7 @@ def test_rows_that_view_one_token_stream_ship_compact():
     assert ray_engine._compact(compact) is compact
 
 
-def test_quiet_fit_drops_tunes_snapshot_advice_only_and_only_while_it_fits(caplog):
+def test_quiet_fit_drops_tunes_snapshot_advice_only_and_only_while_it_fits(caplog, monkeypatch):
     import logging
 
     from hf_depthgrow.comparison.ray_engine import quiet_fit
@@ -393,14 +396,19 @@ def test_quiet_fit_drops_tunes_snapshot_advice_only_and_only_while_it_fits(caplo
     snapshots = logging.getLogger("ray.tune.execution.experiment_state")
 
     def fit():
+        # Tune's printing and its result files are off while it fits, and the environment is the caller's after.
+        assert os.environ["RAY_AIR_NEW_OUTPUT"] == "0" and os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] == "1"
         snapshots.warning("Experiment state snapshotting has been triggered multiple times in the last 5.0 seconds")
         snapshots.warning("a trial's folder could not be synced")
         logging.getLogger("ray.tune").info("Tune's own chatter")
         return "grid"
 
+    monkeypatch.delenv("RAY_AIR_NEW_OUTPUT", raising=False)
+    monkeypatch.setenv("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0")
     with caplog.at_level(logging.INFO):
         assert quiet_fit(fit) == "grid"
         snapshots.warning("Experiment state snapshotting has been triggered after the fit")
+    assert "RAY_AIR_NEW_OUTPUT" not in os.environ and os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] == "0"
     assert [r.getMessage() for r in caplog.records] == ["a trial's folder could not be synced",
                                                          "Experiment state snapshotting has been triggered after the fit"]
 

@@ -1,9 +1,11 @@
-"""Where trials run. The serial engine runs them here, one after another (the default on one machine).
+"""Where trials run and which run next. The serial engine runs them here, one after another (the default on one
+machine); `engine_for` names the engine a config asks for (serial, Ray, or the store alone).
 
-An engine takes trial specs and returns their results; what to run next (grid extensions) and how results
-combine (`aggregate`) are the caller's. Successive halving is a scheduling decision, so it lives here: the
-serial engine runs an arm's rates in step (`trial_steps`) and at each rung stops the worse half on
-held-out loss; a stopped trial is a prefix of the full one, so the survivor is what training it alone gives.
+An engine takes trial specs and returns their results. The scheduling policies live here too: `run_grids` runs
+every arm's learning-rate grid and then extends a grid whose choice sits at its edge (`grids.extension`), and
+successive halving runs an arm's rates in step (`trial_steps`), at each rung stopping the worse half on held-out
+loss; a stopped trial is a prefix of the full one, so the survivor is what training it alone gives. How results
+combine is `aggregate`'s.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import functools
 import math
 from collections import OrderedDict
 
-from .grids import _finite
+from .aggregate import rungs_of
+from .grids import _finite, best_rate, edge, extension
 from .trial import TrialInputs, TrialResult, TrialSpec, run_trial, trial_steps
 
-__all__ = ["engine_for", "run_serial"]
+__all__ = ["engine_for", "run_grids", "run_serial", "trial_spec"]
 
 
 def _learn(known: list, result: TrialResult) -> TrialResult:
@@ -103,3 +106,51 @@ def engine_for(cfg, store=None):
 
     # One list for the whole sweep: the original's losses the first trial takes serve every later trial on its rows.
     return stored(functools.partial(run_serial, known=[]), store)
+
+
+def trial_spec(arm, lr: float, cfg) -> TrialSpec:
+    """The trial of `arm` at rate `lr` under `cfg` (a `CompareConfig`): its seed, budgets, schedule and halving rungs."""
+    rungs = sorted({r for b in cfg.sweep for r in rungs_of(b)})
+    return TrialSpec(arm, float(lr), cfg.seed, tuple(cfg.sweep), warmup_steps=cfg.warmup, scheduler=cfg.scheduler,
+                     decay_ratio=cfg.decay_ratio, rungs=tuple(rungs))
+
+
+def _grid_state(trials: list[TrialResult], budgets: list[int]) -> tuple[list[float], list]:
+    """The rates an arm tried, and per budget whether its choice sits at an edge of them."""
+    rates = sorted(t.spec.learning_rate for t in trials)
+    edges = []
+    for b in budgets:
+        chosen = best_rate({t.spec.learning_rate: t.scores[b].heldout_loss for t in trials if b in t.scores})
+        edges.append(edge(rates, chosen))
+    return rates, edges
+
+
+def run_grids(trained: list, cfg, inputs: TrialInputs | None, engine, *, forgetting: bool) -> tuple[list[TrialResult], dict]:
+    """Every arm of `trained` at its grid on `engine`, then x3 extensions for arms whose choice sits at an edge, until
+    interior, the limit or the cap (`grids.extension`); with `forgetting` (a retention set) each grid also reaches
+    below its lowest rate (`CompareConfig.grid`). Returns the trials and, per arm, its grid and why it stopped."""
+    from tqdm.auto import tqdm
+
+    specs = [trial_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind, retention=forgetting)]
+    grids = {arm.name: {"grid": cfg.grid(arm.kind, retention=forgetting), "below": cfg.forgetting_rates if forgetting else 0,
+                        "added": [], "stopped": None} for arm in trained}
+    with tqdm(total=len(specs), desc="compare trials", disable=not cfg.progress, unit="trial") as bar:
+        trials = engine(specs, inputs, halving=cfg.successive_halving, bar=bar)
+        while True:
+            more = []
+            for arm in trained:
+                info = grids[arm.name]
+                if info["stopped"] is not None:
+                    continue
+                rates, edges = _grid_state([t for t in trials if t.spec.arm.name == arm.name], cfg.sweep)
+                rate, why = extension(rates, edges, added=len(info["added"]), limit=cfg.lr_extensions, cap=cfg.max_learning_rate)
+                if rate is None:
+                    info.update(stopped=why, rates=rates, edges=dict(zip(cfg.sweep, edges)))
+                else:
+                    info["added"].append(rate)
+                    more.append(trial_spec(arm, rate, cfg))
+            if not more:
+                break
+            bar.total += len(more)
+            trials += engine(more, inputs, halving=False, bar=bar)
+    return trials, grids

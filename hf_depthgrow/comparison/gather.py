@@ -17,8 +17,7 @@ from ..utils import json_number
 from .aggregate import aggregate
 from .arms import Arm
 from .config import CompareConfig
-from .engine import engine_for
-from .runner import _train_arms
+from .engine import engine_for, run_grids
 from .store import SWEEPS, TrialStore
 
 __all__ = ["gather_comparison", "gathering"]
@@ -71,6 +70,6 @@ def gather_comparison(trials_dir):
     for name in ("test", "retention"):
         if name in tensors:
             original[name] = (tensors[name].numpy(), tensors[f"{name}_weight"].numpy())
-    trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, None, engine_for(cfg, store), forgetting="retention" in original)
+    trials, grids = run_grids([a for a in arms if a.kind != "original"], cfg, None, engine_for(cfg, store), forgetting="retention" in original)
     extra = {"probe": meta["probe"], "num_examples": meta["num_examples"], "seconds": {}}
     return aggregate(arms, trials, original, cfg, grids=grids, extra=extra, documents=meta["documents"])

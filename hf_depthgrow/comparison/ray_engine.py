@@ -424,17 +424,30 @@ def _not_the_snapshot_advice(record) -> bool:
     return not record.getMessage().startswith("Experiment state snapshotting has been triggered")
 
 
+# Tune's new output engine prints, even at verbose 0, where its results are and a TensorBoard command for them: a
+# temporary folder here, removed after the run. Its legacy engine at verbose 0 prints nothing. Its automatic result
+# files (CSV, JSON and TensorBoard events per trial) repeat what the driver keeps through `keep`: not written.
+_QUIET_TUNE = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+
+
 def quiet_fit(fit):
-    """`fit()` with Tune's tables on stderr and its info logs off: the command's stdout is its report."""
+    """`fit()` with Tune's printing off (what it still prints goes to stderr) and its info logs off: the command's
+    stdout is its report, and its stderr names no folder that is gone when the run ends."""
     import sys
 
     tune_log, snapshots = logging.getLogger("ray.tune"), logging.getLogger("ray.tune.execution.experiment_state")
-    level = tune_log.level
+    level, environ = tune_log.level, {k: os.environ.get(k) for k in _QUIET_TUNE}
     tune_log.setLevel(logging.WARNING)
     snapshots.addFilter(_not_the_snapshot_advice)
+    os.environ.update(_QUIET_TUNE)
     try:
         with contextlib.redirect_stdout(sys.stderr):
             return fit()
     finally:
         tune_log.setLevel(level)
         snapshots.removeFilter(_not_the_snapshot_advice)
+        for k, v in environ.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -3,9 +3,9 @@
 Order of work, so a bad input costs nothing: every data set is read and checked against the model, the largest
 budget against the training blocks (`comparison.fresh_data`), every arm is resolved (placements, matched controls)
 and the config validated; only then does anything train. The original's per-example losses on the test and
-retention sets are computed once and shared by every arm. The work is then a loop over trials (`comparison.trial`)
-run by an engine (`comparison.engine`; stored and resumable with `trials_dir`, `comparison.store`): first each
-arm's own grid, then x3 extensions for arms whose choice sits at an edge (`comparison.grids`). One aggregation
+retention sets are computed once and shared by every arm. The trials (`comparison.trial`) are then scheduled and run
+by `comparison.engine` (stored and resumable with `trials_dir`, `comparison.store`): first each arm's own grid,
+then x3 extensions for arms whose choice sits at an edge (`comparison.grids`). One aggregation
 (`comparison.aggregate`: every rate chosen on held-out, the test set never chooses) turns the trials into a
 `CompareResult`.
 
@@ -28,15 +28,14 @@ from ..evaluation.checks import cluster_labels, prepare_batches, resolve_cluster
 from ..probe.signal import ProbeResult
 from ..training import tracking
 from ..training.data_order import training_rows
-from .aggregate import aggregate, retention_parts, rungs_of
-from .arms import Arm, build_arms
+from .aggregate import aggregate, retention_parts
+from .arms import build_arms
 from .config import CompareConfig
-from .engine import engine_for
+from .engine import engine_for, run_grids, trial_spec
 from .fresh_data import data_plan
-from .grids import best_rate, edge, extension
 from .result import CompareResult, _weighted
 from .store import TrialStore, check_trials_dir
-from .trial import TrialInputs, TrialResult, TrialSpec, example_losses
+from .trial import TrialInputs, example_losses
 
 
 def _checked_rows(model: nn.Module, data, name: str, batch_size: int) -> list[dict]:
@@ -94,52 +93,6 @@ def _tracker_settings(cfg: CompareConfig, name: str | None = None) -> dict:
     """Where a run of the comparison logs (`report_to`); the seed is in the name, as the probe validation reruns per seed."""
     out = {"report_to": cfg.report_to, "logging_dir": cfg.logging_dir, "project_name": cfg.project_name}
     return out if name is None else {**out, "run_name": f"{name}-seed{cfg.seed}"}
-
-
-def _spec(arm: Arm, lr: float, cfg: CompareConfig) -> TrialSpec:
-    rungs = sorted({r for b in cfg.sweep for r in rungs_of(b)})
-    return TrialSpec(arm, float(lr), cfg.seed, tuple(cfg.sweep), warmup_steps=cfg.warmup, scheduler=cfg.scheduler,
-                     decay_ratio=cfg.decay_ratio, rungs=tuple(rungs))
-
-
-def _grid_state(trials: list[TrialResult], budgets: list[int]) -> tuple[list[float], list]:
-    """The rates an arm tried, and per budget whether its choice sits at an edge of them."""
-    rates = sorted(t.spec.learning_rate for t in trials)
-    edges = []
-    for b in budgets:
-        chosen = best_rate({t.spec.learning_rate: t.scores[b].heldout_loss for t in trials if b in t.scores})
-        edges.append(edge(rates, chosen))
-    return rates, edges
-
-
-def _train_arms(trained: list[Arm], cfg: CompareConfig, inputs: TrialInputs | None, engine, *, forgetting: bool) -> tuple[list[TrialResult], dict]:
-    """Every arm's grid, then x3 extensions for arms whose choice sits at an edge, until interior, the limit or the cap;
-    with `forgetting` (a retention set) each grid also reaches below its lowest rate (`CompareConfig.grid`)."""
-    from tqdm.auto import tqdm
-
-    specs = [_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind, retention=forgetting)]
-    grids = {arm.name: {"grid": cfg.grid(arm.kind, retention=forgetting), "below": cfg.forgetting_rates if forgetting else 0,
-                        "added": [], "stopped": None} for arm in trained}
-    with tqdm(total=len(specs), desc="compare trials", disable=not cfg.progress, unit="trial") as bar:
-        trials = engine(specs, inputs, halving=cfg.successive_halving, bar=bar)
-        while True:
-            more = []
-            for arm in trained:
-                info = grids[arm.name]
-                if info["stopped"] is not None:
-                    continue
-                rates, edges = _grid_state([t for t in trials if t.spec.arm.name == arm.name], cfg.sweep)
-                rate, why = extension(rates, edges, added=len(info["added"]), limit=cfg.lr_extensions, cap=cfg.max_learning_rate)
-                if rate is None:
-                    info.update(stopped=why, rates=rates, edges=dict(zip(cfg.sweep, edges)))
-                else:
-                    info["added"].append(rate)
-                    more.append(_spec(arm, rate, cfg))
-            if not more:
-                break
-            bar.total += len(more)
-            trials += engine(more, inputs, halving=False, bar=bar)
-    return trials, grids
 
 
 def fresh_data_check(cfg: CompareConfig, num_blocks: int, *, stacklevel: int = 3):
@@ -207,22 +160,7 @@ def compare_plans(
         >>> print(result.verdict)
         ```
     """
-    if config is not None and kwargs:
-        raise ValueError(f"pass either config= or keyword arguments, not both (got {sorted(kwargs)})")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch nn.Module (a loaded model), got {type(model).__name__}")
-    if config is not None and not isinstance(config, CompareConfig):
-        raise TypeError(f"config must be a CompareConfig, got {type(config).__name__}")
-    cfg = config or CompareConfig(**kwargs)
-    if probe_result is not None and not isinstance(probe_result, ProbeResult):
-        raise TypeError(f"probe_result must be a ProbeResult (hf_depthgrow.probe) or None, got {type(probe_result).__name__}")
-    if cfg.max_forgetting is not None and retention_data is None:
-        raise ValueError("max_forgetting is a forgetting budget and needs a retention set to measure forgetting on: "
-                         "pass retention_data or drop max_forgetting")
-    if resume and trials_dir is None:
-        raise ValueError("resume continues the trials stored in trials_dir: set trials_dir (compare --trials-dir)")
-    check_trials_dir(trials_dir, inputs={"model": getattr(model, "name_or_path", None)})
-    _check_trackers(cfg)
+    cfg = _checked_call(model, config, kwargs, probe_result=probe_result, retention_data=retention_data, trials_dir=trials_dir, resume=resume)
     started = time.perf_counter()
     data = {"train": train_data, "eval": eval_data, "test": test_data, "retention": retention_data}
     rows, documents = read_sets(model, cfg, data)
@@ -241,11 +179,32 @@ def compare_plans(
     }
     if sweep.store is not None and sweep.store.trains:  # the record with which the folder alone rebuilds this comparison
         sweep.store.save_sweep(cfg, arms, sweep.inputs.original, documents, extra)
-    trials, grids = _train_arms([a for a in arms if a.kind != "original"], cfg, sweep.inputs, sweep.engine, forgetting=rows["retention"] is not None)
+    trials, grids = run_grids([a for a in arms if a.kind != "original"], cfg, sweep.inputs, sweep.engine, forgetting=rows["retention"] is not None)
     extra["seconds"] = {"total": time.perf_counter() - started, "probe": probe_seconds, "original_losses": sweep.seconds}
     result = aggregate(arms, trials, sweep.inputs.original, cfg, grids=grids, extra=extra, documents=documents)
     _log_comparison(result, cfg)
     return result
+
+
+def _checked_call(model, config, kwargs: dict, *, probe_result, retention_data, trials_dir, resume) -> CompareConfig:
+    """`compare_plans`' arguments checked before any data is read; the config they give."""
+    if config is not None and kwargs:
+        raise ValueError(f"pass either config= or keyword arguments, not both (got {sorted(kwargs)})")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch nn.Module (a loaded model), got {type(model).__name__}")
+    if config is not None and not isinstance(config, CompareConfig):
+        raise TypeError(f"config must be a CompareConfig, got {type(config).__name__}")
+    cfg = config or CompareConfig(**kwargs)
+    if probe_result is not None and not isinstance(probe_result, ProbeResult):
+        raise TypeError(f"probe_result must be a ProbeResult (hf_depthgrow.probe) or None, got {type(probe_result).__name__}")
+    if cfg.max_forgetting is not None and retention_data is None:
+        raise ValueError("max_forgetting is a forgetting budget and needs a retention set to measure forgetting on: "
+                         "pass retention_data or drop max_forgetting")
+    if resume and trials_dir is None:
+        raise ValueError("resume continues the trials stored in trials_dir: set trials_dir (compare --trials-dir)")
+    check_trials_dir(trials_dir, inputs={"model": getattr(model, "name_or_path", None)})
+    _check_trackers(cfg)
+    return cfg
 
 
 def _check_trackers(cfg: CompareConfig) -> None:
@@ -316,7 +275,7 @@ def oracle_trials(model, data: dict, names: list[str], cfgs: dict, probe_result,
                       matched=False)  # the oracle trains positions only
     sweep = prepare_sweep(model, cfg, rows, trials_dir=trials_dir)
     trained = [a for a in arms if a.kind != "original"]
-    specs = [_spec(arm, lr, c) for c in cfgs.values() for arm in trained for lr in c.grid(arm.kind)]
+    specs = [trial_spec(arm, lr, c) for c in cfgs.values() for arm in trained for lr in c.grid(arm.kind)]
     with tqdm(total=len(specs), desc="oracle trials", disable=not cfg.progress, unit="trial") as bar:
         trials = sweep.engine(specs, sweep.inputs, halving=False, bar=bar)
     results = {}

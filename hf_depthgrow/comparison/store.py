@@ -47,7 +47,7 @@ from .trial_record import TrialResult, TrialSpec, rebuild_result, result_entry
 
 KIND = "trials"
 CHECKPOINTS = "checkpoints"  # <root>/checkpoints/<trial key>/<events done>/: the latest checkpoint of an unfinished trial
-SWEEPS = "sweeps"  # <root>/sweeps/<key>/: a comparison's own record, which with its trials rebuilds it (`runner.gather_comparison`)
+SWEEPS = "sweeps"  # <root>/sweeps/<key>/: a comparison's own record, which with its trials rebuilds it (`gather.gather_comparison`)
 
 
 def check_trials_dir(trials_dir, *, inputs: dict | None = None) -> None:
