@@ -396,19 +396,21 @@ def test_quiet_fit_drops_tunes_snapshot_advice_only_and_only_while_it_fits(caplo
     snapshots = logging.getLogger("ray.tune.execution.experiment_state")
 
     def fit():
-        # Tune's printing and its result files are off while it fits, and the environment is the caller's after.
-        assert os.environ["RAY_AIR_NEW_OUTPUT"] == "0" and os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] == "1"
+        # Tune's printing is off while it fits, and the environment is the caller's after.
+        assert os.environ["RAY_AIR_NEW_OUTPUT"] == "0"
         snapshots.warning("Experiment state snapshotting has been triggered multiple times in the last 5.0 seconds")
         snapshots.warning("a trial's folder could not be synced")
         logging.getLogger("ray.tune").info("Tune's own chatter")
         return "grid"
 
     monkeypatch.delenv("RAY_AIR_NEW_OUTPUT", raising=False)
-    monkeypatch.setenv("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0")
     with caplog.at_level(logging.INFO):
         assert quiet_fit(fit) == "grid"
         snapshots.warning("Experiment state snapshotting has been triggered after the fit")
-    assert "RAY_AIR_NEW_OUTPUT" not in os.environ and os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] == "0"
+    assert "RAY_AIR_NEW_OUTPUT" not in os.environ
+    monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "1")
+    quiet_fit(lambda: None)
+    assert os.environ["RAY_AIR_NEW_OUTPUT"] == "1"
     assert [r.getMessage() for r in caplog.records] == ["a trial's folder could not be synced",
                                                          "Experiment state snapshotting has been triggered after the fit"]
 

@@ -325,7 +325,7 @@ def tune_units(work, units: list, shared, resources: dict, names: list[str], *, 
     On the driver, `keep(index, metrics)` takes each unit's final report as it arrives (storing it, so an interrupted
     sweep keeps every finished unit) and `on_checkpoint(index, checkpoint)` each checkpoint a unit reports; a unit
     whose process dies runs again from its last checkpoint (its start before one), at most `max_failures` times.
-    Tune's tables go to stderr. Returns `{index: what keep returned}`; a unit that failed every retry is a
+    Tune prints nothing (`quiet_fit`). Returns `{index: what keep returned}`; a unit that failed every retry is a
     `RuntimeError` naming it.
     """
     import ray
@@ -425,13 +425,13 @@ def _not_the_snapshot_advice(record) -> bool:
 
 
 # Tune's new output engine prints, even at verbose 0, where its results are and a TensorBoard command for them: a
-# temporary folder here, removed after the run. Its legacy engine at verbose 0 prints nothing. Its automatic result
-# files (CSV, JSON and TensorBoard events per trial) repeat what the driver keeps through `keep`: not written.
-_QUIET_TUNE = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+# temporary folder here, removed after the run. Its legacy engine at verbose 0 prints nothing. (Its per-trial result
+# files stay: the result grid reads them back, and warns, naming the folder, where they are missing.)
+_QUIET_TUNE = {"RAY_AIR_NEW_OUTPUT": "0"}
 
 
 def quiet_fit(fit):
-    """`fit()` with Tune's printing off (what it still prints goes to stderr) and its info logs off: the command's
+    """`fit()` with Tune's printing off (anything it still prints goes to stderr) and its info logs off: the command's
     stdout is its report, and its stderr names no folder that is gone when the run ends."""
     import sys
 
