@@ -175,15 +175,14 @@ def _split_text(split: list, args) -> list[str]:
         return []
     n = 2 * len(args.learning_rates)
     rows = [f"| repeat {i + 1} | {a:.1f} | {b:.2f} | {c:.2f} | {d:.2f} |" for i, (a, b, c, d) in enumerate(split)]
-    once, each = (statistics.median(row[k] for row in split) for k in (0, 1))
+    once, each, at_n, at_2n = (statistics.median(row[k] for row in split) for k in range(4))
     reach = f"from {math.ceil(once / (2 - each))} trials a run on" if each < 2 else "at no number of trials"
     return [
         f"Ray's cost split into a one-time and a per-trial part, from Ray runs of {n} and {2 * n} short trials "
         f"({args.split_steps} steps each), in CPU-slot seconds ({args.concurrent} slots: Ray's wall x {args.concurrent} - the same trials' seconds on the serial engine at one thread):", "",
         f"| | one-time (s) | per trial (s) | fixed cost per trial, {n} trials (s) | fixed cost per trial, {2 * n} trials (s) |",
         "|---|---:|---:|---:|---:|", *rows,
-        f"| **median** | **{once:.1f}** | **{each:.2f}** | {statistics.median(c for *_, c, _ in split):.2f} "
-        f"| **{statistics.median(d for *_, d in split):.2f}** |", "",
+        f"| **median** | **{once:.1f}** | **{each:.2f}** | {at_n:.2f} | **{at_2n:.2f}** |", "",
         "The one-time part is starting Ray and the trial processes (imports included), paid once per run however many "
         "trials it holds; the per-trial part is what reusing a process for one more trial costs. Every timed run comes after "
         "an untimed one-step Ray run, which pays the driver's imports of Ray and Tune once per process. The last two columns are "

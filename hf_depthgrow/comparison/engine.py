@@ -131,9 +131,9 @@ def run_grids(trained: list, cfg, inputs: TrialInputs | None, engine, *, forgett
     below its lowest rate (`CompareConfig.grid`). Returns the trials and, per arm, its grid and why it stopped."""
     from tqdm.auto import tqdm
 
-    specs = [trial_spec(arm, lr, cfg) for arm in trained for lr in cfg.grid(arm.kind, retention=forgetting)]
     grids = {arm.name: {"grid": cfg.grid(arm.kind, retention=forgetting), "below": cfg.forgetting_rates if forgetting else 0,
                         "added": [], "stopped": None} for arm in trained}
+    specs = [trial_spec(arm, lr, cfg) for arm in trained for lr in grids[arm.name]["grid"]]
     with tqdm(total=len(specs), desc="compare trials", disable=not cfg.progress, unit="trial") as bar:
         trials = engine(specs, inputs, halving=cfg.successive_halving, bar=bar)
         while True:

@@ -427,7 +427,7 @@ def _not_the_snapshot_advice(record) -> bool:
 # Tune's new output engine prints, even at verbose 0, where its results are and a TensorBoard command for them: a
 # temporary folder here, removed after the run. Its legacy engine at verbose 0 prints nothing. (Its per-trial result
 # files stay: the result grid reads them back, and warns, naming the folder, where they are missing.)
-_QUIET_TUNE = {"RAY_AIR_NEW_OUTPUT": "0"}
+_TUNE_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 
 
 def quiet_fit(fit):
@@ -436,18 +436,17 @@ def quiet_fit(fit):
     import sys
 
     tune_log, snapshots = logging.getLogger("ray.tune"), logging.getLogger("ray.tune.execution.experiment_state")
-    level, environ = tune_log.level, {k: os.environ.get(k) for k in _QUIET_TUNE}
+    level, output = tune_log.level, os.environ.get(_TUNE_OUTPUT)
     tune_log.setLevel(logging.WARNING)
     snapshots.addFilter(_not_the_snapshot_advice)
-    os.environ.update(_QUIET_TUNE)
+    os.environ[_TUNE_OUTPUT] = "0"
     try:
         with contextlib.redirect_stdout(sys.stderr):
             return fit()
     finally:
         tune_log.setLevel(level)
         snapshots.removeFilter(_not_the_snapshot_advice)
-        for k, v in environ.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        if output is None:
+            os.environ.pop(_TUNE_OUTPUT, None)
+        else:
+            os.environ[_TUNE_OUTPUT] = output
