@@ -20,6 +20,28 @@ __all__ = ["causal_lm_blocks", "sampled_document_blocks", "train_test_split_bloc
 _BATCH_CHARS = 1 << 18  # characters per tokenizer call (about 60k tokens of English)
 
 
+def _token_stream(tokenizer, texts, eos: int, batch_size: int, needed: int | None) -> tuple[list[int], list[int]]:
+    """The documents' tokens, each document followed by `eos`, and the stream offset where each document begins;
+    tokenizing stops once the stream holds `needed` tokens."""
+    stream: list[int] = []
+    starts: list[int] = []  # in document order
+    document_open = False
+    for batch in _batches(_pieces(texts), batch_size):
+        # verbose=False: whole plays exceed model_max_length, which is fine here since we chop them ourselves.
+        encoded = tokenizer([text for text, _ in batch], add_special_tokens=False, verbose=False)["input_ids"]
+        for ids, (_, ends) in zip(encoded, batch):
+            if not document_open:
+                starts.append(len(stream))
+                document_open = True
+            stream.extend(ids)
+            if ends:
+                stream.append(eos)
+                document_open = False
+        if needed is not None and len(stream) >= needed:
+            break  # no more text is read: a lazily read file stops here
+    return stream, starts
+
+
 def causal_lm_blocks(
     tokenizer,
     texts: Iterable[str | Iterable[str]],
@@ -75,23 +97,7 @@ def causal_lm_blocks(
     eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
     if eos is None:
         raise ValueError("the tokenizer has no eos_token_id; pass eos_token_id= (e.g. tokenizer.sep_token_id).")
-    needed = None if max_blocks is None else max_blocks * block_size
-    stream: list[int] = []
-    starts: list[int] = []  # stream offset where each document begins, in document order
-    document_open = False
-    for batch in _batches(_pieces(texts), batch_size):
-        # verbose=False: whole plays exceed model_max_length, which is fine here since we chop them ourselves.
-        encoded = tokenizer([text for text, _ in batch], add_special_tokens=False, verbose=False)["input_ids"]
-        for ids, (_, ends) in zip(encoded, batch):
-            if not document_open:
-                starts.append(len(stream))
-                document_open = True
-            stream.extend(ids)
-            if ends:
-                stream.append(eos)
-                document_open = False
-        if needed is not None and len(stream) >= needed:
-            break  # no more text is read: a lazily read file stops here
+    stream, starts = _token_stream(tokenizer, texts, eos, batch_size, None if max_blocks is None else max_blocks * block_size)
     n_blocks = len(stream) // block_size
     if max_blocks is not None:
         n_blocks = min(n_blocks, max_blocks)
